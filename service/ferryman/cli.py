@@ -1,0 +1,153 @@
+"""``ferryman serve | check``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ferryman.config.loader import load_directory
+from ferryman.errors import ConfigError, FerrymanError
+from ferryman.settings import Settings
+
+__all__ = ["main"]
+
+_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "FATAL": logging.CRITICAL,
+    "PANIC": logging.CRITICAL,
+    "TRACE": logging.DEBUG,
+}
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS.get(settings.log_level, logging.WARNING))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferryman", description="A rate limit service for Envoy.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the service")
+    serve.add_argument("--config", type=Path, help="descriptor directory (default: descriptors/)")
+    serve.add_argument("--backend", help="memory (default) or a redis:// URL")
+    serve.add_argument("--grpc-port", type=int, help="gRPC port (GRPC_PORT, default 8081)")
+    serve.add_argument("--http-port", type=int, help="HTTP port (PORT, default 8080)")
+    serve.add_argument("--debug-port", type=int, help="debug HTTP port (DEBUG_PORT, default 6070)")
+    check = sub.add_parser("check", help="validate a descriptor directory")
+    check.add_argument("directory", type=Path)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ferryman.server.app import Service, run
+
+    settings = Settings.from_env()
+    changes: dict[str, object] = {}
+    if args.config is not None:
+        changes["config_dir"] = args.config
+        changes["runtime_root"] = None
+    if args.backend is not None:
+        changes["backend"] = args.backend
+    for flag, name in (
+        ("grpc_port", "grpc_port"),
+        ("http_port", "port"),
+        ("debug_port", "debug_port"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            changes[name] = value
+    settings = settings.with_overrides(**changes)
+    _setup_logging(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(Service(settings), stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    directory: Path = args.directory
+    settings = Settings.from_env({})
+    try:
+        config = load_directory(
+            directory,
+            ignore_dotfiles=settings.ignore_dotfiles,
+            merge_domains=settings.merge_domain_config,
+        )
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}")
+        print(f"{len(exc.problems)} error(s) in {directory}")
+        return 1
+    for note in config.notes:
+        print(f"note: {note}")
+    for name in sorted(config.domains):
+        domain = config.domains[name]
+        print(f"domain {name} ({', '.join(domain.files)})")
+        for dom, rule in config.iter_limits():
+            if dom != name or rule.rate_limit is None:
+                continue
+            limit = rule.rate_limit
+            if limit.unlimited:
+                what = "unlimited"
+            else:
+                unit = limit.unit.name.lower() if limit.unit is not None else "?"
+                what = f"{limit.requests_per_unit}/{unit}"
+            flags = [f for f in ("shadow_mode", "quota_mode") if getattr(rule, f)]
+            suffix = f" [{', '.join(flags)}]" if flags else ""
+            named = f" name={limit.name}" if limit.name else ""
+            print(f"  {rule.stats_key}: {what}{named}{suffix}")
+    print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        return _check(args)
+    except ConfigError as exc:
+        print(f"ferryman: configuration rejected:\n{exc}", file=sys.stderr)
+        return 1
+    except FerrymanError as exc:
+        print(f"ferryman: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

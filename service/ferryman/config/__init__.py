@@ -1,0 +1,16 @@
+"""Descriptor configuration: models, loader and reloader."""
+
+from ferryman.config.loader import load_directory, load_sources, read_directory
+from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
+
+__all__ = [
+    "Config",
+    "Domain",
+    "Level",
+    "RateLimit",
+    "Rule",
+    "Unit",
+    "load_directory",
+    "load_sources",
+    "read_directory",
+]

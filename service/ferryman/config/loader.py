@@ -1,0 +1,394 @@
+"""Load and validate descriptor YAML: every problem names its file, line, column and path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
+from ferryman.errors import ConfigError, ConfigProblem
+
+__all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
+
+_STR = "tag:yaml.org,2002:str"
+_BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
+
+_DOMAIN_KEYS = frozenset({"domain", "descriptors"})
+_DESCRIPTOR_KEYS = frozenset(
+    {
+        "key",
+        "value",
+        "rate_limit",
+        "shadow_mode",
+        "quota_mode",
+        "detailed_metric",
+        "value_to_metric",
+        "share_threshold",
+        "metadata",
+        "descriptors",
+    }
+)
+_RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+_MAX_UINT32 = 2**32 - 1
+
+
+@dataclass
+class _Ctx:
+    file: str
+    problems: list[ConfigProblem]
+
+    def error(self, node: Node | None, path: str, message: str) -> None:
+        line = col = None
+        if node is not None:
+            line, col = node.start_mark.line + 1, node.start_mark.column + 1
+        self.problems.append(ConfigProblem(self.file, line, col, path, message))
+
+
+def _join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+def _mapping(ctx: _Ctx, node: Node, path: str, allowed: frozenset[str]) -> dict[str, Node]:
+    """The entries of a YAML mapping, with bad keys reported."""
+    if not isinstance(node, MappingNode):
+        ctx.error(node, path, f"expected a map, found {_kind(node)}")
+        return {}
+    out: dict[str, Node] = {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, ScalarNode) or key_node.tag != _STR:
+            shown = key_node.value if isinstance(key_node, ScalarNode) else _kind(key_node)
+            ctx.error(key_node, path, f"map key {shown!r} is not a string")
+            continue
+        key = key_node.value
+        if key in out:
+            ctx.error(key_node, path, f"key {key!r} appears twice")
+            continue
+        if key not in allowed:
+            hint = ", ".join(sorted(allowed))
+            ctx.error(key_node, _join(path, key), f"unknown key {key!r} (expected one of: {hint})")
+            continue
+        out[key] = value_node
+    return out
+
+
+def _kind(node: Node) -> str:
+    if isinstance(node, MappingNode):
+        return "a map"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if isinstance(node, ScalarNode):
+        if node.tag == "tag:yaml.org,2002:null":
+            return "nothing"
+        return f"the scalar {node.value!r}"
+    return "an unknown node"
+
+
+def _string(ctx: _Ctx, node: Node | None, path: str) -> str:
+    if node is None:
+        return ""
+    if not isinstance(node, ScalarNode):
+        ctx.error(node, path, f"expected a string, found {_kind(node)}")
+        return ""
+    if node.tag == "tag:yaml.org,2002:null":
+        return ""
+    return str(node.value)
+
+
+def _bool(ctx: _Ctx, node: Node | None, path: str) -> bool:
+    if node is None:
+        return False
+    if not isinstance(node, ScalarNode) or node.tag != _BOOL:
+        ctx.error(node, path, f"expected true or false, found {_kind(node)}")
+        return False
+    return str(node.value).lower() in ("true", "yes", "on", "y")
+
+
+def _uint32(ctx: _Ctx, node: Node | None, path: str) -> int | None:
+    if node is None:
+        return None
+    if not isinstance(node, ScalarNode) or node.tag != _INT:
+        ctx.error(node, path, f"expected a whole number, found {_kind(node)}")
+        return None
+    value = int(yaml.safe_load(node.value))
+    if not 0 <= value <= _MAX_UINT32:
+        ctx.error(node, path, f"{value} is out of range (0 to {_MAX_UINT32})")
+        return None
+    return value
+
+
+def _plain(node: Node) -> Any:
+    """The Python value of a YAML subtree (for free-form ``metadata``)."""
+    constructor = yaml.constructor.SafeConstructor()
+    return constructor.construct_object(node, deep=True)
+
+
+def _rate_limit(ctx: _Ctx, node: Node, path: str) -> RateLimit | None:
+    fields = _mapping(ctx, node, path, _RATE_LIMIT_KEYS)
+    if not isinstance(node, MappingNode):
+        return None
+    unlimited = _bool(ctx, fields.get("unlimited"), _join(path, "unlimited"))
+    unit_node = fields.get("unit")
+    unit_text = _string(ctx, unit_node, _join(path, "unit"))
+    unit: Unit | None = None
+    if unlimited:
+        if unit_text:
+            ctx.error(unit_node, _join(path, "unit"), "'unlimited: true' cannot have a unit")
+    elif not unit_text:
+        ctx.error(node, path, "missing 'unit' (second, minute, hour, day, week, month or year)")
+    else:
+        try:
+            unit = Unit[unit_text.upper()]
+        except KeyError:
+            ctx.error(
+                unit_node,
+                _join(path, "unit"),
+                f"invalid unit {unit_text!r} (second, minute, hour, day, week, month or year)",
+            )
+    rpu = _uint32(ctx, fields.get("requests_per_unit"), _join(path, "requests_per_unit"))
+    name = _string(ctx, fields.get("name"), _join(path, "name"))
+    replaces: list[str] = []
+    rep_node = fields.get("replaces")
+    if rep_node is not None:
+        rpath = _join(path, "replaces")
+        if not isinstance(rep_node, SequenceNode):
+            ctx.error(rep_node, rpath, f"expected a list, found {_kind(rep_node)}")
+        else:
+            for i, item in enumerate(rep_node.value):
+                ipath = f"{rpath}[{i}]"
+                item_fields = _mapping(ctx, item, ipath, frozenset({"name"}))
+                if not isinstance(item, MappingNode):
+                    continue
+                rname = _string(ctx, item_fields.get("name"), _join(ipath, "name"))
+                if not rname:
+                    ctx.error(item, ipath, "a 'replaces' entry needs a non-empty name")
+                    continue
+                if name and rname == name:
+                    ctx.error(item, ipath, f"the rule {name!r} replaces itself")
+                    continue
+                replaces.append(rname)
+    return RateLimit(
+        requests_per_unit=rpu or 0,
+        unit=unit,
+        unlimited=unlimited,
+        name=name,
+        replaces=tuple(replaces),
+    )
+
+
+def _level(ctx: _Ctx, node: Node | None, path: str, stats_prefix: str) -> Level:
+    if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
+        return Level()
+    if not isinstance(node, SequenceNode):
+        ctx.error(node, path, f"expected a list of descriptors, found {_kind(node)}")
+        return Level()
+    rules: list[Rule] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, item in enumerate(node.value):
+        ipath = f"{path}[{i}]"
+        if not isinstance(item, MappingNode):
+            ctx.error(item, ipath, f"a descriptor must be a map, found {_kind(item)}")
+            continue
+        rule = _rule(ctx, item, ipath, stats_prefix)
+        if rule is None:
+            continue
+        ident = (rule.key, rule.value)
+        if ident in seen:
+            composite = f"{rule.key}_{rule.value}" if rule.value else rule.key
+            ctx.error(
+                item,
+                ipath,
+                f"duplicate descriptor {composite!r} (already defined at {path}[{seen[ident]}])",
+            )
+            continue
+        seen[ident] = i
+        rules.append(rule)
+    return Level.of(tuple(rules))
+
+
+def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | None:
+    fields = _mapping(ctx, node, path, _DESCRIPTOR_KEYS)
+    key = _string(ctx, fields.get("key"), _join(path, "key"))
+    if not key:
+        ctx.error(fields.get("key", node), _join(path, "key"), "descriptor key must not be empty")
+        return None
+    value = _string(ctx, fields.get("value"), _join(path, "value"))
+    segment = f"{key}_{value}" if value else key
+    stats_key = f"{stats_prefix}.{segment}"
+    rate_limit = None
+    if "rate_limit" in fields:
+        rate_limit = _rate_limit(ctx, fields["rate_limit"], _join(path, "rate_limit"))
+    share = _bool(ctx, fields.get("share_threshold"), _join(path, "share_threshold"))
+    if share and "*" not in value:
+        ctx.error(
+            fields["share_threshold"],
+            _join(path, "share_threshold"),
+            "share_threshold needs a wildcard value (one containing '*')",
+        )
+    metadata: dict[str, Any] = {}
+    meta_node = fields.get("metadata")
+    if meta_node is not None:
+        if not isinstance(meta_node, MappingNode):
+            ctx.error(
+                meta_node, _join(path, "metadata"), f"expected a map, found {_kind(meta_node)}"
+            )
+        else:
+            try:
+                metadata = dict(_plain(meta_node))
+            except yaml.YAMLError as exc:
+                ctx.error(meta_node, _join(path, "metadata"), str(exc))
+    children = _level(ctx, fields.get("descriptors"), _join(path, "descriptors"), stats_key)
+    return Rule(
+        key=key,
+        value=value,
+        rate_limit=rate_limit,
+        shadow_mode=_bool(ctx, fields.get("shadow_mode"), _join(path, "shadow_mode")),
+        quota_mode=_bool(ctx, fields.get("quota_mode"), _join(path, "quota_mode")),
+        detailed_metric=_bool(ctx, fields.get("detailed_metric"), _join(path, "detailed_metric")),
+        value_to_metric=_bool(ctx, fields.get("value_to_metric"), _join(path, "value_to_metric")),
+        share_threshold=share,
+        metadata=metadata,
+        stats_key=stats_key,
+        children=children,
+        source=f"{ctx.file}:{node.start_mark.line + 1}",
+    )
+
+
+@dataclass
+class _FileResult:
+    domain: str
+    domain_node: Node | None
+    descriptors: Node | None
+
+
+def _parse_file(ctx: _Ctx, text: str) -> _FileResult | None:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        col = mark.column + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        ctx.problems.append(ConfigProblem(ctx.file, line, col, "", f"YAML syntax error: {problem}"))
+        return None
+    if root is None:
+        ctx.error(None, "domain", "the file is empty: a domain is required")
+        return None
+    fields = _mapping(ctx, root, "", _DOMAIN_KEYS)
+    if not isinstance(root, MappingNode):
+        return None
+    domain = _string(ctx, fields.get("domain"), "domain")
+    if not domain:
+        ctx.error(fields.get("domain", root), "domain", "domain must not be empty")
+        return None
+    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"))
+
+
+def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for name, text in sources:
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False) -> Config:
+    """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem."""
+    problems: list[ConfigProblem] = []
+    parsed: dict[str, list[tuple[_Ctx, _FileResult]]] = {}
+    for name, text in sources:
+        ctx = _Ctx(name, problems)
+        result = _parse_file(ctx, text)
+        if result is None:
+            continue
+        owners = parsed.setdefault(result.domain, [])
+        if owners and not merge_domains:
+            ctx.error(
+                result.domain_node,
+                "domain",
+                f"domain {result.domain!r} is already defined in {owners[0][0].file} "
+                "(set MERGE_DOMAIN_CONFIG=true to merge files of one domain)",
+            )
+            continue
+        owners.append((ctx, result))
+    domains: dict[str, Domain] = {}
+    for domain, files in parsed.items():
+        rules: list[Rule] = []
+        seen: dict[tuple[str, str], str] = {}
+        for ctx, result in files:
+            level = _level(ctx, result.descriptors, "descriptors", domain)
+            for rule in level.rules:
+                ident = (rule.key, rule.value)
+                if ident in seen:
+                    composite = f"{rule.key}_{rule.value}" if rule.value else rule.key
+                    ctx.problems.append(
+                        ConfigProblem(
+                            ctx.file,
+                            None,
+                            None,
+                            "descriptors",
+                            f"duplicate descriptor {composite!r} in domain {domain!r} "
+                            f"(also in {seen[ident]})",
+                        )
+                    )
+                    continue
+                seen[ident] = ctx.file
+                rules.append(rule)
+        domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
+    if problems:
+        raise ConfigError(problems)
+    return Config(
+        domains=domains, files=tuple(n for n, _ in sources), digest=digest_sources(sources)
+    )
+
+
+def _walk(directory: Path, ignore_dotfiles: bool) -> Iterator[Path]:
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        if ignore_dotfiles:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs.sort()
+        for name in sorted(files):
+            if ignore_dotfiles and name.startswith("."):
+                continue
+            if name.endswith((".yaml", ".yml")):
+                yield Path(root) / name
+
+
+def read_directory(directory: Path, *, ignore_dotfiles: bool = True) -> list[tuple[str, str]]:
+    """Every ``*.yaml``/``*.yml`` file below ``directory`` as (path, text), in a stable order."""
+    if not directory.is_dir():
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(directory), None, None, "", "not a directory (or it does not exist)"
+                )
+            ]
+        )
+    out: list[tuple[str, str]] = []
+    problems: list[ConfigProblem] = []
+    for path in _walk(directory, ignore_dotfiles):
+        try:
+            out.append((str(path), path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(ConfigProblem(str(path), None, None, "", f"cannot read file: {exc}"))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def load_directory(
+    directory: Path, *, ignore_dotfiles: bool = True, merge_domains: bool = False
+) -> Config:
+    """Read and validate a whole configuration directory (all-or-nothing)."""
+    return load_sources(
+        read_directory(directory, ignore_dotfiles=ignore_dotfiles), merge_domains=merge_domains
+    )

@@ -1,0 +1,188 @@
+"""Keep the served configuration in step with its directory, without ever serving a bad one.
+
+A watchdog observer thread reports file events (edits, new and deleted files, renames over
+a file, a ConfigMap ``..data`` symlink swap, a swap of the runtime root symlink); the event
+loop coalesces them, reads and validates the directory in a worker thread, and swaps the
+Config in one assignment. A load that fails keeps the last good Config and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from ferryman.config.loader import digest_sources, load_sources, read_directory
+from ferryman.config.model import Config
+from ferryman.errors import ConfigError
+from ferryman.stats import Stats
+
+__all__ = ["ConfigHolder", "Reloader"]
+
+log = logging.getLogger("ferryman.config")
+
+
+@dataclass
+class ConfigHolder:
+    """The configuration in force, and what happened at the last load."""
+
+    config: Config | None = None
+    loaded_at: float = 0.0
+    version: int = 0
+    last_error: str | None = None
+    last_error_at: float = 0.0
+    history: list[str] = field(default_factory=list)
+
+    def swap(self, config: Config) -> None:
+        self.config = config
+        self.loaded_at = time.time()
+        self.version += 1
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, reloader: Reloader) -> None:
+        self._reloader = reloader
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        self._reloader.notify()
+
+
+class Reloader:
+    """Loads ``directory`` now and again whenever something in it changes."""
+
+    def __init__(
+        self,
+        directory: Path,
+        holder: ConfigHolder,
+        stats: Stats,
+        *,
+        ignore_dotfiles: bool = True,
+        merge_domains: bool = False,
+        watch_root: Path | None = None,
+        debounce: float = 0.05,
+        poll_interval: float = 5.0,
+    ) -> None:
+        self.directory = directory
+        self.holder = holder
+        self._stats = stats
+        self._ignore_dotfiles = ignore_dotfiles
+        self._merge = merge_domains
+        self._watch_root = watch_root
+        self._debounce = debounce
+        self._poll_interval = poll_interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._observer: Any = None
+        self._watched: str | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._attempted: str | None = None
+
+    def load(self) -> Config:
+        """Load synchronously (startup); raises ConfigError so a bad start is fatal."""
+        config = self._read()
+        assert config is not None
+        self.holder.swap(config)
+        self._stats.inc("ratelimit.service.config_load_success")
+        log.info(
+            "config loaded: %d domains, %d limits from %s",
+            len(config.domains),
+            len(config.iter_limits()),
+            self.directory,
+        )
+        return config
+
+    def _read(self, skip_unchanged: bool = False) -> Config | None:
+        sources = read_directory(self.directory, ignore_dotfiles=self._ignore_dotfiles)
+        digest = digest_sources(sources)
+        if skip_unchanged and digest == self._attempted:
+            return None
+        self._attempted = digest
+        return load_sources(sources, merge_domains=self._merge)
+
+    def notify(self) -> None:
+        """Called from the observer thread on any file event."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._observer = Observer()
+        self._observer.daemon = True
+        self._rewatch()
+        if self._watch_root is not None and self._watch_root.parent.is_dir():
+            self._observer.schedule(_Handler(self), str(self._watch_root.parent), recursive=False)
+        self._observer.start()
+        self._task = asyncio.create_task(self._run(), name="ferryman-reloader")
+
+    def _rewatch(self) -> None:
+        """(Re)point the recursive watch at the directory's current real path."""
+        if self._observer is None:
+            return
+        real = os.path.realpath(self.directory)
+        if real == self._watched or not os.path.isdir(real):
+            return
+        if self._watched is not None:
+            self._observer.unschedule_all()
+            if self._watch_root is not None and self._watch_root.parent.is_dir():
+                self._observer.schedule(
+                    _Handler(self), str(self._watch_root.parent), recursive=False
+                )
+        self._observer.schedule(_Handler(self), real, recursive=True)
+        self._watched = real
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval)
+            # Let a burst of events (a ConfigMap swap is several) settle into one load.
+            await asyncio.sleep(self._debounce)
+            self._wake.clear()
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Reload if the files changed; returns True when a new config was swapped in."""
+        try:
+            config = await asyncio.to_thread(self._read, True)
+        except ConfigError as exc:
+            self._rewatch()
+            message = str(exc)
+            log.error("config rejected, keeping the previous one:\n%s", message)
+            self._stats.inc("ratelimit.service.config_load_error")
+            self.holder.last_error = message
+            self.holder.last_error_at = time.time()
+            return False
+        self._rewatch()
+        if config is None:
+            return False
+        self.holder.last_error = None
+        self.holder.swap(config)
+        self._stats.inc("ratelimit.service.config_load_success")
+        log.info(
+            "config reloaded: %d domains, %d limits (version %d)",
+            len(config.domains),
+            len(config.iter_limits()),
+            self.holder.version,
+        )
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._observer is not None:
+            self._observer.stop()
+            await asyncio.to_thread(self._observer.join, 2.0)
+            self._observer = None

@@ -1,0 +1,80 @@
+"""Exceptions raised by ferryman.
+
+Every exception derives from :class:`FerrymanError`::
+
+    FerrymanError
+    ├── ConfigError            a descriptor file or directory is invalid (carries every problem)
+    ├── SettingsError          an environment variable or command-line flag is invalid
+    ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
+    └── BackendError           the counter store failed (maps to gRPC UNAVAILABLE)
+        └── BackendTimeoutError   ...or did not answer within its timeout
+
+Over-limit is an answer, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BackendError",
+    "BackendTimeoutError",
+    "ConfigError",
+    "ConfigProblem",
+    "FerrymanError",
+    "RequestError",
+    "SettingsError",
+]
+
+
+class FerrymanError(Exception):
+    """Root of every error ferryman raises on purpose."""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem in one descriptor file: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    column: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        if self.path:
+            return f"{where}: {self.path}: {self.message}"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(FerrymanError):
+    """A configuration could not be loaded; ``problems`` lists every error found."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class SettingsError(FerrymanError):
+    """A setting (environment variable or flag) has an invalid value."""
+
+
+class RequestError(FerrymanError):
+    """A request is malformed; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class BackendError(FerrymanError):
+    """The backend that stores counters failed to answer."""
+
+
+class BackendTimeoutError(BackendError):
+    """The backend did not answer within its timeout."""

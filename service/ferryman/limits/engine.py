@@ -1,0 +1,339 @@
+"""The ShouldRateLimit decision: match descriptors, count in one backend call, answer."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ferryman.backends.base import Backend, CounterOp
+from ferryman.clock import Clock
+from ferryman.config.model import Config, Domain, RateLimit, Rule
+from ferryman.errors import RequestError
+from ferryman.limits.fixed_window import classify, reset_after, window_start
+from ferryman.stats import Stats
+
+__all__ = [
+    "MAX_REMAINING",
+    "Code",
+    "Decision",
+    "DescriptorRequest",
+    "EngineOptions",
+    "RateLimitEngine",
+    "Status",
+]
+
+MAX_REMAINING = 2**32 - 1
+
+
+class Code(enum.IntEnum):
+    """The numbers are those of the RLS proto's ``RateLimitResponse.Code``."""
+
+    UNKNOWN = 0
+    OK = 1
+    OVER_LIMIT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptorRequest:
+    """One descriptor of a request: its entries, optional override, optional own hits."""
+
+    entries: tuple[tuple[str, str], ...]
+    limit: RateLimit | None = None
+    hits: int | None = None
+    negative: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: Code
+    limit: RateLimit | None = None
+    remaining: int = 0
+    reset_after: int | None = None
+    quota: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    code: Code
+    statuses: tuple[Status, ...]
+    headers: tuple[tuple[str, str], ...] = ()
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The global switches of the reference service (see Settings)."""
+
+    near_limit_ratio: float = 0.8
+    shadow_mode: bool = False
+    quota_mode: bool = False
+    stop_when_over: bool = False
+    headers: bool = False
+    limit_header: str = "RateLimit-Limit"
+    remaining_header: str = "RateLimit-Remaining"
+    reset_header: str = "RateLimit-Reset"
+    dynamic_metadata: bool = False
+    cache_key_prefix: str = ""
+    expiration_jitter: int = 0
+
+
+class ConfigSource(Protocol):
+    @property
+    def config(self) -> Config | None: ...
+
+
+@dataclass(slots=True)
+class _Planned:
+    index: int
+    limit: RateLimit
+    seconds: int
+    stats_key: str
+    hits: int
+    shadow: bool
+    quota: bool
+    rule: Rule | None
+    op: CounterOp | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _segment(key: str, value: str) -> str:
+    return f"{key}_{value}" if value else key
+
+
+def _match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Rule] | None:
+    """The rules along the path of ``entries``, or None when the tree has no such path."""
+    level = domain.root
+    path: list[Rule] = []
+    for key, value in entries:
+        rule = level.match(key, value)
+        if rule is None:
+            return None
+        path.append(rule)
+        level = rule.children
+    return path
+
+
+def _stats_key(domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule]) -> str:
+    last = path[-1]
+    if last.detailed_metric:
+        parts = [
+            _segment(k, rule.value if rule.share_threshold else v)
+            for (k, v), rule in zip(entries, path, strict=True)
+        ]
+        return domain + "." + ".".join(parts)
+    if not any(rule.value_to_metric for rule in path):
+        return last.stats_key
+    parts = []
+    for (k, v), rule in zip(entries, path, strict=True):
+        if rule.value_to_metric:
+            parts.append(_segment(k, rule.value if rule.share_threshold else v))
+        else:
+            parts.append(_segment(rule.key, rule.value))
+    return domain + "." + ".".join(parts)
+
+
+def _cache_key(
+    prefix: str, domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule] | None
+) -> str:
+    parts = [prefix, domain, "_"]
+    for i, (k, v) in enumerate(entries):
+        if path is not None and path[i].share_threshold:
+            v = path[i].value
+        parts.append(f"{k}_{v}_")
+    return "".join(parts)
+
+
+class RateLimitEngine:
+    """Decides ShouldRateLimit requests against the current config and a backend."""
+
+    def __init__(
+        self,
+        source: ConfigSource,
+        backend: Backend,
+        clock: Clock,
+        stats: Stats,
+        options: EngineOptions | None = None,
+    ) -> None:
+        self._source = source
+        self._backend = backend
+        self._clock = clock
+        self._stats = stats
+        self.options = options or EngineOptions()
+
+    @staticmethod
+    def validate(domain: str, descriptors: Sequence[DescriptorRequest]) -> None:
+        """Raise RequestError naming the first malformed field."""
+        if not domain:
+            raise RequestError("domain", "must not be empty")
+        if not descriptors:
+            raise RequestError("descriptors", "must not be empty")
+        for i, descriptor in enumerate(descriptors):
+            if not descriptor.entries:
+                raise RequestError(f"descriptors[{i}].entries", "must not be empty")
+            for j, (key, _value) in enumerate(descriptor.entries):
+                if not key:
+                    raise RequestError(f"descriptors[{i}].entries[{j}].key", "must not be empty")
+
+    async def should_rate_limit(
+        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int = 0
+    ) -> Decision:
+        self.validate(domain, descriptors)
+        config = self._source.config
+        if config is None:
+            raise RequestError("domain", "no rate limit configuration is loaded")
+        opts = self.options
+        stats = self._stats
+        dom = config.domains.get(domain)
+        if dom is None:
+            stats.inc(f"ratelimit.service.rate_limit.{domain}.domain_not_found")
+            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+
+        request_hits = hits_addend or 1
+        statuses: list[Status | None] = [None] * len(descriptors)
+        planned: list[_Planned] = []
+        replaced: set[str] = set()
+        now = self._clock.now()
+        for i, desc in enumerate(descriptors):
+            hits = request_hits if desc.hits is None else desc.hits
+            if desc.negative:
+                hits = -hits
+            if desc.limit is not None:
+                key = domain + "." + ".".join(_segment(k, v) for k, v in desc.entries)
+                item = _Planned(i, desc.limit, 0, key, hits, False, opts.quota_mode, None)
+                cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, None)
+            else:
+                path = _match(dom, desc.entries)
+                if path is None or path[-1].rate_limit is None:
+                    statuses[i] = Status(Code.OK)
+                    continue
+                rule = path[-1]
+                limit = rule.rate_limit
+                assert limit is not None
+                if limit.unlimited:
+                    statuses[i] = Status(Code.OK, remaining=MAX_REMAINING)
+                    continue
+                replaced.update(limit.replaces)
+                item = _Planned(
+                    i,
+                    limit,
+                    0,
+                    _stats_key(domain, desc.entries, path),
+                    hits,
+                    rule.shadow_mode,
+                    rule.quota_mode or opts.quota_mode,
+                    rule,
+                    metadata=rule.metadata,
+                )
+                cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, path)
+            assert item.limit.unit is not None
+            seconds = item.limit.unit.seconds
+            start = window_start(now, seconds)
+            item.seconds = seconds
+            item.op = CounterOp(
+                cache_base + str(start),
+                hits,
+                item.limit.requests_per_unit,
+                start + seconds,
+                seconds + opts.expiration_jitter,
+            )
+            planned.append(item)
+
+        if replaced:
+            kept = []
+            for item in planned:
+                if item.limit.name and item.limit.name in replaced:
+                    statuses[item.index] = Status(Code.OK)
+                else:
+                    kept.append(item)
+            planned = kept
+
+        ops = [item.op for item in planned if item.op is not None]
+        results = (
+            await self._backend.fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
+        )
+
+        ratio = opts.near_limit_ratio
+        quota_total = quota_over = 0
+        over_hard = False
+        metadata: dict[str, Any] = {}
+        for item, result in zip(planned, results, strict=True):
+            limit = item.limit
+            rpu = limit.requests_per_unit
+            after = result.after
+            reset = reset_after(now, item.seconds)
+            if item.hits < 0:
+                statuses[item.index] = Status(
+                    Code.OK, limit, max(0, rpu - after), reset, item.quota
+                )
+                continue
+            before = after - result.applied
+            over, delta = classify(item.hits, rpu, before, after, ratio)
+            key = item.stats_key
+            stats.rule(key, "total_hits", item.hits)
+            stats.rule(key, "within_limit", delta.within)
+            stats.rule(key, "near_limit", delta.near)
+            stats.rule(key, "over_limit", delta.over)
+            if over and item.shadow:
+                stats.rule(key, "shadow_mode", item.hits)
+                over = False
+                remaining = 0
+            else:
+                remaining = 0 if over else rpu - after
+            code = Code.OVER_LIMIT if over else Code.OK
+            statuses[item.index] = Status(code, limit, remaining, reset, item.quota)
+            if item.quota:
+                quota_total += 1
+                quota_over += over
+            elif over:
+                over_hard = True
+            if not over:
+                for name, value in item.metadata.items():
+                    metadata.setdefault(name, value)
+
+        final = [s if s is not None else Status(Code.OK) for s in statuses]
+        code = Code.OK
+        if over_hard or (quota_total and quota_over == quota_total):
+            code = Code.OVER_LIMIT
+        if code is Code.OVER_LIMIT and opts.shadow_mode:
+            stats.inc("ratelimit.service.global_shadow_mode")
+            code = Code.OK
+        headers = self._headers(final) if opts.headers else ()
+        meta = None
+        if opts.dynamic_metadata:
+            meta = {
+                "domain": domain,
+                "descriptors": [
+                    {
+                        "entries": [{"key": k, "value": v} for k, v in d.entries],
+                        **({} if d.hits is None else {"hitsAddend": d.hits}),
+                    }
+                    for d in descriptors
+                ],
+                "hitsAddend": request_hits,
+            }
+            for name, value in metadata.items():
+                meta.setdefault(name, value)
+        return Decision(code, tuple(final), headers, meta)
+
+    def _headers(self, statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:
+        best: Status | None = None
+        for status in statuses:
+            if status.limit is None or status.reset_after is None:
+                continue
+            if best is None:
+                best = status
+                continue
+            rank = (status.code is not Code.OVER_LIMIT or status.quota, status.remaining)
+            best_rank = (best.code is not Code.OVER_LIMIT or best.quota, best.remaining)
+            if rank < best_rank:
+                best = status
+        if best is None or best.limit is None:
+            return ()
+        opts = self.options
+        return (
+            (opts.limit_header, str(best.limit.requests_per_unit)),
+            (opts.remaining_header, str(best.remaining)),
+            (opts.reset_header, str(best.reset_after)),
+        )

@@ -1,0 +1,1 @@
+"""gRPC and HTTP servers."""

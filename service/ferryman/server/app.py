@@ -1,0 +1,201 @@
+"""Wiring: configuration, backend, engine, gRPC and HTTP servers, and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman.backends.base import Backend
+from ferryman.backends.memory import MemoryBackend
+from ferryman.clock import Clock, SystemClock
+from ferryman.config.model import Unit
+from ferryman.config.reloader import ConfigHolder, Reloader
+from ferryman.errors import BackendError, RequestError, SettingsError
+from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
+from ferryman.server.convert import decision_to_proto, request_from_proto
+from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.server.rls import RateLimitServicer
+from ferryman.settings import Settings
+from ferryman.stats import Stats
+
+__all__ = ["Service", "engine_options", "make_backend"]
+
+log = logging.getLogger("ferryman")
+
+HEALTH_NAMES = ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService")
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    return EngineOptions(
+        near_limit_ratio=settings.near_limit_ratio,
+        shadow_mode=settings.shadow_mode,
+        quota_mode=settings.quota_mode,
+        stop_when_over=settings.stop_cache_key_increment_when_overlimit,
+        headers=settings.limit_response_headers_enabled,
+        limit_header=settings.limit_limit_header,
+        remaining_header=settings.limit_remaining_header,
+        reset_header=settings.limit_reset_header,
+        dynamic_metadata=settings.response_dynamic_metadata,
+        cache_key_prefix=settings.cache_key_prefix,
+    )
+
+
+def make_backend(settings: Settings, clock: Clock) -> Backend:
+    if settings.backend == "memory":
+        return MemoryBackend(clock)
+    raise SettingsError(
+        f"backend {settings.backend!r} is not available in this version; use 'memory'"
+    )
+
+
+class Service:
+    """One ferryman process: start() binds every port, stop() drains and closes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.stats = Stats()
+        self.holder = ConfigHolder()
+        self.backend = backend or make_backend(settings, self.clock)
+        self.reloader = Reloader(
+            settings.config_dir,
+            self.holder,
+            self.stats,
+            ignore_dotfiles=settings.ignore_dotfiles,
+            merge_domains=settings.merge_domain_config,
+            watch_root=settings.runtime_root if settings.watch_root else None,
+        )
+        self.engine = RateLimitEngine(
+            self.holder, self.backend, self.clock, self.stats, engine_options(settings)
+        )
+        self.grpc_port = 0
+        self.http_port = 0
+        self.debug_port = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._http = HttpServer(
+            {
+                ("GET", "/healthcheck"): self._healthcheck,
+                ("HEAD", "/healthcheck"): self._healthcheck,
+                ("POST", "/json"): self._json,
+            },
+            "http",
+        )
+        self._debug = HttpServer(
+            {
+                ("GET", "/"): self._debug_index,
+                ("GET", "/rlconfig"): self._rlconfig,
+                ("GET", "/stats"): self._stats_page,
+            },
+            "debug",
+        )
+        self._stopping = False
+
+    def healthy(self) -> bool:
+        return not self._stopping and self.holder.config is not None and self.backend.healthy()
+
+    async def start(self) -> None:
+        s = self.settings
+        self.reloader.load()
+        await self.reloader.start()
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            RateLimitServicer(self.engine, self.stats), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+        await server.start()
+        self._grpc = server
+        for name in HEALTH_NAMES:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.http_port = await self._http.start(s.host, s.port)
+        self.debug_port = await self._debug.start(s.debug_host, s.debug_port)
+        log.warning(
+            "ferryman serving: grpc :%d, http :%d, debug :%d, backend %s, config %s",
+            self.grpc_port,
+            self.http_port,
+            self.debug_port,
+            self.backend.name,
+            s.config_dir,
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting calls, let in-flight ones finish (up to ``grace`` seconds), close."""
+        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        self._stopping = True
+        await self._health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+            self._grpc = None
+        await self._http.stop()
+        await self._debug.stop()
+        await self.reloader.stop()
+        await self.backend.close()
+
+    async def _healthcheck(self, request: HttpRequest) -> HttpResponse:
+        if self.healthy():
+            return HttpResponse(200, b"OK")
+        return HttpResponse(500, b"unhealthy")
+
+    async def _json(self, request: HttpRequest) -> HttpResponse:
+        message = rls_pb2.RateLimitRequest()
+        try:
+            json_format.Parse(request.body.decode("utf-8"), message)
+            domain, descriptors, hits = request_from_proto(message)
+            decision = await self.engine.should_rate_limit(domain, descriptors, hits)
+        except (json_format.ParseError, UnicodeDecodeError, RequestError) as exc:
+            return HttpResponse(400, f"bad request: {exc}\n".encode())
+        except BackendError as exc:
+            self.stats.inc("ratelimit.service.call.should_rate_limit.redis_error")
+            return HttpResponse(500, f"backend error: {exc}\n".encode())
+        status = {Code.OK: 200, Code.OVER_LIMIT: 429}.get(decision.code, 500)
+        body = json_format.MessageToJson(decision_to_proto(decision), indent=None)
+        return HttpResponse(status, body.encode(), "application/json")
+
+    async def _debug_index(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, b"/rlconfig: the limits in force\n/stats: counters\n")
+
+    async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
+        config = self.holder.config
+        lines = []
+        for _domain, rule in config.iter_limits() if config is not None else []:
+            limit = rule.rate_limit
+            assert limit is not None
+            unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
+            line = (
+                f"{rule.stats_key}: unit={unit} requests_per_unit={limit.requests_per_unit}, "
+                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
+                f"quota_mode: {str(rule.quota_mode).lower()}"
+            )
+            if limit.unlimited:
+                line += ", unlimited: true"
+            lines.append(line)
+        return HttpResponse(200, ("\n".join(lines) + "\n").encode() if lines else b"")
+
+    async def _stats_page(self, request: HttpRequest) -> HttpResponse:
+        body = "".join(f"{name}: {value}\n" for name, value in self.stats)
+        return HttpResponse(200, body.encode())
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+async def run(service: Service, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set, then shut down gracefully."""
+    await service.start()
+    await stop.wait()
+    log.warning("shutting down: draining in-flight calls")
+    await service.stop()

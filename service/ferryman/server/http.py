@@ -1,0 +1,143 @@
+"""A small HTTP/1.1 server on asyncio for the health, JSON and debug endpoints.
+
+It serves a handful of tiny endpoints to probes and people, so it stays dependency-free:
+requests are read with a size cap and a timeout, and connections may be kept alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["HttpRequest", "HttpResponse", "HttpServer"]
+
+log = logging.getLogger("ferryman.http")
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+MAX_BODY = 1 << 20
+READ_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+class HttpServer:
+    """Routes ``(method, path)`` to async handlers."""
+
+    def __init__(self, routes: Mapping[tuple[str, str], Handler], name: str) -> None:
+        self._routes = dict(routes)
+        self._name = name
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, host or None, port)
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._conns):
+                task.cancel()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            while True:
+                keep_alive = await asyncio.wait_for(self._one(reader, writer), READ_TIMEOUT)
+                if not keep_alive:
+                    break
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        line = await reader.readline()
+        if not line:
+            return False
+        try:
+            method, target, version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+        except ValueError:
+            await self._write(writer, HttpResponse(400, b"malformed request line\n"), False)
+            return False
+        headers: dict[str, str] = {}
+        while True:
+            raw = await reader.readline()
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = raw.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0") or 0)
+        if length > MAX_BODY:
+            await self._write(writer, HttpResponse(413, b"body too large\n"), False)
+            return False
+        body = await reader.readexactly(length) if length else b""
+        path, _, query = target.partition("?")
+        keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        handler = self._routes.get((method, path))
+        if handler is None:
+            known = {p for _, p in self._routes}
+            status = 405 if path in known else 404
+            response = HttpResponse(status, f"{_REASONS[status].lower()}\n".encode())
+        else:
+            try:
+                response = await handler(HttpRequest(method, path, query, headers, body))
+            except Exception:
+                log.exception("%s handler for %s failed", self._name, path)
+                response = HttpResponse(500, b"internal error\n")
+        await self._write(writer, response, keep_alive, head=method == "HEAD")
+        return keep_alive
+
+    @staticmethod
+    async def _write(
+        writer: asyncio.StreamWriter, response: HttpResponse, keep_alive: bool, head: bool = False
+    ) -> None:
+        reason = _REASONS.get(response.status, "Unknown")
+        lines = [
+            f"HTTP/1.1 {response.status} {reason}",
+            f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}",
+            f"Connection: {'keep-alive' if keep_alive else 'close'}",
+        ]
+        lines.extend(f"{k}: {v}" for k, v in response.headers.items())
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if not head:
+            writer.write(response.body)
+        await writer.drain()

@@ -1,0 +1,236 @@
+"""One frozen Settings object, read from the reference service's environment variables.
+
+The names and defaults follow envoyproxy/ratelimit so that a deployment written for it runs
+ferryman unchanged; command-line flags (see ``cli.py``) override them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ferryman.errors import SettingsError
+
+__all__ = ["Settings", "default_config_dir"]
+
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ms|us|s|m|h|)")
+_DURATION_UNITS = {"ms": 0.001, "us": 0.000001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+_RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean (use true or false)")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+
+
+def _duration(env: Mapping[str, str], name: str, default: float) -> float:
+    """Read a Go-style duration (``10s``, ``500ms``, ``1m``) or a number of seconds."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    match = _DURATION.fullmatch(raw.strip())
+    if match is None:
+        raise SettingsError(f"{name}={raw!r} is not a duration (e.g. 10s, 500ms)")
+    number, unit = match.groups()
+    scale = _DURATION_UNITS[unit]
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a duration (e.g. 10s, 500ms)") from None
+    if value < 0:
+        raise SettingsError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def default_config_dir() -> Path:
+    """The descriptors directory served when neither ``--config`` nor RUNTIME_* is given."""
+    here = Path.cwd() / "descriptors"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[2] / "descriptors"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the service reads from its environment, validated once at startup."""
+
+    host: str = "0.0.0.0"
+    port: int = 8080
+    grpc_host: str = "0.0.0.0"
+    grpc_port: int = 8081
+    debug_host: str = "0.0.0.0"
+    debug_port: int = 6070
+    log_level: str = "WARN"
+    log_format: str = "text"
+
+    config_dir: Path = field(default_factory=default_config_dir)
+    runtime_root: Path | None = None
+    watch_root: bool = True
+    ignore_dotfiles: bool = True
+    merge_domain_config: bool = False
+
+    backend: str = "memory"
+    redis_socket_type: str = "tcp"
+    redis_type: str = "single"
+    redis_url: str = "localhost:6379"
+    redis_auth: str = ""
+    redis_tls: bool = False
+    redis_pool_size: int = 10
+    redis_timeout: float = 10.0
+    redis_persecond: bool = False
+    redis_persecond_url: str = ""
+    redis_persecond_type: str = "single"
+    redis_persecond_auth: str = ""
+    redis_persecond_pool_size: int = 10
+    cache_key_prefix: str = ""
+    expiration_jitter_max_seconds: int = 300
+    local_cache_size_in_bytes: int = 0
+
+    near_limit_ratio: float = 0.8
+    shadow_mode: bool = False
+    quota_mode: bool = False
+    stop_cache_key_increment_when_overlimit: bool = False
+    limit_response_headers_enabled: bool = False
+    limit_limit_header: str = "RateLimit-Limit"
+    limit_remaining_header: str = "RateLimit-Remaining"
+    limit_reset_header: str = "RateLimit-Reset"
+    response_dynamic_metadata: bool = False
+
+    use_prometheus: bool = False
+    prometheus_addr: str = ":9090"
+    prometheus_path: str = "/metrics"
+    tracing_enabled: bool = False
+    tracing_sampling_rate: float = 1.0
+
+    shutdown_grace_seconds: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read settings from ``env`` (default: ``os.environ``); raises SettingsError."""
+        env = os.environ if env is None else env
+        d = cls()
+        runtime_root: Path | None = None
+        config_dir = d.config_dir
+        if any(name in env for name in _RUNTIME_VARS):
+            runtime_root = Path(env.get("RUNTIME_ROOT", "/srv/runtime_data/current"))
+            config_dir = (
+                runtime_root
+                / env.get("RUNTIME_SUBDIRECTORY", "")
+                / env.get("RUNTIME_APPDIRECTORY", "config")
+            )
+        backend_type = env.get("BACKEND_TYPE", "").strip().lower()
+        if backend_type in ("", "memory"):
+            backend = "memory"
+        elif backend_type == "redis":
+            backend = "redis"
+        else:
+            raise SettingsError(f"BACKEND_TYPE={backend_type!r} is not supported (memory, redis)")
+        ratio = _float(env, "NEAR_LIMIT_RATIO", d.near_limit_ratio)
+        if not 0.0 <= ratio <= 1.0:
+            raise SettingsError(f"NEAR_LIMIT_RATIO={ratio} must be between 0 and 1")
+        sampling = _float(env, "TRACING_SAMPLING_RATE", d.tracing_sampling_rate)
+        if not 0.0 <= sampling <= 1.0:
+            raise SettingsError(f"TRACING_SAMPLING_RATE={sampling} must be between 0 and 1")
+        log_format = env.get("LOG_FORMAT", d.log_format).lower()
+        if log_format not in ("text", "json"):
+            raise SettingsError(f"LOG_FORMAT={log_format!r} must be text or json")
+        return cls(
+            host=env.get("HOST", d.host),
+            port=_int(env, "PORT", d.port),
+            grpc_host=env.get("GRPC_HOST", d.grpc_host),
+            grpc_port=_int(env, "GRPC_PORT", d.grpc_port),
+            debug_host=env.get("DEBUG_HOST", d.debug_host),
+            debug_port=_int(env, "DEBUG_PORT", d.debug_port),
+            log_level=env.get("LOG_LEVEL", d.log_level).upper(),
+            log_format=log_format,
+            config_dir=config_dir,
+            runtime_root=runtime_root,
+            watch_root=_bool(env, "RUNTIME_WATCH_ROOT", d.watch_root),
+            ignore_dotfiles=_bool(env, "RUNTIME_IGNOREDOTFILES", d.ignore_dotfiles),
+            merge_domain_config=_bool(env, "MERGE_DOMAIN_CONFIG", d.merge_domain_config),
+            backend=backend,
+            redis_socket_type=env.get("REDIS_SOCKET_TYPE", d.redis_socket_type),
+            redis_type=env.get("REDIS_TYPE", d.redis_type).lower(),
+            redis_url=env.get("REDIS_URL", d.redis_url),
+            redis_auth=env.get("REDIS_AUTH", d.redis_auth),
+            redis_tls=_bool(env, "REDIS_TLS", d.redis_tls),
+            redis_pool_size=_int(env, "REDIS_POOL_SIZE", d.redis_pool_size, minimum=1),
+            redis_timeout=_duration(env, "REDIS_TIMEOUT", d.redis_timeout),
+            redis_persecond=_bool(env, "REDIS_PERSECOND", d.redis_persecond),
+            redis_persecond_url=env.get("REDIS_PERSECOND_URL", d.redis_persecond_url),
+            redis_persecond_type=env.get("REDIS_PERSECOND_TYPE", d.redis_persecond_type).lower(),
+            redis_persecond_auth=env.get("REDIS_PERSECOND_AUTH", d.redis_persecond_auth),
+            redis_persecond_pool_size=_int(
+                env, "REDIS_PERSECOND_POOL_SIZE", d.redis_persecond_pool_size, minimum=1
+            ),
+            cache_key_prefix=env.get("CACHE_KEY_PREFIX", d.cache_key_prefix),
+            expiration_jitter_max_seconds=_int(
+                env, "EXPIRATION_JITTER_MAX_SECONDS", d.expiration_jitter_max_seconds
+            ),
+            local_cache_size_in_bytes=_int(
+                env, "LOCAL_CACHE_SIZE_IN_BYTES", d.local_cache_size_in_bytes
+            ),
+            near_limit_ratio=ratio,
+            shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
+            quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),
+            stop_cache_key_increment_when_overlimit=_bool(
+                env,
+                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+                d.stop_cache_key_increment_when_overlimit,
+            ),
+            limit_response_headers_enabled=_bool(
+                env, "LIMIT_RESPONSE_HEADERS_ENABLED", d.limit_response_headers_enabled
+            ),
+            limit_limit_header=env.get("LIMIT_LIMIT_HEADER", d.limit_limit_header),
+            limit_remaining_header=env.get("LIMIT_REMAINING_HEADER", d.limit_remaining_header),
+            limit_reset_header=env.get("LIMIT_RESET_HEADER", d.limit_reset_header),
+            response_dynamic_metadata=_bool(
+                env, "RESPONSE_DYNAMIC_METADATA", d.response_dynamic_metadata
+            ),
+            use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus),
+            prometheus_addr=env.get("PROMETHEUS_ADDR", d.prometheus_addr),
+            prometheus_path=env.get("PROMETHEUS_PATH", d.prometheus_path),
+            tracing_enabled=_bool(env, "TRACING_ENABLED", d.tracing_enabled),
+            tracing_sampling_rate=sampling,
+            shutdown_grace_seconds=_duration(
+                env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
+            ),
+        )
+
+    def with_overrides(self, **changes: object) -> Settings:
+        """A copy with the given fields replaced (used for command-line flags)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
