@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.base import Backend

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+
+from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
 
 MESSAGING = """
 domain: messaging

@@ -68,7 +68,7 @@ class Service:
         self.clock = clock or SystemClock()
         self.stats = Stats()
         self.holder = ConfigHolder()
-        self.backend = backend or make_backend(settings, self.clock)
+        self.backend = backend if backend is not None else make_backend(settings, self.clock)
         self.reloader = Reloader(
             settings.config_dir,
             self.holder,

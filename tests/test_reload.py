@@ -1,0 +1,170 @@
+"""Hot reload: each way a config directory changes takes effect, bad files never do."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import ConfigDir, Server, ServerFactory, codes
+
+# The reloader also polls every 5 s; a change seen within this bound came from the watch.
+WATCH_DEADLINE = 2.0
+
+
+def rule(limit: int, key: str = "user") -> str:
+    return (
+        f"domain: app\ndescriptors:\n  - key: {key}\n"
+        f"    rate_limit: {{unit: day, requests_per_unit: {limit}}}\n"
+    )
+
+
+def wait_for(predicate: Callable[[], bool], deadline: float = WATCH_DEADLINE) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < deadline:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"condition not met within {deadline} s")
+
+
+def limit_now(server: Server, key: str = "user") -> int | None:
+    response = server.ask("app", [(key, "probe")])
+    status = response.statuses[0]
+    return status.current_limit.requests_per_unit if status.HasField("current_limit") else None
+
+
+def test_editing_a_file_in_place_reloads(config_dir: ConfigDir, make_server: ServerFactory) -> None:
+    """Rewriting a file's content changes the limit in force."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    assert limit_now(server) == 3
+    config_dir.write("app.yaml", rule(7))
+    wait_for(lambda: limit_now(server) == 7)
+    assert server.stat("ratelimit.service.config_load_success") == 2
+
+
+def test_new_and_deleted_files_reload(config_dir: ConfigDir, make_server: ServerFactory) -> None:
+    """A new file adds its domain; deleting it removes the domain again."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    extra = config_dir.write("other.yaml", rule(1, key="k").replace("domain: app", "domain: other"))
+
+    def other_limited() -> bool:
+        return server.ask("other", [("k", "v")]).statuses[0].HasField("current_limit")
+
+    wait_for(other_limited)
+    extra.unlink()
+    wait_for(lambda: not other_limited())
+
+
+def test_atomic_rename_over_a_file_reloads(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Writing a temp file and renaming it over the config (as editors do) reloads."""
+    target = config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    tmp = config_dir.path / ".app.yaml.swp"
+    tmp.write_text(rule(11))
+    os.replace(tmp, target)
+    wait_for(lambda: limit_now(server) == 11)
+
+
+def _configmap(root: Path, stamp: str, text: str) -> None:
+    """Lay out or update a Kubernetes ConfigMap volume: ..<stamp>/, ..data, app.yaml links."""
+    versioned = root / f"..{stamp}"
+    versioned.mkdir()
+    (versioned / "app.yaml").write_text(text)
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(versioned.name)
+    old = os.readlink(root / "..data") if (root / "..data").is_symlink() else None
+    os.replace(tmp_link, root / "..data")
+    if not (root / "app.yaml").is_symlink():
+        (root / "app.yaml").symlink_to("..data/app.yaml")
+    if old is not None:
+        for f in (root / old).iterdir():
+            f.unlink()
+        (root / old).rmdir()
+
+
+def test_configmap_data_symlink_swap_reloads_once(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """A ConfigMap update (..data swapped to a new timestamped dir) reloads, not double-loads."""
+    _configmap(config_dir.path, "2026_11_21_01", rule(3))
+    server = make_server()
+    assert limit_now(server) == 3
+    _configmap(config_dir.path, "2026_11_21_02", rule(13))
+    wait_for(lambda: limit_now(server) == 13)
+    assert server.stat("ratelimit.service.config_load_error") == 0
+
+
+def test_runtime_root_symlink_swap_reloads(tmp_path: Path, make_server: ServerFactory) -> None:
+    """RUNTIME_WATCH_ROOT: swapping the runtime root symlink to a new tree reloads."""
+    for version, limit in (("v1", 3), ("v2", 17)):
+        (tmp_path / version / "config").mkdir(parents=True)
+        (tmp_path / version / "config" / "app.yaml").write_text(rule(limit))
+    root = tmp_path / "current"
+    root.symlink_to("v1")
+    server = make_server(config_dir=root / "config", runtime_root=root, watch_root=True)
+    assert limit_now(server) == 3
+    (tmp_path / "next").symlink_to("v2")
+    os.replace(tmp_path / "next", root)
+    wait_for(lambda: limit_now(server) == 17)
+
+
+def test_bad_file_keeps_last_good_config_and_is_counted(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """An invalid edit is rejected and counted; the old limits stay; a fix then loads."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    config_dir.write("app.yaml", rule(3).replace("rate_limit", "ratelimit"))
+    wait_for(lambda: server.stat("ratelimit.service.config_load_error") == 1)
+    assert limit_now(server) == 3
+    last_error = server.service.holder.last_error or ""
+    assert "app.yaml:4" in last_error
+    assert "ratelimit" in last_error
+    config_dir.write("app.yaml", rule(5))
+    wait_for(lambda: limit_now(server) == 5)
+    assert server.service.holder.last_error is None
+
+
+def test_bad_file_in_a_second_file_rejects_the_whole_reload(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Loading is all-or-nothing: a good edit next to a bad new file does not apply."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    config_dir.write("broken.yaml", "domain: [unclosed\n")
+    config_dir.write("app.yaml", rule(9))
+    wait_for(lambda: server.stat("ratelimit.service.config_load_error") >= 1)
+    time.sleep(0.2)
+    assert limit_now(server) == 3
+
+
+def test_dotfiles_are_ignored(config_dir: ConfigDir, make_server: ServerFactory) -> None:
+    """A hidden file, even an invalid one, neither loads nor fails a reload."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    config_dir.write(".scratch.yaml", "not: [valid")
+    config_dir.write("app.yaml", rule(4))
+    wait_for(lambda: limit_now(server) == 4)
+    assert server.stat("ratelimit.service.config_load_error") == 0
+
+
+def test_counters_survive_a_reload_that_changes_the_numbers(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """A limit's identity is its key path: raising 3/day to 5/day keeps the hits counted."""
+    config_dir.write("app.yaml", rule(3))
+    server = make_server()
+    server.ask("app", [("user", "alice")], hits=3)
+    assert codes(server.ask("app", [("user", "alice")])) == ["OVER_LIMIT"]
+    config_dir.write("app.yaml", rule(5))
+    wait_for(lambda: limit_now(server) == 5)
+    # 3 + 1 (the rejected hit, counted as the reference does) = 4 used; one left.
+    response = server.ask("app", [("user", "alice")])
+    assert codes(response) == ["OK"]
+    assert response.statuses[0].limit_remaining == 0
