@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import threading
+import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from redis_procs import RedisCluster, RedisProcess
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.base import Backend
+from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.server.app import Service
 from ferryman.settings import Settings
@@ -138,11 +141,48 @@ def clock() -> ManualClock:
 ServerFactory = Callable[..., Server]
 
 
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """One real redis-server shared by the session; tests keep apart by key prefix."""
+    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real 3-node Redis Cluster shared by the session."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
-def make_server(config_dir: ConfigDir, clock: ManualClock) -> Iterator[ServerFactory]:
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Which backend make_server builds; test modules parametrize it indirectly."""
+    return str(getattr(request, "param", "memory"))
+
+
+@pytest.fixture
+def make_server(
+    config_dir: ConfigDir, clock: ManualClock, backend_kind: str, request: pytest.FixtureRequest
+) -> Iterator[ServerFactory]:
     servers: list[Server] = []
+    prefix = f"t{uuid.uuid4().hex[:12]}_"
+
+    def default_backend() -> Backend | None:
+        if backend_kind == "redis":
+            url = request.getfixturevalue("redis_server").url
+        elif backend_kind == "cluster":
+            url = request.getfixturevalue("redis_cluster").url
+        else:
+            return None
+        return RedisBackend(parse_backend_url(url, pool_size=8, timeout=5.0))
 
     def factory(backend: Backend | None = None, **overrides: Any) -> Server:
+        if backend is None:
+            backend = default_backend()
+            overrides.setdefault("cache_key_prefix", prefix)
         settings = Settings(
             host="127.0.0.1",
             port=0,

@@ -41,7 +41,8 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 10}
 """
 
-RPU = "requests_per_unit"
+# Every behaviour here holds on each backend: memory, one Redis, and a 3-node Redis Cluster.
+pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis", "cluster"], indirect=True)
 
 
 def limit_of(response: rls_pb2.RateLimitResponse, i: int = 0) -> int:

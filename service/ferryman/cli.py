@@ -58,7 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--config", type=Path, help="descriptor directory (default: descriptors/)")
-    serve.add_argument("--backend", help="memory (default) or a redis:// URL")
+    serve.add_argument(
+        "--backend",
+        help="memory (default), redis://host:port, rediss://..., redis+cluster://h:p,h:p, "
+        "redis+sentinel://h:p,h:p/master or unix:///path",
+    )
+    serve.add_argument(
+        "--fail-open",
+        action="store_true",
+        default=None,
+        help="answer OK (counted as degraded) when the backend fails (FAIL_OPEN)",
+    )
     serve.add_argument("--grpc-port", type=int, help="gRPC port (GRPC_PORT, default 8081)")
     serve.add_argument("--http-port", type=int, help="HTTP port (PORT, default 8080)")
     serve.add_argument("--debug-port", type=int, help="debug HTTP port (DEBUG_PORT, default 6070)")
@@ -77,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
         changes["runtime_root"] = None
     if args.backend is not None:
         changes["backend"] = args.backend
+    if args.fail_open:
+        changes["fail_open"] = True
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),
@@ -101,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     directory: Path = args.directory
-    settings = Settings.from_env({})
+    settings = Settings.from_env()
     try:
         config = load_directory(
             directory,

@@ -104,21 +104,24 @@ class Settings:
     merge_domain_config: bool = False
 
     backend: str = "memory"
-    redis_socket_type: str = "tcp"
+    redis_socket_type: str = "unix"
     redis_type: str = "single"
-    redis_url: str = "localhost:6379"
+    redis_url: str = "/var/run/nutcracker/ratelimit.sock"
     redis_auth: str = ""
     redis_tls: bool = False
     redis_pool_size: int = 10
     redis_timeout: float = 10.0
     redis_persecond: bool = False
-    redis_persecond_url: str = ""
+    redis_persecond_url: str = "/var/run/nutcracker/ratelimitpersecond.sock"
+    redis_persecond_socket_type: str = "unix"
+    redis_persecond_tls: bool = False
     redis_persecond_type: str = "single"
     redis_persecond_auth: str = ""
     redis_persecond_pool_size: int = 10
     cache_key_prefix: str = ""
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
+    fail_open: bool = False
 
     near_limit_ratio: float = 0.8
     shadow_mode: bool = False
@@ -183,7 +186,7 @@ class Settings:
             ignore_dotfiles=_bool(env, "RUNTIME_IGNOREDOTFILES", d.ignore_dotfiles),
             merge_domain_config=_bool(env, "MERGE_DOMAIN_CONFIG", d.merge_domain_config),
             backend=backend,
-            redis_socket_type=env.get("REDIS_SOCKET_TYPE", d.redis_socket_type),
+            redis_socket_type=env.get("REDIS_SOCKET_TYPE", d.redis_socket_type).lower(),
             redis_type=env.get("REDIS_TYPE", d.redis_type).lower(),
             redis_url=env.get("REDIS_URL", d.redis_url),
             redis_auth=env.get("REDIS_AUTH", d.redis_auth),
@@ -192,6 +195,10 @@ class Settings:
             redis_timeout=_duration(env, "REDIS_TIMEOUT", d.redis_timeout),
             redis_persecond=_bool(env, "REDIS_PERSECOND", d.redis_persecond),
             redis_persecond_url=env.get("REDIS_PERSECOND_URL", d.redis_persecond_url),
+            redis_persecond_socket_type=env.get(
+                "REDIS_PERSECOND_SOCKET_TYPE", d.redis_persecond_socket_type
+            ).lower(),
+            redis_persecond_tls=_bool(env, "REDIS_PERSECOND_TLS", d.redis_persecond_tls),
             redis_persecond_type=env.get("REDIS_PERSECOND_TYPE", d.redis_persecond_type).lower(),
             redis_persecond_auth=env.get("REDIS_PERSECOND_AUTH", d.redis_persecond_auth),
             redis_persecond_pool_size=_int(
@@ -204,6 +211,7 @@ class Settings:
             local_cache_size_in_bytes=_int(
                 env, "LOCAL_CACHE_SIZE_IN_BYTES", d.local_cache_size_in_bytes
             ),
+            fail_open=_bool(env, "FAIL_OPEN", d.fail_open),
             near_limit_ratio=ratio,
             shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
             quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),

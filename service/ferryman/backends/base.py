@@ -13,8 +13,8 @@ __all__ = ["Backend", "CounterOp", "CounterResult"]
 class CounterOp:
     """Add ``hits`` (negative: give back) to a fixed-window counter.
 
-    ``expires_at`` is the end of the window (epoch seconds); ``ttl`` the key lifetime a
-    remote store should set (the window length plus any jitter).
+    ``expires_at`` is the end of the window (epoch seconds); ``ttl`` is the window's length
+    in seconds, the key lifetime a remote store sets (plus its expiration jitter).
     """
 
     key: str
@@ -46,6 +46,10 @@ class Backend(Protocol):
         those ops are applied (the others are left untouched and report ``applied=0``).
         A counter never goes below zero.
         """
+        ...
+
+    async def start(self) -> None:
+        """Begin connecting; must not block on an unreachable store."""
         ...
 
     def healthy(self) -> bool:

@@ -94,6 +94,9 @@ class MemoryBackend:
                 results.append(CounterResult(value, value - before))
             return results
 
+    async def start(self) -> None:
+        return None
+
     def healthy(self) -> bool:
         return True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 _STR = "tag:yaml.org,2002:str"
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
+_MERGE = "tag:yaml.org,2002:merge"
 
 _DOMAIN_KEYS = frozenset({"domain", "descriptors"})
 _DESCRIPTOR_KEYS = frozenset(
@@ -44,6 +45,7 @@ _MAX_UINT32 = 2**32 - 1
 class _Ctx:
     file: str
     problems: list[ConfigProblem]
+    active: set[int] = field(default_factory=set)  # descriptor lists being read (alias loops)
 
     def error(self, node: Node | None, path: str, message: str) -> None:
         line = col = None
@@ -56,19 +58,48 @@ def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
 
+def _flatten(node: MappingNode, active: frozenset[int] = frozenset()) -> tuple[list[Any], int]:
+    """The entries of ``node`` with YAML merge keys (``<<``) expanded, as yaml.v2 does.
+
+    Returns (entries, n): the first n entries are inherited (own keys override them; of
+    several merged maps the first wins), the rest are the node's own entries.
+    Raises ValueError when a ``<<`` value is not a map or a list of maps, or loops.
+    """
+    inherited: list[Any] = []
+    own: list[Any] = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            own.append((key_node, value_node))
+            continue
+        sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+        for source in reversed(sources):
+            if not isinstance(source, MappingNode):
+                raise ValueError(f"'<<' needs a map or a list of maps, found {_kind(source)}")
+            if id(source) in active | {id(node)}:
+                raise ValueError("'<<' merges a map into itself")
+            inherited.extend(_flatten(source, active | {id(node)})[0])
+    return inherited + own, len(inherited)
+
+
 def _mapping(ctx: _Ctx, node: Node, path: str, allowed: frozenset[str]) -> dict[str, Node]:
     """The entries of a YAML mapping, with bad keys reported."""
     if not isinstance(node, MappingNode):
         ctx.error(node, path, f"expected a map, found {_kind(node)}")
         return {}
+    try:
+        entries, n_inherited = _flatten(node)
+    except ValueError as exc:
+        ctx.error(node, path, str(exc))
+        entries, n_inherited = [(k, v) for k, v in node.value if k.tag != _MERGE], 0
     out: dict[str, Node] = {}
-    for key_node, value_node in node.value:
+    inherited: set[str] = set()
+    for i, (key_node, value_node) in enumerate(entries):
         if not isinstance(key_node, ScalarNode) or key_node.tag != _STR:
             shown = key_node.value if isinstance(key_node, ScalarNode) else _kind(key_node)
             ctx.error(key_node, path, f"map key {shown!r} is not a string")
             continue
         key = key_node.value
-        if key in out:
+        if key in out and key not in inherited:
             ctx.error(key_node, path, f"key {key!r} appears twice")
             continue
         if key not in allowed:
@@ -76,6 +107,10 @@ def _mapping(ctx: _Ctx, node: Node, path: str, allowed: frozenset[str]) -> dict[
             ctx.error(key_node, _join(path, key), f"unknown key {key!r} (expected one of: {hint})")
             continue
         out[key] = value_node
+        if i < n_inherited:
+            inherited.add(key)
+        else:
+            inherited.discard(key)
     return out
 
 
@@ -183,14 +218,37 @@ def _rate_limit(ctx: _Ctx, node: Node, path: str) -> RateLimit | None:
     )
 
 
-def _level(ctx: _Ctx, node: Node | None, path: str, stats_prefix: str) -> Level:
+def _level(
+    ctx: _Ctx,
+    node: Node | None,
+    path: str,
+    stats_prefix: str,
+    seen: dict[tuple[str, str], tuple[str, str]] | None = None,
+) -> Level:
+    """One level of descriptors; ``seen``: (key, value) -> (file, path), shared by merged files."""
     if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
         return Level()
     if not isinstance(node, SequenceNode):
         ctx.error(node, path, f"expected a list of descriptors, found {_kind(node)}")
         return Level()
+    if id(node) in ctx.active:
+        ctx.error(node, path, "a YAML alias makes this descriptor list contain itself")
+        return Level()
+    ctx.active.add(id(node))
+    try:
+        return _level_items(ctx, node, path, stats_prefix, {} if seen is None else seen)
+    finally:
+        ctx.active.discard(id(node))
+
+
+def _level_items(
+    ctx: _Ctx,
+    node: SequenceNode,
+    path: str,
+    stats_prefix: str,
+    seen: dict[tuple[str, str], tuple[str, str]],
+) -> Level:
     rules: list[Rule] = []
-    seen: dict[tuple[str, str], int] = {}
     for i, item in enumerate(node.value):
         ipath = f"{path}[{i}]"
         if not isinstance(item, MappingNode):
@@ -202,13 +260,14 @@ def _level(ctx: _Ctx, node: Node | None, path: str, stats_prefix: str) -> Level:
         ident = (rule.key, rule.value)
         if ident in seen:
             composite = f"{rule.key}_{rule.value}" if rule.value else rule.key
+            file, where = seen[ident]
+            if file != ctx.file:
+                where = f"{where} in {file}"
             ctx.error(
-                item,
-                ipath,
-                f"duplicate descriptor {composite!r} (already defined at {path}[{seen[ident]}])",
+                item, ipath, f"duplicate descriptor {composite!r} (already defined at {where})"
             )
             continue
-        seen[ident] = i
+        seen[ident] = (ctx.file, ipath)
         rules.append(rule)
     return Level.of(tuple(rules))
 
@@ -217,8 +276,8 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | 
     fields = _mapping(ctx, node, path, _DESCRIPTOR_KEYS)
     key = _string(ctx, fields.get("key"), _join(path, "key"))
     if not key:
+        # Keep validating the rest of this descriptor so that every problem is reported.
         ctx.error(fields.get("key", node), _join(path, "key"), "descriptor key must not be empty")
-        return None
     value = _string(ctx, fields.get("value"), _join(path, "value"))
     segment = f"{key}_{value}" if value else key
     stats_key = f"{stats_prefix}.{segment}"
@@ -245,14 +304,20 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | 
             except yaml.YAMLError as exc:
                 ctx.error(meta_node, _join(path, "metadata"), str(exc))
     children = _level(ctx, fields.get("descriptors"), _join(path, "descriptors"), stats_key)
+    flags = {
+        name: _bool(ctx, fields.get(name), _join(path, name))
+        for name in ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric")
+    }
+    if not key:
+        return None
     return Rule(
         key=key,
         value=value,
         rate_limit=rate_limit,
-        shadow_mode=_bool(ctx, fields.get("shadow_mode"), _join(path, "shadow_mode")),
-        quota_mode=_bool(ctx, fields.get("quota_mode"), _join(path, "quota_mode")),
-        detailed_metric=_bool(ctx, fields.get("detailed_metric"), _join(path, "detailed_metric")),
-        value_to_metric=_bool(ctx, fields.get("value_to_metric"), _join(path, "value_to_metric")),
+        shadow_mode=flags["shadow_mode"],
+        quota_mode=flags["quota_mode"],
+        detailed_metric=flags["detailed_metric"],
+        value_to_metric=flags["value_to_metric"],
         share_threshold=share,
         metadata=metadata,
         stats_key=stats_key,
@@ -276,6 +341,9 @@ def _parse_file(ctx: _Ctx, text: str) -> _FileResult | None:
         line = mark.line + 1 if mark is not None else None
         col = mark.column + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        if context and getattr(exc, "problem", None):
+            problem = f"{context}: {problem}"
         ctx.problems.append(ConfigProblem(ctx.file, line, col, "", f"YAML syntax error: {problem}"))
         return None
     if root is None:
@@ -323,26 +391,10 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     domains: dict[str, Domain] = {}
     for domain, files in parsed.items():
         rules: list[Rule] = []
-        seen: dict[tuple[str, str], str] = {}
+        # Shared by the files of a merged domain, so a repeat names the file it repeats.
+        seen: dict[tuple[str, str], tuple[str, str]] = {}
         for ctx, result in files:
-            level = _level(ctx, result.descriptors, "descriptors", domain)
-            for rule in level.rules:
-                ident = (rule.key, rule.value)
-                if ident in seen:
-                    composite = f"{rule.key}_{rule.value}" if rule.value else rule.key
-                    ctx.problems.append(
-                        ConfigProblem(
-                            ctx.file,
-                            None,
-                            None,
-                            "descriptors",
-                            f"duplicate descriptor {composite!r} in domain {domain!r} "
-                            f"(also in {seen[ident]})",
-                        )
-                    )
-                    continue
-                seen[ident] = ctx.file
-                rules.append(rule)
+            rules.extend(_level(ctx, result.descriptors, "descriptors", domain, seen).rules)
         domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
     if problems:
         raise ConfigError(problems)

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 from ferryman.backends.base import Backend, CounterOp
 from ferryman.clock import Clock
 from ferryman.config.model import Config, Domain, RateLimit, Rule
-from ferryman.errors import RequestError
-from ferryman.limits.fixed_window import classify, reset_after, window_start
+from ferryman.errors import BackendError, RequestError
+from ferryman.limits.fixed_window import StatDelta, classify, reset_after, window_start
+from ferryman.limits.local_cache import OverLimitCache
 from ferryman.stats import Stats
 
 __all__ = [
@@ -76,7 +77,8 @@ class EngineOptions:
     reset_header: str = "RateLimit-Reset"
     dynamic_metadata: bool = False
     cache_key_prefix: str = ""
-    expiration_jitter: int = 0
+    local_cache_bytes: int = 0
+    fail_open: bool = False
 
 
 class ConfigSource(Protocol):
@@ -95,6 +97,7 @@ class _Planned:
     quota: bool
     rule: Rule | None
     op: CounterOp | None = None
+    cached: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -161,6 +164,11 @@ class RateLimitEngine:
         self._clock = clock
         self._stats = stats
         self.options = options or EngineOptions()
+        self.local_cache = (
+            OverLimitCache(self.options.local_cache_bytes)
+            if self.options.local_cache_bytes > 0
+            else None
+        )
 
     @staticmethod
     def validate(domain: str, descriptors: Sequence[DescriptorRequest]) -> None:
@@ -194,6 +202,7 @@ class RateLimitEngine:
         statuses: list[Status | None] = [None] * len(descriptors)
         planned: list[_Planned] = []
         replaced: set[str] = set()
+        local = self.local_cache
         now = self._clock.now()
         for i, desc in enumerate(descriptors):
             hits = request_hits if desc.hits is None else desc.hits
@@ -236,8 +245,13 @@ class RateLimitEngine:
                 hits,
                 item.limit.requests_per_unit,
                 start + seconds,
-                seconds + opts.expiration_jitter,
+                seconds,
             )
+            if local is not None:
+                if hits < 0:
+                    local.discard(item.op.key)
+                elif local.contains(item.op.key, now):
+                    item.cached = True
             planned.append(item)
 
         if replaced:
@@ -249,28 +263,43 @@ class RateLimitEngine:
                     kept.append(item)
             planned = kept
 
-        ops = [item.op for item in planned if item.op is not None]
-        results = (
-            await self._backend.fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
-        )
+        ops = [item.op for item in planned if item.op is not None and not item.cached]
+        try:
+            results = (
+                await self._backend.fixed_window(ops, stop_when_over=opts.stop_when_over)
+                if ops
+                else []
+            )
+        except BackendError:
+            if not opts.fail_open:
+                raise
+            stats.inc("ratelimit.service.call.should_rate_limit.degraded")
+            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+        result_iter = iter(results)
 
         ratio = opts.near_limit_ratio
         quota_total = quota_over = 0
         over_hard = False
         metadata: dict[str, Any] = {}
-        for item, result in zip(planned, results, strict=True):
+        for item in planned:
             limit = item.limit
             rpu = limit.requests_per_unit
-            after = result.after
             reset = reset_after(now, item.seconds)
-            if item.hits < 0:
-                statuses[item.index] = Status(
-                    Code.OK, limit, max(0, rpu - after), reset, item.quota
-                )
-                continue
-            before = after - result.applied
-            over, delta = classify(item.hits, rpu, before, after, ratio)
             key = item.stats_key
+            if item.cached:
+                over, delta = True, StatDelta(over=item.hits)
+                stats.rule(key, "over_limit_with_local_cache", item.hits)
+            else:
+                result = next(result_iter)
+                after = result.after
+                if item.hits < 0:
+                    remaining = max(0, rpu - after)
+                    statuses[item.index] = Status(Code.OK, limit, remaining, reset, item.quota)
+                    continue
+                before = after - result.applied
+                over, delta = classify(item.hits, rpu, before, after, ratio)
+                if over and local is not None and item.op is not None:
+                    local.add(item.op.key, item.op.expires_at)
             stats.rule(key, "total_hits", item.hits)
             stats.rule(key, "within_limit", delta.within)
             stats.rule(key, "near_limit", delta.near)

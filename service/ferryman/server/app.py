@@ -43,15 +43,56 @@ def engine_options(settings: Settings) -> EngineOptions:
         reset_header=settings.limit_reset_header,
         dynamic_metadata=settings.response_dynamic_metadata,
         cache_key_prefix=settings.cache_key_prefix,
+        local_cache_bytes=settings.local_cache_size_in_bytes,
+        fail_open=settings.fail_open,
     )
 
 
 def make_backend(settings: Settings, clock: Clock) -> Backend:
-    if settings.backend == "memory":
+    """The backend the settings ask for: memory, the REDIS_* variables, or a URL."""
+    s = settings
+    if s.backend == "memory":
         return MemoryBackend(clock)
-    raise SettingsError(
-        f"backend {settings.backend!r} is not available in this version; use 'memory'"
+    from ferryman.backends.redis import (
+        RedisBackend,
+        RoutedBackend,
+        parse_backend_url,
+        target_from_env_style,
     )
+
+    jitter = s.expiration_jitter_max_seconds
+    if s.backend == "redis":
+        main = RedisBackend(
+            target_from_env_style(
+                s.redis_type,
+                s.redis_url,
+                s.redis_socket_type,
+                s.redis_auth,
+                s.redis_tls,
+                s.redis_pool_size,
+                s.redis_timeout,
+            ),
+            jitter_max=jitter,
+        )
+        if not s.redis_persecond:
+            return main
+        per_second = RedisBackend(
+            target_from_env_style(
+                s.redis_persecond_type,
+                s.redis_persecond_url,
+                s.redis_persecond_socket_type,
+                s.redis_persecond_auth,
+                s.redis_persecond_tls,
+                s.redis_persecond_pool_size,
+                s.redis_timeout,
+            ),
+            jitter_max=jitter,
+        )
+        return RoutedBackend(main, per_second)
+    if s.backend.startswith(("redis", "rediss", "unix")):
+        target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
+        return RedisBackend(target, jitter_max=jitter)
+    raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
 
 
 class Service:
@@ -109,6 +150,7 @@ class Service:
     async def start(self) -> None:
         s = self.settings
         self.reloader.load()
+        await self.backend.start()
         await self.reloader.start()
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]

@@ -1,0 +1,422 @@
+"""The Redis backend: one Lua script call per Redis slot involved, shared connections.
+
+Keys keep the reference service's format, so ferryman and envoyproxy/ratelimit pointed at
+one Redis count the same hits. Single Redis, Sentinel and Cluster are supported; with
+``REDIS_PERSECOND`` per-second counters go to a second Redis, as in the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
+from redis.crc import key_slot
+
+from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.errors import BackendError, BackendTimeoutError, SettingsError
+
+__all__ = ["RedisBackend", "RedisTarget", "parse_backend_url"]
+
+log = logging.getLogger("ferryman.redis")
+
+
+def _script(name: str) -> str:
+    return resources.files("ferryman.backends").joinpath("lua", name).read_text("utf-8")
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a Redis deployment is and how to reach it."""
+
+    kind: str = "single"  # single | sentinel | cluster
+    addresses: tuple[tuple[str, int], ...] = (("localhost", 6379),)
+    unix_path: str = ""
+    master_name: str = ""
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    db: int = 0
+    pool_size: int = 10
+    timeout: float = 10.0
+
+    def describe(self) -> str:
+        if self.unix_path:
+            return f"unix:{self.unix_path}"
+        where = ",".join(f"{h}:{p}" for h, p in self.addresses)
+        if self.kind == "sentinel":
+            return f"sentinel {where} master {self.master_name}"
+        return f"{self.kind} {where}"
+
+
+def _address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise SettingsError(f"{what}: {text!r} is not host:port")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise SettingsError(f"{what}: {text!r} has no numeric port") from None
+
+
+def _auth(auth: str) -> tuple[str | None, str | None]:
+    if not auth:
+        return None, None
+    user, sep, password = auth.partition(":")
+    return (user, password) if sep else (None, auth)
+
+
+def parse_backend_url(url: str, pool_size: int = 10, timeout: float = 10.0) -> RedisTarget:
+    """Parse ``redis://``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``, ``unix://``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    common: dict[str, Any] = {
+        "username": user,
+        "password": password,
+        "pool_size": pool_size,
+        "timeout": timeout,
+    }
+    if scheme == "unix":
+        return RedisTarget(unix_path=parts.path, **common)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        raise SettingsError(f"--backend {url!r}: no host")
+    addresses = tuple(_address(h, "--backend") for h in hosts.split(","))
+    path = parts.path.strip("/")
+    if scheme in ("redis", "rediss"):
+        db = int(path) if path.isdigit() else 0
+        return RedisTarget("single", addresses[:1], tls=scheme == "rediss", db=db, **common)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return RedisTarget("cluster", addresses, tls=scheme.startswith("rediss"), **common)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        if not path:
+            raise SettingsError(f"--backend {url!r}: name the master, e.g. .../mymaster")
+        return RedisTarget(
+            "sentinel", addresses, master_name=path, tls=scheme.startswith("rediss"), **common
+        )
+    raise SettingsError(
+        f"--backend {url!r}: unknown scheme (memory, redis://, rediss://, redis+cluster://, "
+        "redis+sentinel://, unix://)"
+    )
+
+
+def target_from_env_style(
+    kind: str, url: str, socket_type: str, auth: str, tls: bool, pool_size: int, timeout: float
+) -> RedisTarget:
+    """A target from the reference's REDIS_TYPE / REDIS_URL / REDIS_SOCKET_TYPE / REDIS_AUTH."""
+    user, password = _auth(auth)
+    common: dict[str, Any] = {
+        "username": user,
+        "password": password,
+        "tls": tls,
+        "pool_size": pool_size,
+        "timeout": timeout,
+    }
+    kind = kind.lower()
+    if kind == "single":
+        if socket_type == "unix":
+            return RedisTarget(unix_path=url, **common)
+        return RedisTarget("single", (_address(url, "REDIS_URL"),), **common)
+    if kind == "cluster":
+        addrs = tuple(_address(u, "REDIS_URL") for u in url.split(","))
+        return RedisTarget("cluster", addrs, **common)
+    if kind == "sentinel":
+        master, *nodes = url.split(",")
+        if not nodes:
+            raise SettingsError("REDIS_URL for sentinel is 'mastername,host:port[,host:port...]'")
+        addrs = tuple(_address(u, "REDIS_URL") for u in nodes)
+        return RedisTarget("sentinel", addrs, master_name=master, **common)
+    raise SettingsError(f"REDIS_TYPE={kind!r} must be single, sentinel or cluster")
+
+
+_TRANSIENT = (
+    rex.ConnectionError,
+    rex.TimeoutError,
+    rex.BusyLoadingError,
+    rex.ReadOnlyError,
+    rex.ClusterDownError,
+    rex.TryAgainError,
+    rex.RedisClusterException,
+    OSError,
+)
+
+
+@dataclass
+class _Group:
+    """The ops of one call that share a Redis slot: one script call."""
+
+    keys: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
+    index: list[int] = field(default_factory=list)
+
+
+class RedisBackend:
+    """Counters in Redis. A call never waits longer than the target's timeout."""
+
+    name = "redis"
+
+    def __init__(self, target: RedisTarget, *, jitter_max: int = 0) -> None:
+        self.target = target
+        self._jitter_max = jitter_max
+        self._client: Any = None
+        self._sentinel: Sentinel | None = None
+        self._source = _script("fixed_window.lua")
+        self._sha: str | None = None
+        self._healthy = False
+        self._monitor: asyncio.Task[None] | None = None
+        self._cluster = target.kind == "cluster"
+        self._closing = False
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        t = self.target
+        timeout = t.timeout
+        common: dict[str, Any] = {
+            "username": t.username,
+            "password": t.password,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "health_check_interval": 0,
+        }
+        if t.kind == "cluster":
+            return RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in t.addresses],
+                ssl=t.tls,
+                max_connections=max(t.pool_size, 1),
+                require_full_coverage=False,
+                **common,
+            )
+        if t.kind == "sentinel":
+            self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                list(t.addresses),
+                sentinel_kwargs={"socket_timeout": timeout, "password": t.password},
+                ssl=t.tls,
+                **common,
+            )
+            return self._sentinel.master_for(t.master_name, db=t.db)
+        if t.unix_path:
+            pool = aioredis.BlockingConnectionPool(
+                connection_class=aioredis.UnixDomainSocketConnection,
+                path=t.unix_path,
+                max_connections=t.pool_size,
+                timeout=timeout,
+                **common,
+            )
+        else:
+            host, port = t.addresses[0]
+            pool = aioredis.BlockingConnectionPool(
+                connection_class=aioredis.SSLConnection if t.tls else aioredis.Connection,
+                host=host,
+                port=port,
+                db=t.db,
+                max_connections=t.pool_size,
+                timeout=timeout,
+                **common,
+            )
+        return aioredis.Redis.from_pool(pool)
+
+    async def start(self) -> None:
+        """Connect in the background: the service starts unhealthy until Redis answers."""
+        self._client = self._connect()
+        self._monitor = asyncio.create_task(self._watch(), name="ferryman-redis-health")
+
+    async def _watch(self) -> None:
+        delay = 0.1
+        attempt = 0
+        while not self._closing:
+            try:
+                async with asyncio.timeout(self.target.timeout):
+                    await self._client.ping()
+                    if not self._healthy:
+                        self._sha = await self._client.script_load(self._source)
+                if not self._healthy:
+                    log.warning("redis %s is reachable", self.target.describe())
+                self._healthy = True
+                attempt = 0
+                delay = 0.1
+                await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                attempt += 1
+                if self._healthy or attempt == 1 or attempt % 10 == 0:
+                    log.warning(
+                        "waiting for redis %s (attempt %d): %s; retrying in %.1fs",
+                        self.target.describe(),
+                        attempt,
+                        exc,
+                        delay,
+                    )
+                self._healthy = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def healthy(self) -> bool:
+        return self._healthy
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.wait({self._monitor}, timeout=self.target.timeout)
+            self._monitor = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+            self._client = None
+
+    # -- the request path -------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _errors(self) -> AsyncIterator[None]:
+        """The one place where driver errors become BackendError."""
+        try:
+            async with asyncio.timeout(self.target.timeout):
+                yield
+        except TimeoutError:
+            self._healthy = False
+            raise BackendTimeoutError(
+                f"redis {self.target.describe()} did not answer within {self.target.timeout}s"
+            ) from None
+        except _TRANSIENT as exc:
+            self._healthy = False
+            raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+        except rex.RedisError as exc:
+            raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+
+    def _ttl(self, op: CounterOp) -> int:
+        if self._jitter_max > 0:
+            return op.ttl + random.randrange(self._jitter_max)
+        return op.ttl
+
+    def _groups(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[_Group]:
+        flag = "1" if stop_when_over else "0"
+        if not self._cluster:
+            single = _Group()
+            single.args.append(flag)
+            groups = [single]
+            for i, op in enumerate(ops):
+                single.keys.append(op.key)
+                single.args.extend((op.hits, op.limit, self._ttl(op)))
+                single.index.append(i)
+            return groups
+        by_slot: dict[int, _Group] = {}
+        for i, op in enumerate(ops):
+            slot = key_slot(op.key.encode())
+            group = by_slot.get(slot)
+            if group is None:
+                group = by_slot[slot] = _Group()
+                group.args.append(flag)
+            group.keys.append(op.key)
+            group.args.extend((op.hits, op.limit, self._ttl(op)))
+            group.index.append(i)
+        return list(by_slot.values())
+
+    async def _evalsha(self, group: _Group) -> list[int]:
+        if self._sha is None:
+            self._sha = await self._client.script_load(self._source)
+        try:
+            result = await self._client.evalsha(
+                self._sha, len(group.keys), *group.keys, *group.args
+            )
+        except rex.NoScriptError:
+            # Redis restarted or failed over and lost its script cache.
+            self._sha = await self._client.script_load(self._source)
+            result = await self._client.evalsha(
+                self._sha, len(group.keys), *group.keys, *group.args
+            )
+        return [int(x) for x in result]
+
+    async def fixed_window(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> list[CounterResult]:
+        if self._client is None:
+            raise BackendError("redis backend is not started")
+        groups = self._groups(ops, stop_when_over)
+        if stop_when_over and len(groups) > 1:
+            return await self._stop_when_over_across_slots(ops)
+        async with self._errors():
+            if len(groups) == 1:
+                replies = [await self._evalsha(groups[0])]
+            else:
+                replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
+        self._healthy = True
+        out: list[CounterResult | None] = [None] * len(ops)
+        for group, reply in zip(groups, replies, strict=True):
+            for j, i in enumerate(group.index):
+                out[i] = CounterResult(reply[2 * j], reply[2 * j + 1])
+        return [r for r in out if r is not None]
+
+    async def _stop_when_over_across_slots(self, ops: Sequence[CounterOp]) -> list[CounterResult]:
+        """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys in several Cluster slots.
+
+        No script can span slots, so this reads first and applies second, as the reference
+        does everywhere; it costs a second round trip and only this configuration pays it.
+        """
+        async with self._errors():
+            raw = await self._client.mget_nonatomic([op.key for op in ops])
+        current = [int(v or 0) for v in raw]
+        over = {i for i, op in enumerate(ops) if op.hits > 0 and current[i] + op.hits > op.limit}
+        if not over:
+            return await self.fixed_window(ops, stop_when_over=False)
+        chosen = sorted(over)
+        applied = await self.fixed_window([ops[i] for i in chosen], stop_when_over=False)
+        out = [CounterResult(current[i], 0) for i in range(len(ops))]
+        for i, result in zip(chosen, applied, strict=True):
+            out[i] = result
+        return out
+
+
+class RoutedBackend:
+    """Per-second counters to one backend, every other window to another (REDIS_PERSECOND)."""
+
+    name = "redis+persecond"
+
+    def __init__(self, main: RedisBackend, per_second: RedisBackend) -> None:
+        self._main = main
+        self._per_second = per_second
+
+    async def start(self) -> None:
+        await self._main.start()
+        await self._per_second.start()
+
+    def healthy(self) -> bool:
+        return self._main.healthy() and self._per_second.healthy()
+
+    async def close(self) -> None:
+        await self._main.close()
+        await self._per_second.close()
+
+    async def fixed_window(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> list[CounterResult]:
+        fast = [i for i, op in enumerate(ops) if op.ttl == 1]
+        if not fast:
+            return await self._main.fixed_window(ops, stop_when_over=stop_when_over)
+        fast_set = set(fast)
+        slow = [i for i in range(len(ops)) if i not in fast_set]
+        if not slow:
+            return await self._per_second.fixed_window(ops, stop_when_over=stop_when_over)
+        a, b = await asyncio.gather(
+            self._main.fixed_window([ops[i] for i in slow], stop_when_over=stop_when_over),
+            self._per_second.fixed_window([ops[i] for i in fast], stop_when_over=stop_when_over),
+        )
+        out: list[CounterResult | None] = [None] * len(ops)
+        for i, r in zip(slow, a, strict=True):
+            out[i] = r
+        for i, r in zip(fast, b, strict=True):
+            out[i] = r
+        return [r for r in out if r is not None]

@@ -1,0 +1,686 @@
+"""Throughput and latency of ferryman's ShouldRateLimit, next to a do-nothing gRPC ceiling.
+
+Usage::
+
+    python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
+                                    [--backend memory] [--json]
+
+The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
+(a domain with bare-key rules whose limits are never reached), then drives it from a separate
+client process: C workers on one grpc.aio event loop sharing K channels, each sending calls
+back to back for a short warm-up and then for the measured duration. The same load is then
+sent to a do-nothing grpc.aio RateLimitService (in its own process), the best a Python gRPC
+server can do on this machine, and each ferryman figure is reported with its ratio to it.
+
+Client and server share the machine's cores, so the numbers are for comparison between runs
+on the same machine, not absolute capacity. This is a benchmark, not a test: pytest does not
+collect this directory.
+
+Internal roles (used by the script itself): ``--role client`` runs the load and prints JSON,
+``--role ceiling`` serves the do-nothing RateLimitService.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+
+from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+DOMAIN = "bench"
+METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+HUGE = 1_000_000_000  # requests_per_unit: nothing ever goes over
+USERS = 10_000
+TENANTS = 100
+PATHS = 20
+POOL = 16_384  # distinct pre-serialized requests per run
+START_TIMEOUT = 30.0
+
+CONFIG_YAML = f"""\
+# Written by tests/bench/bench_rls.py: bare-key rules, one counter per value, never over.
+domain: {DOMAIN}
+descriptors:
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: {HUGE}
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: {HUGE}
+  - key: path
+    rate_limit:
+      unit: hour
+      requests_per_unit: {HUGE}
+"""
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Result:
+    target: str  # the backend name ("memory") or "ceiling"
+    descriptors: int
+    concurrency: int
+    channels: int
+    seconds: float
+    requests: int
+    errors: int
+    not_ok: int
+    rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    server_cpu: float | None = None  # share of one core used by the server process
+    client_cpu: float | None = None  # share of one core used by the client process
+    ratio_to_ceiling: float | None = None
+    error_samples: list[str] = field(default_factory=list)
+    per_second: list[int] = field(default_factory=list)  # completions in each measured second
+    rps_runs: list[float] = field(default_factory=list)  # req/s of each repeat, in run order
+
+    @property
+    def label(self) -> str:
+        noun = "descriptor" if self.descriptors == 1 else "descriptors"
+        return f"{self.descriptors} {noun}"
+
+    def line(self) -> str:
+        text = (
+            f"{self.target:<8}{self.label:<15}c={self.concurrency:<4}ch={self.channels}  "
+            f"{self.rps:>8.0f} req/s  p50 {self.p50_ms:6.2f} ms  p99 {self.p99_ms:6.2f} ms"
+        )
+        if self.ratio_to_ceiling is not None:
+            text += f"  {self.ratio_to_ceiling:5.2f}x ceiling"
+        if len(self.rps_runs) > 1:
+            text += f"  (runs {min(self.rps_runs):.0f}-{max(self.rps_runs):.0f})"
+        if self.server_cpu is not None and self.client_cpu is not None:
+            text += f"  cpu server {self.server_cpu:4.0%} client {self.client_cpu:4.0%}"
+        if self.errors or self.not_ok:
+            text += f"  ERRORS {self.errors} not-OK {self.not_ok}"
+        return text
+
+
+def percentile(ordered: Sequence[int], fraction: float) -> float:
+    """Nearest-rank percentile of sorted nanosecond latencies, in milliseconds."""
+    if not ordered:
+        return float("nan")
+    rank = min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))
+    return ordered[rank] / 1e6
+
+
+# --------------------------------------------------------------------------- client role
+
+
+def build_requests(descriptors: int, count: int, seed: int) -> list[bytes]:
+    """Serialized RateLimitRequests whose values vary (users among USERS, and so on)."""
+    rng = random.Random(seed)
+    Descriptor = ratelimit_pb2.RateLimitDescriptor
+    Entry = Descriptor.Entry
+    makers: list[Callable[[], tuple[str, str]]] = [
+        lambda: ("user", f"u{rng.randrange(USERS)}"),
+        lambda: ("tenant", f"t{rng.randrange(TENANTS)}"),
+        lambda: ("path", f"/api/v1/r{rng.randrange(PATHS)}"),
+    ]
+    out = []
+    for _ in range(count):
+        built = []
+        for i in range(descriptors):
+            key, value = makers[i % len(makers)]()
+            built.append(Descriptor(entries=[Entry(key=key, value=value)]))
+        request = rls_pb2.RateLimitRequest(domain=DOMAIN, descriptors=built)
+        out.append(request.SerializeToString())
+    return out
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+async def run_load(
+    target: str,
+    *,
+    descriptors: int,
+    concurrency: int,
+    channels: int,
+    warmup: float,
+    seconds: float,
+    seed: int,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
+    ok_code = rls_pb2.RateLimitResponse.OK
+    parse = rls_pb2.RateLimitResponse.FromString
+    pool = build_requests(descriptors, POOL, seed)
+    # A local subchannel pool gives each channel its own TCP connection.
+    opened = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(channels)
+    ]
+    calls = [
+        ch.unary_unary(METHOD, request_serializer=_identity, response_deserializer=parse)
+        for ch in opened
+    ]
+    try:
+        for ch in opened:
+            await asyncio.wait_for(ch.channel_ready(), START_TIMEOUT)
+        begin = time.perf_counter_ns()
+        measure_from = begin + int(warmup * 1e9)
+        measure_to = measure_from + int(seconds * 1e9)
+        latencies: list[int] = []
+        per_second = [0] * max(1, math.ceil(seconds))
+        errors: list[str] = []
+        counts = {"errors": 0, "not_ok": 0}
+
+        async def worker(index: int) -> None:
+            call = calls[index % len(calls)]
+            position = (index * 7919) % POOL
+            record = latencies.append
+            clock = time.perf_counter_ns
+            while True:
+                start = clock()
+                if start >= measure_to:
+                    return
+                request = pool[position]
+                position = (position + 1) % POOL
+                try:
+                    response = await call(request, timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    end = clock()
+                    if measure_from <= start and end <= measure_to:
+                        counts["errors"] += 1
+                        if len(errors) < 5:
+                            errors.append(f"{exc.code().name}: {exc.details()}")
+                    continue
+                end = clock()
+                if measure_from <= start and end <= measure_to:
+                    record(end - start)
+                    per_second[(end - measure_from) // 1_000_000_000] += 1
+                    if response.overall_code != ok_code:
+                        counts["not_ok"] += 1
+
+        cpu: dict[str, float] = {}
+
+        async def sample_cpu() -> None:
+            """CPU used by this process and by the server over the measured window."""
+
+            def server_now() -> float | None:
+                return None if server_pid is None else cpu_seconds(server_pid)
+
+            await asyncio.sleep(max(0, measure_from - time.perf_counter_ns()) / 1e9)
+            mine, theirs = time.process_time(), server_now()
+            await asyncio.sleep(max(0, measure_to - time.perf_counter_ns()) / 1e9)
+            cpu["client"] = (time.process_time() - mine) / seconds
+            after = server_now()
+            if theirs is not None and after is not None:
+                cpu["server"] = (after - theirs) / seconds
+
+        await asyncio.gather(sample_cpu(), *(worker(i) for i in range(concurrency)))
+    finally:
+        for ch in opened:
+            await ch.close(None)
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "errors": counts["errors"],
+        "not_ok": counts["not_ok"],
+        "error_samples": errors,
+        "rps": len(latencies) / seconds,
+        "p50_ms": percentile(latencies, 0.50),
+        "p90_ms": percentile(latencies, 0.90),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": latencies[-1] / 1e6 if latencies else float("nan"),
+        "client_cpu": cpu.get("client"),
+        "server_cpu": cpu.get("server"),
+        "per_second": per_second,
+    }
+
+
+def client_main(args: argparse.Namespace) -> int:
+    result = asyncio.run(
+        run_load(
+            args.target,
+            descriptors=args.descriptors,
+            concurrency=args.concurrency,
+            channels=args.channels,
+            warmup=args.warmup,
+            seconds=args.seconds,
+            seed=args.seed,
+            server_pid=args.server_pid,
+        )
+    )
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+# --------------------------------------------------------------------------- ceiling role
+
+
+async def serve_ceiling(port: int) -> None:
+    """A RateLimitService that answers OK at once, with one OK status per descriptor."""
+    Response = rls_pb2.RateLimitResponse
+    canned = {
+        n: Response(
+            overall_code=Response.OK,
+            statuses=[Response.DescriptorStatus(code=Response.OK) for _ in range(n)],
+        )
+        for n in range(8)
+    }
+    fallback = Response(overall_code=Response.OK)
+
+    class NullServicer(rls_pb2_grpc.RateLimitServiceServicer):
+        async def ShouldRateLimit(
+            self, request: rls_pb2.RateLimitRequest, context: Any
+        ) -> rls_pb2.RateLimitResponse:
+            return canned.get(len(request.descriptors), fallback)
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(NullServicer(), server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(0)
+
+
+def ceiling_main(args: argparse.Namespace) -> int:
+    asyncio.run(serve_ceiling(args.port))
+    return 0
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _child_setup(cpus: frozenset[int] | None) -> Callable[[], None]:
+    """What a child runs before exec: die with us (Linux), and keep to ``cpus`` if given."""
+
+    def setup() -> None:
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of ``pid`` from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Processes:
+    """Every child process this script starts; close() ends them all, politely then not."""
+
+    def __init__(self) -> None:
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        stdout: TextIO | int | None,
+        stderr: TextIO | int | None,
+        env: Mapping[str, str] | None = None,
+        cpus: frozenset[int] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(
+            list(argv),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches only us; we end the children
+            preexec_fn=_child_setup(cpus) if sys.platform == "linux" else None,
+        )
+        self._children.append(child)
+        return child
+
+    def stop(self, child: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if child in self._children:
+            self._children.remove(child)
+
+    def close(self) -> None:
+        for child in list(self._children):
+            with contextlib.suppress(Exception):
+                self.stop(child)
+
+
+def wait_ready(
+    child: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, log: Path | None
+) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            detail = log.read_text(errors="replace")[-2000:] if log else ""
+            raise RuntimeError(f"{what} exited with code {child.returncode}\n{detail}")
+        if ready():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} not ready after {START_TIMEOUT:.0f} s")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            status: int = response.status
+            return status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: bytes = response.read()
+        return body.decode()
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    grpc_port: int
+    log: Path
+    debug_port: int | None = None
+
+
+def cpu_split(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """(server CPUs, client CPUs): the first CPU for the server, the others for the client."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None, None
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        return None, None
+    return frozenset(mine[:1]), frozenset(mine[1:])
+
+
+def start_ferryman(
+    procs: Processes, workdir: Path, backend: str, cpus: frozenset[int] | None
+) -> Server:
+    config = workdir / "config"
+    config.mkdir()
+    (config / "bench.yaml").write_text(CONFIG_YAML)
+    grpc_port, http_port, debug_port = free_port(), free_port(), free_port()
+    log = workdir / "ferryman.log"
+    env = dict(os.environ)
+    for name in ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"):
+        env.pop(name, None)
+    env.update(HOST="127.0.0.1", GRPC_HOST="127.0.0.1", DEBUG_HOST="127.0.0.1", LOG_LEVEL="WARN")
+    argv = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
+    argv += ["--backend", backend, "--grpc-port", str(grpc_port)]
+    argv += ["--http-port", str(http_port), "--debug-port", str(debug_port)]
+    with log.open("w") as out:
+        child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cpus=cpus)
+    url = f"http://127.0.0.1:{http_port}/healthcheck"
+    wait_ready(child, lambda: http_ok(url) and port_open(grpc_port), "ferryman", log)
+    return Server(backend, child, grpc_port, log, debug_port)
+
+
+def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) -> Server:
+    port = free_port()
+    log = workdir / "ceiling.log"
+    argv = [sys.executable, __file__, "--role", "ceiling", "--port", str(port)]
+    with log.open("w") as out:
+        child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT, cpus=cpus)
+    wait_ready(child, lambda: port_open(port), "ceiling server", log)
+    return Server("ceiling", child, port, log)
+
+
+def run_client(
+    procs: Processes, server: Server, descriptors: int, args: argparse.Namespace
+) -> Result:
+    argv = [sys.executable, __file__, "--role", "client"]
+    argv += ["--target", f"127.0.0.1:{server.grpc_port}", "--descriptors", str(descriptors)]
+    argv += ["--concurrency", str(args.concurrency), "--channels", str(args.channels)]
+    argv += ["--warmup", str(args.warmup), "--seconds", str(args.seconds)]
+    argv += ["--seed", str(args.seed), "--server-pid", str(server.process.pid)]
+    _, client_cpus = cpu_split(args.pin)
+    child = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cpus=client_cpus)
+    try:
+        out, err = child.communicate(timeout=args.warmup + args.seconds + START_TIMEOUT)
+    finally:
+        procs.stop(child)
+    if child.returncode != 0:
+        raise RuntimeError(f"client failed ({child.returncode}):\n{err.decode(errors='replace')}")
+    if server.process.poll() is not None:
+        raise RuntimeError(f"{server.name} server exited with code {server.process.returncode}")
+    return Result(
+        target=server.name,
+        descriptors=descriptors,
+        concurrency=args.concurrency,
+        channels=args.channels,
+        seconds=args.seconds,
+        **json.loads(out),
+    )
+
+
+def pick_median(runs: Sequence[Result]) -> Result:
+    """The run with the median throughput, carrying every run's req/s."""
+    ordered = sorted(runs, key=lambda r: r.rps)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.rps_runs = [round(r.rps, 1) for r in runs]
+    return chosen
+
+
+def ferryman_problems(server: Server) -> list[str]:
+    """Log lines other than the start-up banner, and error counters on /stats."""
+    problems = [
+        line
+        for line in server.log.read_text(errors="replace").splitlines()
+        if line.strip() and "ferryman serving" not in line and "shutting down" not in line
+    ]
+    if server.debug_port is not None and server.process.poll() is None:
+        with contextlib.suppress(OSError):
+            stats = http_text(f"http://127.0.0.1:{server.debug_port}/stats")
+            problems += [
+                f"stat {line}"
+                for line in stats.splitlines()
+                if any(w in line for w in ("error", "over_limit: ", "not_found", "overflow"))
+                and not line.endswith(": 0")
+            ]
+    return problems
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    counts = [int(n) for n in args.descriptors.split(",")]
+    procs = Processes()
+    results: list[Result] = []
+    problems: list[str] = []
+    server_cpus, _ = cpu_split(args.pin)
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    runs: dict[tuple[str, int], list[Result]] = {}
+    with tempfile.TemporaryDirectory(prefix="ferryman-bench-") as tmp:
+        workdir = Path(tmp)
+        try:
+            servers: list[Server] = []
+            ferryman: Server | None = None
+            if not args.no_ferryman:
+                ferryman = start_ferryman(procs, workdir, args.backend, server_cpus)
+                servers.append(ferryman)
+            if not args.no_ceiling:
+                servers.append(start_ceiling(procs, workdir, server_cpus))
+            # Interleaved, so that a slow spell of the machine hits both sides alike.
+            for round_ in range(args.repeat):
+                for n in counts:
+                    for server in servers:
+                        progress(
+                            f"[{round_ + 1}/{args.repeat}] {server.name}, {n} descriptor(s), "
+                            f"c={args.concurrency}, {args.warmup:g}+{args.seconds:g} s"
+                        )
+                        result = run_client(procs, server, n, args)
+                        runs.setdefault((server.name, n), []).append(result)
+            if ferryman is not None:
+                problems = ferryman_problems(ferryman)
+        finally:
+            procs.close()  # before the temporary directory goes
+    results = [pick_median(group) for group in runs.values()]
+    results.sort(key=lambda r: (r.target == "ceiling", r.descriptors))
+
+    best = {r.descriptors: r.rps for r in results if r.target == "ceiling"}
+    for r in results:
+        if r.target != "ceiling" and best.get(r.descriptors):
+            r.ratio_to_ceiling = r.rps / best[r.descriptors]
+
+    if args.json:
+        report = {
+            "python": platform.python_version(),
+            "grpcio": _grpc_version(),
+            "cpus": os.cpu_count(),
+            "argv": sys.argv,
+            "results": [asdict(r) for r in results],
+            "ferryman_problems": problems,
+        }
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            print(r.line())
+            for sample in r.error_samples:
+                print(f"    error: {sample}")
+        for line in problems:
+            print(f"ferryman: {line}")
+    failed = any(r.errors or r.not_ok for r in results) or bool(problems)
+    return 1 if failed else 0
+
+
+def _grpc_version() -> str:
+    return str(grpc.__version__)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark ferryman's ShouldRateLimit against a do-nothing gRPC ceiling."
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per scenario (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="unmeasured seconds first (default 1)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="concurrent workers (default 32)"
+    )
+    parser.add_argument(
+        "--channels", type=int, default=1, help="gRPC channels shared by the workers (default 1)"
+    )
+    parser.add_argument(
+        "--backend", default="memory", choices=["memory"], help="ferryman backend (memory)"
+    )
+    parser.add_argument(
+        "--descriptors",
+        default="1,3",
+        help="comma-separated descriptors per request, one scenario each (default 1,3)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each scenario, interleaved; the median is reported (default 1)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the server to the first CPU and the client to the others (Linux)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the request values")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the ceiling runs")
+    parser.add_argument("--no-ferryman", action="store_true", help="run only the ceiling")
+    parser.add_argument("--role", choices=["orchestrator", "client", "ceiling"], help="internal")
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "client":
+        args.descriptors = int(args.descriptors)
+    if args.seconds <= 0 or args.seconds > 600 or args.warmup < 0 or args.warmup > 60:
+        parser.error("--seconds must be in (0, 600] and --warmup in [0, 60]")
+    if args.concurrency < 1 or args.channels < 1 or args.repeat < 1:
+        parser.error("--concurrency, --channels and --repeat must be at least 1")
+    if args.role != "client":
+        try:
+            counts = [int(n) for n in args.descriptors.split(",")]
+        except ValueError:
+            parser.error("--descriptors takes comma-separated whole numbers, e.g. 1,3")
+        if not counts or min(counts) < 1:
+            parser.error("--descriptors must name at least one count, each at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role == "client":
+        return client_main(args)
+    if args.role == "ceiling":
+        return ceiling_main(args)
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks end the children.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return orchestrate(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

