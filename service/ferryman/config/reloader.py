@@ -145,9 +145,15 @@ class Reloader:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval)
-            # Let a burst of events (a ConfigMap swap is several) settle into one load.
-            await asyncio.sleep(self._debounce)
-            self._wake.clear()
+            # Let a burst of events (a ConfigMap swap is several, an editor's save may be a
+            # truncate then a write) settle into one load: wait for a quiet period, bounded.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10 * self._debounce
+            while True:
+                self._wake.clear()
+                await asyncio.sleep(self._debounce)
+                if not self._wake.is_set() or loop.time() >= deadline:
+                    break
             await self.reload()
 
     async def reload(self) -> bool:
