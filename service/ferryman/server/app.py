@@ -143,6 +143,7 @@ class Service:
             "debug",
         )
         self._stopping = False
+        self._health_task: asyncio.Task[None] | None = None
 
     def healthy(self) -> bool:
         return not self._stopping and self.holder.config is not None and self.backend.healthy()
@@ -160,8 +161,7 @@ class Service:
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
         await server.start()
         self._grpc = server
-        for name in HEALTH_NAMES:
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         self.http_port = await self._http.start(s.host, s.port)
         self.debug_port = await self._debug.start(s.debug_host, s.debug_port)
         log.warning(
@@ -177,6 +177,10 @@ class Service:
         """Stop accepting calls, let in-flight ones finish (up to ``grace`` seconds), close."""
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
         self._stopping = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.wait({self._health_task}, timeout=1)
+            self._health_task = None
         await self._health.enter_graceful_shutdown()
         if self._grpc is not None:
             await self._grpc.stop(grace)
@@ -185,6 +189,22 @@ class Service:
         await self._debug.stop()
         await self.reloader.stop()
         await self.backend.close()
+
+    async def _track_health(self) -> None:
+        """Mirror healthy() into the gRPC health service as it changes."""
+        serving = None
+        while not self._stopping:
+            now = self.healthy()
+            if now != serving:
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING
+                    if now
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+                for name in HEALTH_NAMES:
+                    await self._health.set(name, status)
+                serving = now
+            await asyncio.sleep(0.2)
 
     async def _healthcheck(self, request: HttpRequest) -> HttpResponse:
         if self.healthy():
