@@ -1,0 +1,265 @@
+"""Redis faults with real redis-server processes: kills, restarts, stalls, absence, fail-open.
+
+Each test owns its redis-server on a free port, so killing it disturbs no other test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from redis_procs import RedisProcess, free_port
+
+from ferryman.backends.redis import RedisBackend, parse_backend_url
+
+from conftest import ConfigDir, Server, ServerFactory, overall
+
+CONFIG = """
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"""
+
+TIMEOUT = 0.5  # the backend timeout every test uses
+MARGIN = 1.0  # slack on top of it for scheduling, gRPC and the test's own threads
+CALL = "ratelimit.service.call.should_rate_limit"
+OK = grpc.StatusCode.OK
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+_values = itertools.count()
+
+RedisFactory = Callable[..., RedisProcess]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One ShouldRateLimit call: when it started, how it ended, how long it took."""
+
+    started: float
+    code: grpc.StatusCode
+    seconds: float
+    overall: str = ""
+
+
+def fresh() -> str:
+    """A descriptor value no earlier call used, so limits never interfere."""
+    return f"v{next(_values)}"
+
+
+def call(server: Server, value: str | None = None) -> Outcome:
+    """One timed ShouldRateLimit for ``k=value``; gRPC errors become their status code."""
+    started = time.monotonic()
+    try:
+        response = server.ask("d", [("k", value or fresh())])
+    except grpc.RpcError as exc:
+        return Outcome(started, exc.code(), time.monotonic() - started)
+    return Outcome(started, OK, time.monotonic() - started, overall(response))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` once ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.02)
+
+
+def health(server: Server) -> int:
+    return server.http("GET", "/healthcheck")[0]
+
+
+def backend(url: str) -> RedisBackend:
+    return RedisBackend(parse_backend_url(url, pool_size=4, timeout=TIMEOUT))
+
+
+def script_sha() -> str:
+    source = resources.files("ferryman.backends").joinpath("lua", "fixed_window.lua")
+    return hashlib.sha1(source.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[RedisFactory]:
+    """Builds (not starts) redis-servers in tmp_path; stops every one at teardown."""
+    made: list[RedisProcess] = []
+
+    def factory(port: int | None = None, *extra: str) -> RedisProcess:
+        proc = RedisProcess(tmp_path / f"redis{len(made)}", port, *extra)
+        made.append(proc)
+        return proc
+
+    yield factory
+    for proc in made:
+        proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _config(config_dir: ConfigDir) -> None:
+    config_dir.write("d.yaml", CONFIG)
+
+
+def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """After SIGKILL of Redis mid-traffic every call is UNAVAILABLE within the timeout."""
+    proc = redis_factory().start()
+    server = make_server(backend=backend(proc.url))
+    wait_for(lambda: health(server) == 200, 5, "healthy at start")
+    errors_before = server.stat(f"{CALL}.redis_error")
+
+    outcomes: list[Outcome] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            outcomes.append(call(server))
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    try:
+        wait_for(lambda: sum(o.code is OK for o in outcomes) >= 5, 5, "traffic flowing")
+        proc.kill()
+        killed = time.monotonic()
+        wait_for(lambda: sum(o.started > killed for o in outcomes) >= 20, 10, "calls after kill")
+    finally:
+        stop.set()
+        sender.join(15)
+    assert not sender.is_alive()
+
+    after = [o for o in outcomes if o.started > killed]
+    assert {o.code for o in after} == {UNAVAILABLE}
+    assert max(o.seconds for o in after) < TIMEOUT + MARGIN
+    failed = sum(o.code is UNAVAILABLE for o in outcomes)
+    assert server.stat(f"{CALL}.redis_error") - errors_before == failed >= len(after)
+    wait_for(lambda: health(server) == 500, 5, "/healthcheck turns 500")
+
+
+def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """A brand new, empty Redis on the same port is used again without restarting ferryman."""
+    first = redis_factory().start()
+    server = make_server(backend=backend(first.url))
+    assert call(server).code is OK
+    first.kill()
+    wait_for(lambda: call(server).code is UNAVAILABLE, 5, "calls fail once Redis is gone")
+    wait_for(lambda: health(server) == 500, 5, "/healthcheck turns 500")
+
+    second = redis_factory(first.port).start()
+    with second.client() as client:
+        assert client.script_exists(script_sha()) == [False]
+    wait_for(lambda: call(server).code is OK, 5, "calls succeed again")
+    wait_for(lambda: health(server) == 200, 5, "/healthcheck back to 200")
+
+    value = fresh()
+    assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
+    with second.client() as client:
+        assert client.get(f"d_k_{value}_{int(server.clock.now()) // 60 * 60}") == b"4"
+
+
+def test_script_flush_on_live_redis_is_handled_by_reloading_the_script(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """After SCRIPT FLUSH the next call still succeeds: NOSCRIPT reloads the script."""
+    proc = redis_factory().start()
+    server = make_server(backend=backend(proc.url))
+    value = fresh()
+    assert call(server, value).overall == "OK"
+    with proc.client() as client:
+        assert client.script_exists(script_sha()) == [True]
+        client.script_flush()
+        assert client.script_exists(script_sha()) == [False]
+    errors = server.stat(f"{CALL}.redis_error")
+
+    assert call(server, value).overall == "OK"
+    with proc.client() as client:
+        assert client.script_exists(script_sha()) == [True]
+    assert [call(server, value).overall for _ in range(2)] == ["OK", "OVER_LIMIT"]
+    assert server.stat(f"{CALL}.redis_error") == errors
+    assert health(server) == 200
+
+
+def test_stalled_redis_fails_calls_within_the_timeout_and_recovers(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """During DEBUG SLEEP 3 calls are UNAVAILABLE within the timeout; afterwards they succeed."""
+    proc = redis_factory(None, "--enable-debug-command", "local").start()
+    server = make_server(backend=backend(proc.url))
+    assert call(server).code is OK
+
+    sending = threading.Event()
+
+    def stall() -> None:
+        with redis.Redis(port=proc.port, socket_timeout=10) as client:
+            client.ping()
+            sending.set()
+            client.execute_command("DEBUG", "SLEEP", "3")
+
+    sleeper = threading.Thread(target=stall, daemon=True)
+    stalled = time.monotonic()
+    sleeper.start()
+    assert sending.wait(5)
+    time.sleep(0.1)  # let the DEBUG SLEEP reach Redis before the calls do
+
+    # More concurrent calls than the pool has connections: none may wait for the stall.
+    with ThreadPoolExecutor(8) as pool:
+        during = list(pool.map(lambda _: call(server), range(8)))
+    assert time.monotonic() - stalled < 3.0, "the calls outlasted the stall; proved nothing"
+    assert {o.code for o in during} == {UNAVAILABLE}
+    assert max(o.seconds for o in during) < TIMEOUT + MARGIN
+
+    sleeper.join(10)
+    assert not sleeper.is_alive()
+    wait_for(lambda: call(server).code is OK, 5, "calls succeed after the stall")
+    value = fresh()
+    assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
+    wait_for(lambda: health(server) == 200, 5, "/healthcheck back to 200")
+
+
+def test_service_starts_without_redis_and_connects_when_it_appears(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """With no Redis listening ferryman starts unhealthy, fails fast, and heals once it starts."""
+    port = free_port()
+    server = make_server(backend=backend(f"redis://127.0.0.1:{port}"))
+    assert health(server) == 500
+    for _ in range(3):
+        outcome = call(server)
+        assert outcome.code is UNAVAILABLE
+        assert outcome.seconds < TIMEOUT + MARGIN
+    assert server.stat(f"{CALL}.redis_error") == 3
+
+    redis_factory(port).start()
+    wait_for(lambda: health(server) == 200, 5, "/healthcheck turns 200")
+    value = fresh()
+    assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
+
+
+def test_fail_open_answers_ok_and_counts_degraded_while_redis_is_down(
+    redis_factory: RedisFactory, make_server: ServerFactory
+) -> None:
+    """With fail_open and Redis killed, every call answers OK and is counted as degraded."""
+    proc = redis_factory().start()
+    server = make_server(backend=backend(proc.url), fail_open=True)
+    value = fresh()
+    assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
+    assert server.stat(f"{CALL}.degraded") == 0
+
+    proc.kill()
+    for n in range(1, 6):
+        outcome = call(server, value)  # over the limit, but Redis cannot say so
+        assert (outcome.code, outcome.overall) == (OK, "OK")
+        assert outcome.seconds < TIMEOUT + MARGIN
+        assert server.stat(f"{CALL}.degraded") == n
+    assert server.stat(f"{CALL}.redis_error") == 0
