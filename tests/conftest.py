@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from redis_procs import RedisCluster, RedisProcess
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
@@ -22,6 +21,8 @@ from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.server.app import Service
 from ferryman.settings import Settings
+
+from redis_procs import RedisCluster, RedisProcess
 
 T = TypeVar("T")
 

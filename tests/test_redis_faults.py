@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from redis_procs import RedisProcess, free_port
 
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 
 from conftest import ConfigDir, Server, ServerFactory, overall
+from redis_procs import RedisProcess, free_port
 
 CONFIG = """
 domain: d
