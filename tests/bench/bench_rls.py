@@ -3,7 +3,7 @@
 Usage::
 
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
-                                    [--backend memory] [--json]
+                                    [--backend memory|redis|URL] [--repeat R] [--json]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -13,8 +13,9 @@ sent to a do-nothing grpc.aio RateLimitService (in its own process), the best a 
 server can do on this machine, and each ferryman figure is reported with its ratio to it.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
-on the same machine, not absolute capacity. This is a benchmark, not a test: pytest does not
-collect this directory.
+on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
+second; ``--repeat 3`` interleaves the runs of the two servers and reports the median.
+This is a benchmark, not a test: pytest does not collect this directory.
 
 Internal roles (used by the script itself): ``--role client`` runs the load and prints JSON,
 ``--role ceiling`` serves the do-nothing RateLimitService.
@@ -30,6 +31,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +58,7 @@ TENANTS = 100
 PATHS = 20
 POOL = 16_384  # distinct pre-serialized requests per run
 START_TIMEOUT = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 CONFIG_YAML = f"""\
 # Written by tests/bench/bench_rls.py: bare-key rules, one counter per value, never over.
@@ -189,6 +192,7 @@ async def run_load(
         measure_to = measure_from + int(seconds * 1e9)
         latencies: list[int] = []
         per_second = [0] * max(1, math.ceil(seconds))
+        last_second = len(per_second) - 1
         errors: list[str] = []
         counts = {"errors": 0, "not_ok": 0}
 
@@ -215,7 +219,7 @@ async def run_load(
                 end = clock()
                 if measure_from <= start and end <= measure_to:
                     record(end - start)
-                    per_second[(end - measure_from) // 1_000_000_000] += 1
+                    per_second[min(last_second, (end - measure_from) // 1_000_000_000)] += 1
                     if response.overall_code != ok_code:
                         counts["not_ok"] += 1
 
@@ -322,15 +326,28 @@ def free_port() -> int:
         return port
 
 
-def _child_setup(cpus: frozenset[int] | None) -> Callable[[], None]:
-    """What a child runs before exec: die with us (Linux), and keep to ``cpus`` if given."""
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, loaded in this (single-threaded) process before any fork."""
+    if sys.platform != "linux":
+        return None
+    try:
+        import ctypes
+
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def _child_setup(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """What a child runs before exec: get SIGTERM when we die, keep to ``cpus`` if given."""
+    prctl = _prctl()
+    if prctl is None and not cpus:
+        return None
 
     def setup() -> None:
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            pr_set_pdeathsig = 1
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if cpus:
             os.sched_setaffinity(0, cpus)
 
@@ -368,7 +385,7 @@ class Processes:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # Ctrl-C reaches only us; we end the children
-            preexec_fn=_child_setup(cpus) if sys.platform == "linux" else None,
+            preexec_fn=_child_setup(cpus),
         )
         self._children.append(child)
         return child
@@ -446,6 +463,26 @@ def cpu_split(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
     return frozenset(mine[:1]), frozenset(mine[1:])
 
 
+def start_redis(procs: Processes, workdir: Path) -> str:
+    """A throwaway redis-server on a free loopback port, without persistence; its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--backend redis needs redis-server on PATH (or pass a redis:// URL)")
+    port = free_port()
+    log = workdir / "redis.log"
+    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(workdir)]
+    with log.open("w") as out:
+        child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT)
+    wait_ready(child, lambda: port_open(port), "redis-server", log)
+    return f"redis://127.0.0.1:{port}"
+
+
+def backend_label(backend: str) -> str:
+    """``memory``, ``redis``, or the scheme of a backend URL."""
+    return backend.split("://", 1)[0] if "://" in backend else backend
+
+
 def start_ferryman(
     procs: Processes, workdir: Path, backend: str, cpus: frozenset[int] | None
 ) -> Server:
@@ -465,7 +502,7 @@ def start_ferryman(
         child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cpus=cpus)
     url = f"http://127.0.0.1:{http_port}/healthcheck"
     wait_ready(child, lambda: http_ok(url) and port_open(grpc_port), "ferryman", log)
-    return Server(backend, child, grpc_port, log, debug_port)
+    return Server(backend_label(backend), child, grpc_port, log, debug_port)
 
 
 def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) -> Server:
@@ -514,23 +551,30 @@ def pick_median(runs: Sequence[Result]) -> Result:
     return chosen
 
 
-def ferryman_problems(server: Server) -> list[str]:
-    """Log lines other than the start-up banner, and error counters on /stats."""
-    problems = [
-        line
-        for line in server.log.read_text(errors="replace").splitlines()
-        if line.strip() and "ferryman serving" not in line and "shutting down" not in line
-    ]
+BAD_STATS = ("error", "degraded", "over_limit", "not_found", "overflow", "shadow_mode")
+BAD_LOG = ("ERROR", "CRITICAL", "Traceback", "Exception", "error", "fail")
+
+
+def ferryman_findings(server: Server) -> tuple[list[str], list[str]]:
+    """(problems, notes): error-like log lines and nonzero error counters on /stats, and the
+    other log lines besides the start-up and shut-down banners."""
+    problems: list[str] = []
+    notes: list[str] = []
+    for line in server.log.read_text(errors="replace").splitlines():
+        if not line.strip() or "ferryman serving" in line or "shutting down" in line:
+            continue
+        (problems if any(w in line for w in BAD_LOG) else notes).append(line)
     if server.debug_port is not None and server.process.poll() is None:
-        with contextlib.suppress(OSError):
+        try:
             stats = http_text(f"http://127.0.0.1:{server.debug_port}/stats")
-            problems += [
-                f"stat {line}"
-                for line in stats.splitlines()
-                if any(w in line for w in ("error", "over_limit: ", "not_found", "overflow"))
-                and not line.endswith(": 0")
-            ]
-    return problems
+        except OSError as exc:
+            problems.append(f"/stats unreadable: {exc}")
+        else:
+            for line in stats.splitlines():
+                name, _, value = line.partition(": ")
+                if any(w in name for w in BAD_STATS) and value.strip() not in ("", "0"):
+                    problems.append(f"stat {line}")
+    return problems, notes
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -538,6 +582,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     procs = Processes()
     results: list[Result] = []
     problems: list[str] = []
+    notes: list[str] = []
     server_cpus, _ = cpu_split(args.pin)
 
     def progress(message: str) -> None:
@@ -551,7 +596,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             servers: list[Server] = []
             ferryman: Server | None = None
             if not args.no_ferryman:
-                ferryman = start_ferryman(procs, workdir, args.backend, server_cpus)
+                backend = args.backend
+                if backend == "redis":
+                    backend = start_redis(procs, workdir)
+                ferryman = start_ferryman(procs, workdir, backend, server_cpus)
                 servers.append(ferryman)
             if not args.no_ceiling:
                 servers.append(start_ceiling(procs, workdir, server_cpus))
@@ -566,7 +614,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                         result = run_client(procs, server, n, args)
                         runs.setdefault((server.name, n), []).append(result)
             if ferryman is not None:
-                problems = ferryman_problems(ferryman)
+                problems, notes = ferryman_findings(ferryman)
         finally:
             procs.close()  # before the temporary directory goes
     results = [pick_median(group) for group in runs.values()]
@@ -585,6 +633,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             "argv": sys.argv,
             "results": [asdict(r) for r in results],
             "ferryman_problems": problems,
+            "ferryman_notes": notes,
         }
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -593,8 +642,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             print(r.line())
             for sample in r.error_samples:
                 print(f"    error: {sample}")
+        for line in notes:
+            print(f"ferryman log: {line}")
         for line in problems:
-            print(f"ferryman: {line}")
+            print(f"ferryman PROBLEM: {line}")
     failed = any(r.errors or r.not_ok for r in results) or bool(problems)
     return 1 if failed else 0
 
@@ -608,7 +659,9 @@ def _grpc_version() -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Benchmark ferryman's ShouldRateLimit against a do-nothing gRPC ceiling."
+        description="Benchmark ferryman's ShouldRateLimit against a do-nothing gRPC ceiling.",
+        epilog="Exit status 1 when a call failed, an answer was not OK, or ferryman logged or "
+        "counted an error; 130 when interrupted.",
     )
     parser.add_argument(
         "--seconds", type=float, default=5.0, help="measured seconds per scenario (default 5)"
@@ -623,7 +676,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--channels", type=int, default=1, help="gRPC channels shared by the workers (default 1)"
     )
     parser.add_argument(
-        "--backend", default="memory", choices=["memory"], help="ferryman backend (memory)"
+        "--backend",
+        default="memory",
+        help="ferryman backend: memory (default); redis, to start a throwaway redis-server "
+        "on a free loopback port; or a URL passed to ferryman as is (redis://host:port)",
     )
     parser.add_argument(
         "--descriptors",
@@ -646,7 +702,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the ceiling runs")
     parser.add_argument("--no-ferryman", action="store_true", help="run only the ceiling")
-    parser.add_argument("--role", choices=["orchestrator", "client", "ceiling"], help="internal")
+    parser.add_argument(
+        "--role", choices=["orchestrator", "client", "ceiling"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
@@ -657,6 +715,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--seconds must be in (0, 600] and --warmup in [0, 60]")
     if args.concurrency < 1 or args.channels < 1 or args.repeat < 1:
         parser.error("--concurrency, --channels and --repeat must be at least 1")
+    if args.no_ferryman and args.no_ceiling:
+        parser.error("--no-ferryman and --no-ceiling leave nothing to run")
     if args.role != "client":
         try:
             counts = [int(n) for n in args.descriptors.split(",")]
