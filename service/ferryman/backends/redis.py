@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -24,11 +24,15 @@ from redis.asyncio.sentinel import Sentinel
 from redis.crc import key_slot
 
 from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.backends.redis_pipe import PipelinedRedis
 from ferryman.errors import BackendError, BackendTimeoutError, SettingsError
 
 __all__ = ["RedisBackend", "RedisTarget", "parse_backend_url"]
 
 log = logging.getLogger("ferryman.redis")
+
+# Connections to a single Redis; pipelining makes a few carry any load this process makes.
+PIPELINED_CONNECTIONS = 2
 
 
 def _script(name: str) -> str:
@@ -178,6 +182,7 @@ class RedisBackend:
         self._monitor: asyncio.Task[None] | None = None
         self._cluster = target.kind == "cluster"
         self._closing = False
+        self._pipelined = False
 
     # -- connection -------------------------------------------------------------------------
 
@@ -207,30 +212,34 @@ class RedisBackend:
                 **common,
             )
             return self._sentinel.master_for(t.master_name, db=t.db)
+        # A single Redis: pipelined connections, replies are never waited on past the
+        # caller's own timeout, so the connections themselves need no socket timeout.
+        common["socket_timeout"] = None
+        size = min(t.pool_size, PIPELINED_CONNECTIONS)
         if t.unix_path:
-            pool = aioredis.BlockingConnectionPool(
+            return PipelinedRedis(
+                size,
+                timeout,
                 connection_class=aioredis.UnixDomainSocketConnection,
                 path=t.unix_path,
-                max_connections=t.pool_size,
-                timeout=timeout,
-                **common,
-            )
-        else:
-            host, port = t.addresses[0]
-            pool = aioredis.BlockingConnectionPool(
-                connection_class=aioredis.SSLConnection if t.tls else aioredis.Connection,
-                host=host,
-                port=port,
                 db=t.db,
-                max_connections=t.pool_size,
-                timeout=timeout,
                 **common,
             )
-        return aioredis.Redis.from_pool(pool)
+        host, port = t.addresses[0]
+        return PipelinedRedis(
+            size,
+            timeout,
+            connection_class=aioredis.SSLConnection if t.tls else aioredis.Connection,
+            host=host,
+            port=port,
+            db=t.db,
+            **common,
+        )
 
     async def start(self) -> None:
         """Connect in the background: the service starts unhealthy until Redis answers."""
         self._client = self._connect()
+        self._pipelined = isinstance(self._client, PipelinedRedis)
         self._monitor = asyncio.create_task(self._watch(), name="ferryman-redis-health")
 
     async def _watch(self) -> None:
@@ -239,9 +248,9 @@ class RedisBackend:
         while not self._closing:
             try:
                 async with asyncio.timeout(self.target.timeout):
-                    await self._client.ping()
+                    await self._call(self._client.ping)
                     if not self._healthy:
-                        self._sha = await self._client.script_load(self._source)
+                        self._sha = await self._call(self._client.script_load, self._source)
                 if not self._healthy:
                     log.warning("redis %s is reachable", self.target.describe())
                 self._healthy = True
@@ -277,8 +286,32 @@ class RedisBackend:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
             self._client = None
+        if self._sentinel is not None:
+            # The clients that talk to the sentinels themselves have their own connections.
+            for client in self._sentinel.sentinels:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            self._sentinel = None
 
     # -- the request path -------------------------------------------------------------------
+
+    async def _call(self, command: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run one client command, waiting while a Cluster node's pool is full.
+
+        redis-py's async Cluster raises MaxConnectionsError at once when a node already has
+        REDIS_POOL_SIZE connections in use, where the single-Redis pool waits. The error comes
+        before anything is sent, so trying again cannot count twice; the caller's timeout
+        still bounds the wait.
+        """
+        delay = 0.0005
+        while True:
+            try:
+                return await command(*args)
+            except rex.MaxConnectionsError:
+                if not self._cluster:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.01)
 
     @contextlib.asynccontextmanager
     async def _errors(self) -> AsyncIterator[None]:
@@ -327,16 +360,16 @@ class RedisBackend:
 
     async def _evalsha(self, group: _Group) -> list[int]:
         if self._sha is None:
-            self._sha = await self._client.script_load(self._source)
+            self._sha = await self._call(self._client.script_load, self._source)
         try:
-            result = await self._client.evalsha(
-                self._sha, len(group.keys), *group.keys, *group.args
+            result = await self._call(
+                self._client.evalsha, self._sha, len(group.keys), *group.keys, *group.args
             )
         except rex.NoScriptError:
             # Redis restarted or failed over and lost its script cache.
-            self._sha = await self._client.script_load(self._source)
-            result = await self._client.evalsha(
-                self._sha, len(group.keys), *group.keys, *group.args
+            self._sha = await self._call(self._client.script_load, self._source)
+            result = await self._call(
+                self._client.evalsha, self._sha, len(group.keys), *group.keys, *group.args
             )
         return [int(x) for x in result]
 
@@ -348,11 +381,26 @@ class RedisBackend:
         groups = self._groups(ops, stop_when_over)
         if stop_when_over and len(groups) > 1:
             return await self._stop_when_over_across_slots(ops)
-        async with self._errors():
-            if len(groups) == 1:
+        if len(groups) == 1 and self._pipelined:
+            # The hot path: one script call; the pipelined client keeps the time limit.
+            try:
                 replies = [await self._evalsha(groups[0])]
-            else:
-                replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
+            except TimeoutError:
+                self._healthy = False
+                raise BackendTimeoutError(
+                    f"redis {self.target.describe()} did not answer within {self.target.timeout}s"
+                ) from None
+            except _TRANSIENT as exc:
+                self._healthy = False
+                raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+            except rex.RedisError as exc:
+                raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+        else:
+            async with self._errors():
+                if len(groups) == 1:
+                    replies = [await self._evalsha(groups[0])]
+                else:
+                    replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
         self._healthy = True
         out: list[CounterResult | None] = [None] * len(ops)
         for group, reply in zip(groups, replies, strict=True):
@@ -360,24 +408,63 @@ class RedisBackend:
                 out[i] = CounterResult(reply[2 * j], reply[2 * j + 1])
         return [r for r in out if r is not None]
 
+    async def _read(self, keys: Sequence[str]) -> list[int]:
+        """The current value of each counter (0 when absent), without changing any."""
+        async with self._errors():
+            if self._cluster:
+                raw = await self._call(self._client.mget_nonatomic, list(keys))
+            else:
+                raw = await self._call(self._client.mget, list(keys))
+        return [int(v or 0) for v in raw]
+
     async def _stop_when_over_across_slots(self, ops: Sequence[CounterOp]) -> list[CounterResult]:
         """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys in several Cluster slots.
 
         No script can span slots, so this reads first and applies second, as the reference
         does everywhere; it costs a second round trip and only this configuration pays it.
         """
-        async with self._errors():
-            raw = await self._client.mget_nonatomic([op.key for op in ops])
-        current = [int(v or 0) for v in raw]
-        over = {i for i, op in enumerate(ops) if op.hits > 0 and current[i] + op.hits > op.limit}
-        if not over:
-            return await self.fixed_window(ops, stop_when_over=False)
-        chosen = sorted(over)
-        applied = await self.fixed_window([ops[i] for i in chosen], stop_when_over=False)
-        out = [CounterResult(current[i], 0) for i in range(len(ops))]
-        for i, result in zip(chosen, applied, strict=True):
-            out[i] = result
-        return out
+        current = await self._read([op.key for op in ops])
+        return await _apply_only_over(
+            ops, current, lambda chosen: self.fixed_window(chosen, stop_when_over=False)
+        )
+
+
+def _over(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
+    """The ops that would end above their limit, replayed in order as the Lua script does."""
+    trial: dict[str, int] = {}
+    over: set[int] = set()
+    for i, op in enumerate(ops):
+        seen = trial.get(op.key, current[i])
+        if op.hits > 0 and seen + op.hits > op.limit:
+            over.add(i)
+        trial[op.key] = max(0, seen + op.hits)
+    return over
+
+
+async def _apply_only_over(
+    ops: Sequence[CounterOp],
+    current: Sequence[int],
+    apply: Callable[[list[CounterOp]], Awaitable[list[CounterResult]]],
+) -> list[CounterResult]:
+    """Stop-when-over from values read beforehand: apply every op, or only the over ones.
+
+    The results are those the script (and the memory backend) give for the same values.
+    """
+    over = _over(ops, current)
+    if not over:
+        return await apply(list(ops))
+    chosen = sorted(over)
+    applied = dict(zip(chosen, await apply([ops[i] for i in chosen]), strict=True))
+    values: dict[str, int] = {}
+    out: list[CounterResult] = []
+    for i, op in enumerate(ops):
+        result = applied.get(i)
+        if result is None:
+            out.append(CounterResult(values.get(op.key, current[i]), 0))
+        else:
+            values[op.key] = result.after
+            out.append(result)
+    return out
 
 
 class RoutedBackend:
@@ -401,6 +488,26 @@ class RoutedBackend:
         await self._per_second.close()
 
     async def fixed_window(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> list[CounterResult]:
+        fast = [i for i, op in enumerate(ops) if op.ttl == 1]
+        if stop_when_over and fast and len(fast) < len(ops):
+            # One script cannot see both Redis: read every counter, then apply.
+            fast_set = set(fast)
+            slow = [i for i in range(len(ops)) if i not in fast_set]
+            main_now, fast_now = await asyncio.gather(
+                self._main._read([ops[i].key for i in slow]),
+                self._per_second._read([ops[i].key for i in fast]),
+            )
+            current = [0] * len(ops)
+            for i, value in [*zip(slow, main_now, strict=True), *zip(fast, fast_now, strict=True)]:
+                current[i] = value
+            return await _apply_only_over(
+                ops, current, lambda chosen: self._route(chosen, stop_when_over=False)
+            )
+        return await self._route(ops, stop_when_over=stop_when_over)
+
+    async def _route(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
     ) -> list[CounterResult]:
         fast = [i for i, op in enumerate(ops) if op.ttl == 1]
