@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Backend", "CounterOp", "CounterResult"]
+from ferryman.limits.burst import BurstOutcome, BurstPolicy
+
+__all__ = ["Backend", "BurstRequest", "CounterOp", "CounterResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,17 @@ class CounterResult:
     applied: int
 
 
+@dataclass(frozen=True, slots=True)
+class BurstRequest:
+    """A burst-tier request: ``node`` names the configured node, ``tenant`` the values."""
+
+    node: str
+    tenant: str
+    policy: BurstPolicy
+    copies: int
+    min_copies: int
+
+
 class Backend(Protocol):
     """Stores counters. Every call is one atomic operation over all the counters it names."""
 
@@ -45,6 +58,13 @@ class Backend(Protocol):
         With ``stop_when_over``, if any op with positive hits would end above its limit, only
         those ops are applied (the others are left untouched and report ``applied=0``).
         A counter never goes below zero.
+        """
+        ...
+
+    async def burst(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
+        """Decide and record one burst-tier request atomically.
+
+        ``now`` overrides the store's own clock (tests; the memory backend's injected clock).
         """
         ...
 

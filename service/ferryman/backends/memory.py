@@ -6,8 +6,9 @@ import heapq
 import threading
 from collections.abc import Sequence
 
-from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.backends.base import BurstRequest, CounterOp, CounterResult
 from ferryman.clock import Clock, SystemClock
+from ferryman.limits.burst import BurstOutcome, HitLog, TenantState, commit, decide
 
 __all__ = ["MemoryBackend"]
 
@@ -27,6 +28,9 @@ class MemoryBackend:
         self._buckets: dict[int, list[str]] = {}
         self._heap: list[int] = []
         self._lock = threading.Lock()
+        # Burst tiers: node -> (node-wide last-second log, tenant -> (state, last grant)).
+        self._nodes: dict[str, tuple[HitLog, dict[str, tuple[TenantState, float]]]] = {}
+        self._burst_heap: list[tuple[float, str, str]] = []
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -94,6 +98,47 @@ class MemoryBackend:
                 results.append(CounterResult(value, value - before))
             return results
 
+    @property
+    def burst_tenants(self) -> int:
+        """How many (node, tenant) burst states are held."""
+        return sum(len(tenants) for _, tenants in self._nodes.values())
+
+    async def burst(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
+        return self.burst_now(request, self._clock.now() if now is None else now)
+
+    def burst_now(self, request: BurstRequest, now: float) -> BurstOutcome:
+        """The synchronous core of :meth:`burst`."""
+        with self._lock:
+            self._sweep_burst(now)
+            node = self._nodes.get(request.node)
+            if node is None:
+                node = self._nodes[request.node] = (HitLog(), {})
+            glob, tenants = node
+            entry = tenants.get(request.tenant)
+            state = entry[0] if entry is not None else TenantState.empty(len(request.policy.tiers))
+            outcome, plan = decide(
+                request.policy, state, glob, now, request.copies, request.min_copies
+            )
+            if plan is not None:
+                commit(plan, state, glob)
+                expires = now + request.policy.horizon
+                tenants[request.tenant] = (state, expires)
+                heapq.heappush(self._burst_heap, (expires, request.node, request.tenant))
+            return outcome
+
+    def _sweep_burst(self, now: float) -> None:
+        heap = self._burst_heap
+        while heap and heap[0][0] <= now:
+            _, node_key, tenant = heapq.heappop(heap)
+            node = self._nodes.get(node_key)
+            if node is None:
+                continue
+            entry = node[1].get(tenant)
+            if entry is not None and entry[1] <= now:
+                del node[1][tenant]
+                if not node[1] and not node[0].total:
+                    del self._nodes[node_key]
+
     async def start(self) -> None:
         return None
 
@@ -105,3 +150,5 @@ class MemoryBackend:
             self._counts.clear()
             self._buckets.clear()
             self._heap.clear()
+            self._nodes.clear()
+            self._burst_heap.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.crc import key_slot
 
-from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.backends.base import BurstRequest, CounterOp, CounterResult
 from ferryman.backends.redis_pipe import PipelinedRedis
 from ferryman.errors import BackendError, BackendTimeoutError, SettingsError
+from ferryman.limits.burst import BurstOutcome
 
 __all__ = ["RedisBackend", "RedisTarget", "parse_backend_url"]
 
@@ -171,9 +173,16 @@ class RedisBackend:
 
     name = "redis"
 
-    def __init__(self, target: RedisTarget, *, jitter_max: int = 0) -> None:
+    def __init__(
+        self, target: RedisTarget, *, jitter_max: int = 0, server_time: bool = True
+    ) -> None:
         self.target = target
         self._jitter_max = jitter_max
+        # Burst decisions take their time from Redis (TIME) so replicas with skewed clocks
+        # agree; tests that drive a clock turn this off and pass ``now``.
+        self.server_time = server_time
+        self._burst_source = _script("burst.lua")
+        self._burst_sha: str | None = None
         self._client: Any = None
         self._sentinel: Sentinel | None = None
         self._source = _script("fixed_window.lua")
@@ -417,6 +426,59 @@ class RedisBackend:
                 raw = await self._call(self._client.mget, list(keys))
         return [int(v or 0) for v in raw]
 
+    async def burst(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
+        policy = request.policy
+        tag = "{" + request.node + "}"
+        tenant = request.tenant
+        keys = [f"{tag}:s:{tenant}", f"{tag}:g", f"{tag}:gt", f"{tag}:q:{tenant}"]
+        keys.extend(f"{tag}:l:{tenant}:{i}" for i in range(1, len(policy.tiers) + 1))
+        when = "" if now is None or self.server_time else repr(float(now))
+        args: list[Any] = [
+            when,
+            request.copies,
+            request.min_copies,
+            len(policy.tiers),
+            -1 if policy.hard_limit is None else policy.hard_limit,
+            -1 if policy.global_limit is None else policy.global_limit,
+            math.ceil(policy.horizon * 1000) + 1000,
+        ]
+        for tier in policy.tiers:
+            args.extend(
+                (
+                    repr(tier.limit),
+                    repr(tier.window),
+                    repr(tier.active),
+                    repr(tier.cooldown),
+                    "1" if tier.skippable else "0",
+                )
+            )
+        async with self._errors():
+            if self._burst_sha is None:
+                self._burst_sha = await self._call(self._client.script_load, self._burst_source)
+            try:
+                reply = await self._call(
+                    self._client.evalsha, self._burst_sha, len(keys), *keys, *args
+                )
+            except rex.NoScriptError:
+                self._burst_sha = await self._call(self._client.script_load, self._burst_source)
+                reply = await self._call(
+                    self._client.evalsha, self._burst_sha, len(keys), *keys, *args
+                )
+        self._healthy = True
+        return BurstOutcome(
+            granted=int(reply[0]),
+            tier_index=int(reply[1]),
+            tier_limit=int(reply[2]),
+            tier_hits=int(reply[3]),
+            tier_window=float(reply[4]),
+            burst=bool(int(reply[5])),
+            limited_by_hard_limit=bool(int(reply[6])),
+            limited_by_global_limit=bool(int(reply[7])),
+            tenant_last_second=int(reply[8]),
+            global_last_second=int(reply[9]),
+            retry_after=float(reply[10]),
+        )
+
     async def _stop_when_over_across_slots(self, ops: Sequence[CounterOp]) -> list[CounterResult]:
         """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys in several Cluster slots.
 
@@ -486,6 +548,9 @@ class RoutedBackend:
     async def close(self) -> None:
         await self._main.close()
         await self._per_second.close()
+
+    async def burst(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
+        return await self._main.burst(request, now)
 
     async def fixed_window(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
