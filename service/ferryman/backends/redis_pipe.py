@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import time
 from collections import deque
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
@@ -25,6 +25,14 @@ __all__ = ["PipelinedRedis"]
 
 # A connection with this many replies outstanding is not keeping up: refuse more.
 MAX_IN_FLIGHT = 10_000
+
+
+def _error(reply: rex.ResponseError) -> rex.ResponseError:
+    """The redis-py exception for a server error reply (NOSCRIPT matters to callers)."""
+    message = str(reply)
+    if message.startswith("NOSCRIPT"):
+        return rex.NoScriptError(message)
+    return reply
 
 
 class _Channel:
@@ -99,31 +107,39 @@ class PipelinedRedis:
         return await asyncio.shield(opening)
 
     async def _read(self, channel: _Channel) -> None:
-        conn = channel.conn
-        while True:
-            try:
-                reply: Any = await conn.read_response(timeout=math.inf, disconnect_on_error=False)
-            except rex.ResponseError as exc:
-                reply = exc
-            except asyncio.CancelledError:
-                channel.fail(rex.ConnectionError("connection closed"))
-                raise
-            except Exception as exc:
-                channel.fail(
-                    exc if isinstance(exc, rex.RedisError) else rex.ConnectionError(str(exc))
-                )
-                with contextlib.suppress(Exception):
-                    await conn.disconnect(nowait=True)
-                return
-            if not channel.waiters:
-                continue
-            _, waiter = channel.waiters.popleft()
-            if waiter.done():
-                continue
-            if isinstance(reply, Exception):
-                waiter.set_exception(reply)
-            else:
-                waiter.set_result(reply)
+        # Replies are parsed here with hiredis straight from the connection's stream, in
+        # whatever batches they arrive, rather than one read_response() coroutine per reply.
+        parser = hiredis.Reader(protocolError=rex.InvalidResponse, replyError=rex.ResponseError)
+        stream = channel.conn._reader
+        waiters = channel.waiters
+        try:
+            if stream is None:
+                raise rex.ConnectionError("connection closed")
+            while True:
+                data = await stream.read(65536)
+                if not data:
+                    raise rex.ConnectionError("redis closed the connection")
+                parser.feed(data)
+                while True:
+                    reply = parser.gets()
+                    if reply is False:
+                        break
+                    if not waiters:
+                        continue
+                    _, waiter = waiters.popleft()
+                    if waiter.done():
+                        continue
+                    if isinstance(reply, rex.ResponseError):
+                        waiter.set_exception(_error(reply))
+                    else:
+                        waiter.set_result(reply)
+        except asyncio.CancelledError:
+            channel.fail(rex.ConnectionError("connection closed"))
+            raise
+        except Exception as exc:
+            channel.fail(exc if isinstance(exc, rex.RedisError) else rex.ConnectionError(str(exc)))
+            with contextlib.suppress(Exception):
+                await channel.conn.disconnect(nowait=True)
 
     async def _sweep(self) -> None:
         interval = min(0.05, max(self._timeout / 10, 0.005))
