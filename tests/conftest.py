@@ -21,6 +21,7 @@ from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.server.app import Service
 from ferryman.settings import Settings
+from ferryman.telemetry import Telemetry
 
 from redis_procs import RedisCluster, RedisProcess
 
@@ -54,11 +55,17 @@ def descriptor(
 class Server:
     """A Service running on its own event loop thread, with loopback clients."""
 
-    def __init__(self, settings: Settings, clock: ManualClock, backend: Backend | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: ManualClock,
+        backend: Backend | None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.loop = asyncio.new_event_loop()
-        self.service = Service(settings, clock=clock, backend=backend)
+        self.service = Service(settings, clock=clock, backend=backend, telemetry=telemetry)
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.run(self.service.start())
@@ -84,13 +91,16 @@ class Server:
         domain: str,
         *descriptors: Entries | ratelimit_pb2.RateLimitDescriptor,
         hits: int = 0,
+        metadata: Sequence[tuple[str, str]] | None = None,
     ) -> rls_pb2.RateLimitResponse:
         built = [
             d if isinstance(d, ratelimit_pb2.RateLimitDescriptor) else descriptor(d)
             for d in descriptors
         ]
         request = rls_pb2.RateLimitRequest(domain=domain, descriptors=built, hits_addend=hits)
-        response: rls_pb2.RateLimitResponse = self.stub.ShouldRateLimit(request, timeout=10)
+        response: rls_pb2.RateLimitResponse = self.stub.ShouldRateLimit(
+            request, timeout=10, metadata=metadata
+        )
         return response
 
     def http(
@@ -180,7 +190,12 @@ def make_server(
             return None
         return RedisBackend(parse_backend_url(url, pool_size=8, timeout=5.0))
 
-    def factory(backend: Backend | None = None, **overrides: Any) -> Server:
+    def factory(
+        backend: Backend | None = None,
+        telemetry: Callable[[Settings], Telemetry] | None = None,
+        **overrides: Any,
+    ) -> Server:
+        """A started Server; ``telemetry`` builds the Service's Telemetry from its settings."""
         if backend is None:
             backend = default_backend()
             overrides.setdefault("cache_key_prefix", prefix)
@@ -193,7 +208,7 @@ def make_server(
             debug_port=0,
             config_dir=config_dir.path,
         ).with_overrides(**overrides)
-        server = Server(settings, clock, backend)
+        server = Server(settings, clock, backend, telemetry(settings) if telemetry else None)
         servers.append(server)
         return server
 

@@ -6,6 +6,7 @@ Every exception derives from :class:`FerrymanError`::
     ├── ConfigError            a descriptor file or directory is invalid (carries every problem)
     ├── SettingsError          an environment variable or command-line flag is invalid
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
+    │   └── NotFoundError          ...or names a domain or descriptor that is not configured
     └── BackendError           the counter store failed (maps to gRPC UNAVAILABLE)
         └── BackendTimeoutError   ...or did not answer within its timeout
 
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "FerrymanError",
+    "NotFoundError",
     "RequestError",
     "SettingsError",
 ]
@@ -70,6 +72,10 @@ class RequestError(FerrymanError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class NotFoundError(RequestError):
+    """The request names a domain or descriptor the configuration does not have."""
 
 
 class BackendError(FerrymanError):

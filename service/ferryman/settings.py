@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ferryman.errors import SettingsError
 
-__all__ = ["Settings", "default_config_dir"]
+__all__ = ["Settings", "default_config_dir", "split_address"]
 
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ms|us|s|m|h|)")
 _DURATION_UNITS = {"ms": 0.001, "us": 0.000001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
@@ -74,6 +74,19 @@ def _duration(env: Mapping[str, str], name: str, default: float) -> float:
     if value < 0:
         raise SettingsError(f"{name}={raw!r} must not be negative")
     return value
+
+
+def split_address(address: str, name: str = "address") -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port); an empty host means every
+    interface and port 0 a free one. Raises SettingsError naming ``name``."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SettingsError(f"{name}={address!r} is not host:port (e.g. :9090, 0.0.0.0:9090)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise SettingsError(f"{name}={address!r}: put an IPv6 host in brackets, [::1]:9090")
+    return host, int(port)
 
 
 def default_config_dir() -> Path:
@@ -136,8 +149,12 @@ class Settings:
     use_prometheus: bool = False
     prometheus_addr: str = ":9090"
     prometheus_path: str = "/metrics"
+    metrics_max_series: int = 10_000
     tracing_enabled: bool = False
     tracing_sampling_rate: float = 1.0
+    # OpenTelemetry's standard OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]ENDPOINT: push over OTLP/gRPC.
+    otlp_metrics_endpoint: str = ""
+    otlp_traces_endpoint: str = ""
 
     shutdown_grace_seconds: float = 10.0
 
@@ -168,6 +185,12 @@ class Settings:
         sampling = _float(env, "TRACING_SAMPLING_RATE", d.tracing_sampling_rate)
         if not 0.0 <= sampling <= 1.0:
             raise SettingsError(f"TRACING_SAMPLING_RATE={sampling} must be between 0 and 1")
+        prometheus_addr = env.get("PROMETHEUS_ADDR", d.prometheus_addr)
+        split_address(prometheus_addr, "PROMETHEUS_ADDR")
+        prometheus_path = env.get("PROMETHEUS_PATH", d.prometheus_path)
+        if not prometheus_path.startswith("/"):
+            raise SettingsError(f"PROMETHEUS_PATH={prometheus_path!r} must start with '/'")
+        otlp = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
         log_format = env.get("LOG_FORMAT", d.log_format).lower()
         if log_format not in ("text", "json"):
             raise SettingsError(f"LOG_FORMAT={log_format!r} must be text or json")
@@ -230,10 +253,13 @@ class Settings:
                 env, "RESPONSE_DYNAMIC_METADATA", d.response_dynamic_metadata
             ),
             use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus),
-            prometheus_addr=env.get("PROMETHEUS_ADDR", d.prometheus_addr),
-            prometheus_path=env.get("PROMETHEUS_PATH", d.prometheus_path),
+            prometheus_addr=prometheus_addr,
+            prometheus_path=prometheus_path,
+            metrics_max_series=_int(env, "METRICS_MAX_SERIES", d.metrics_max_series, minimum=1),
             tracing_enabled=_bool(env, "TRACING_ENABLED", d.tracing_enabled),
             tracing_sampling_rate=sampling,
+            otlp_metrics_endpoint=env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
+            otlp_traces_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or otlp,
             shutdown_grace_seconds=_duration(
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),

@@ -5,42 +5,105 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Stats"]
+__all__ = [
+    "CALL",
+    "CONFIG_LOAD_ERROR",
+    "CONFIG_LOAD_SUCCESS",
+    "GLOBAL_SHADOW_MODE",
+    "LOCAL_CACHE_HITS",
+    "RATE_LIMIT",
+    "RULE_STATS",
+    "SERVICE",
+    "STATS_OVERFLOW",
+    "TOTAL_REQUESTS",
+    "RuleSeries",
+    "Stats",
+]
 
 SERVICE = "ratelimit.service"
 RATE_LIMIT = "ratelimit.service.rate_limit"
+CALL = "ratelimit.service.call.should_rate_limit"
+CONFIG_LOAD_SUCCESS = "ratelimit.service.config_load_success"
+CONFIG_LOAD_ERROR = "ratelimit.service.config_load_error"
+GLOBAL_SHADOW_MODE = "ratelimit.service.global_shadow_mode"
+STATS_OVERFLOW = "ratelimit.service.stats_overflow"
+LOCAL_CACHE_HITS = "ratelimit.service.local_cache_hits"
+TOTAL_REQUESTS = "ratelimit_server.ShouldRateLimit.total_requests"
+
+# The per-rule stats of the reference, plus the per-domain one that shares their prefix.
+RULE_STATS = (
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+    "over_limit_with_local_cache",
+    "domain_not_found",
+)
+
+# (stat, path, value): path is (domain, level1, level2, ...), or None for the overflow series.
+RuleSeries = tuple[str, tuple[str, ...] | None, int]
 
 
 class Stats:
-    """A bounded set of monotonically increasing counters.
+    """Monotonically increasing counters, with the request-derived ones bounded.
 
-    Rule keys built from request values (``detailed_metric``) could grow without bound; past
-    ``max_series`` distinct names, new names are folded into ``<prefix>.overflow`` and counted
-    in ``ratelimit.service.stats_overflow``.
+    ``inc`` is for the service's fixed names, a small set known in advance. ``rule`` is for
+    names built from configuration and request values (``detailed_metric`` puts request
+    values in them): past ``max_series`` distinct such names, new ones are folded into
+    ``ratelimit.service.rate_limit.overflow.<stat>`` and each fold counts one in
+    ``ratelimit.service.stats_overflow``.
     """
 
     def __init__(self, max_series: int = 10_000) -> None:
         self._values: dict[str, int] = {}
-        self._max = max_series
+        # Every rule series by name, with its stat and its parts (for exporters' labels).
+        self._rules: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+        self.max_series = max_series
         self._lock = threading.Lock()
 
     def inc(self, name: str, amount: int = 1) -> None:
+        """Add to a fixed-name counter (never folded: its names are few and known)."""
         if amount == 0:
             return
         with self._lock:
-            if name in self._values:
-                self._values[name] += amount
-            elif len(self._values) < self._max:
-                self._values[name] = amount
-            else:
-                overflow = RATE_LIMIT + ".overflow." + name.rsplit(".", 1)[-1]
-                self._values[overflow] = self._values.get(overflow, 0) + amount
-                key = SERVICE + ".stats_overflow"
-                self._values[key] = self._values.get(key, 0) + 1
+            self._values[name] = self._values.get(name, 0) + amount
 
-    def rule(self, key: str, stat: str, amount: int) -> None:
-        """Add to ``ratelimit.service.rate_limit.<key>.<stat>``."""
-        self.inc(f"{RATE_LIMIT}.{key}.{stat}", amount)
+    def rule(self, key: str, stat: str, amount: int, path: tuple[str, ...] | None = None) -> None:
+        """Add to ``ratelimit.service.rate_limit.<key>.<stat>``.
+
+        ``path`` is ``key`` in parts, ``(domain, level1, ...)``; it is stored once, when the
+        series appears, so that exporters can label it even when a part contains a dot.
+        Without it the key is split at its dots.
+        """
+        if amount == 0:
+            return
+        name = f"{RATE_LIMIT}.{key}.{stat}"
+        with self._lock:
+            values = self._values
+            if name in values:
+                values[name] += amount
+            elif len(self._rules) < self.max_series:
+                values[name] = amount
+                self._rules[name] = (stat, tuple(key.split(".")) if path is None else path)
+            else:
+                overflow = f"{RATE_LIMIT}.overflow.{stat}"
+                if overflow not in values:
+                    self._rules[overflow] = (stat, None)
+                values[overflow] = values.get(overflow, 0) + amount
+                values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
+
+    @property
+    def series(self) -> int:
+        """How many per-rule series exist (the overflow ones included)."""
+        with self._lock:
+            return len(self._rules)
+
+    def rule_series(self) -> list[RuleSeries]:
+        """Every per-rule series as (stat, path, value), at one instant."""
+        with self._lock:
+            values = self._values
+            return [(stat, path, values[name]) for name, (stat, path) in self._rules.items()]
 
     def get(self, name: str) -> int:
         with self._lock:

@@ -4,6 +4,7 @@ Usage::
 
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
                                     [--backend memory|redis|URL] [--repeat R] [--json]
+                                    [--env NAME=VALUE ...]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -484,7 +485,11 @@ def backend_label(backend: str) -> str:
 
 
 def start_ferryman(
-    procs: Processes, workdir: Path, backend: str, cpus: frozenset[int] | None
+    procs: Processes,
+    workdir: Path,
+    backend: str,
+    cpus: frozenset[int] | None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Server:
     config = workdir / "config"
     config.mkdir()
@@ -495,6 +500,7 @@ def start_ferryman(
     for name in ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"):
         env.pop(name, None)
     env.update(HOST="127.0.0.1", GRPC_HOST="127.0.0.1", DEBUG_HOST="127.0.0.1", LOG_LEVEL="WARN")
+    env.update(extra_env or {})
     argv = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
     argv += ["--backend", backend, "--grpc-port", str(grpc_port)]
     argv += ["--http-port", str(http_port), "--debug-port", str(debug_port)]
@@ -599,7 +605,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                 backend = args.backend
                 if backend == "redis":
                     backend = start_redis(procs, workdir)
-                ferryman = start_ferryman(procs, workdir, backend, server_cpus)
+                ferryman = start_ferryman(procs, workdir, backend, server_cpus, args.env)
                 servers.append(ferryman)
             if not args.no_ceiling:
                 servers.append(start_ceiling(procs, workdir, server_cpus))
@@ -703,6 +709,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the ceiling runs")
     parser.add_argument("--no-ferryman", action="store_true", help="run only the ceiling")
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the ferryman process, e.g. USE_PROMETHEUS=true "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "--role", choices=["orchestrator", "client", "ceiling"], help=argparse.SUPPRESS
     )
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -717,6 +731,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--concurrency, --channels and --repeat must be at least 1")
     if args.no_ferryman and args.no_ceiling:
         parser.error("--no-ferryman and --no-ceiling leave nothing to run")
+    extra_env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env {item!r}: use NAME=VALUE")
+        extra_env[name] = value
+    args.env = extra_env
     if args.role != "client":
         try:
             counts = [int(n) for n in args.descriptors.split(",")]

@@ -222,7 +222,7 @@ def _level(
     ctx: _Ctx,
     node: Node | None,
     path: str,
-    stats_prefix: str,
+    stats_path: tuple[str, ...],
     seen: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> Level:
     """One level of descriptors; ``seen``: (key, value) -> (file, path), shared by merged files."""
@@ -236,7 +236,7 @@ def _level(
         return Level()
     ctx.active.add(id(node))
     try:
-        return _level_items(ctx, node, path, stats_prefix, {} if seen is None else seen)
+        return _level_items(ctx, node, path, stats_path, {} if seen is None else seen)
     finally:
         ctx.active.discard(id(node))
 
@@ -245,7 +245,7 @@ def _level_items(
     ctx: _Ctx,
     node: SequenceNode,
     path: str,
-    stats_prefix: str,
+    stats_path: tuple[str, ...],
     seen: dict[tuple[str, str], tuple[str, str]],
 ) -> Level:
     rules: list[Rule] = []
@@ -254,7 +254,7 @@ def _level_items(
         if not isinstance(item, MappingNode):
             ctx.error(item, ipath, f"a descriptor must be a map, found {_kind(item)}")
             continue
-        rule = _rule(ctx, item, ipath, stats_prefix)
+        rule = _rule(ctx, item, ipath, stats_path)
         if rule is None:
             continue
         ident = (rule.key, rule.value)
@@ -272,7 +272,7 @@ def _level_items(
     return Level.of(tuple(rules))
 
 
-def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | None:
+def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]) -> Rule | None:
     fields = _mapping(ctx, node, path, _DESCRIPTOR_KEYS)
     key = _string(ctx, fields.get("key"), _join(path, "key"))
     if not key:
@@ -280,7 +280,7 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | 
         ctx.error(fields.get("key", node), _join(path, "key"), "descriptor key must not be empty")
     value = _string(ctx, fields.get("value"), _join(path, "value"))
     segment = f"{key}_{value}" if value else key
-    stats_key = f"{stats_prefix}.{segment}"
+    stats_path = (*stats_parent, segment)
     rate_limit = None
     if "rate_limit" in fields:
         rate_limit = _rate_limit(ctx, fields["rate_limit"], _join(path, "rate_limit"))
@@ -303,7 +303,7 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | 
                 metadata = dict(_plain(meta_node))
             except yaml.YAMLError as exc:
                 ctx.error(meta_node, _join(path, "metadata"), str(exc))
-    children = _level(ctx, fields.get("descriptors"), _join(path, "descriptors"), stats_key)
+    children = _level(ctx, fields.get("descriptors"), _join(path, "descriptors"), stats_path)
     flags = {
         name: _bool(ctx, fields.get(name), _join(path, name))
         for name in ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric")
@@ -320,7 +320,8 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_prefix: str) -> Rule | 
         value_to_metric=flags["value_to_metric"],
         share_threshold=share,
         metadata=metadata,
-        stats_key=stats_key,
+        stats_key=".".join(stats_path),
+        stats_path=stats_path,
         children=children,
         source=f"{ctx.file}:{node.start_mark.line + 1}",
     )
@@ -394,7 +395,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         # Shared by the files of a merged domain, so a repeat names the file it repeats.
         seen: dict[tuple[str, str], tuple[str, str]] = {}
         for ctx, result in files:
-            rules.extend(_level(ctx, result.descriptors, "descriptors", domain, seen).rules)
+            rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
         domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
     if problems:
         raise ConfigError(problems)

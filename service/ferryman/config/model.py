@@ -79,6 +79,8 @@ class Rule:
     share_threshold: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
     stats_key: str = ""
+    # stats_key in parts, (domain, level1, ...): labels for exporters, whatever the dots.
+    stats_path: tuple[str, ...] = ()
     children: Level = field(default_factory=lambda: Level())
     source: str = ""
 

@@ -21,11 +21,11 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from ferryman.config.loader import digest_sources, load_sources, read_directory
-from ferryman.config.model import Config
+from ferryman.config.model import Config, Domain, Level
 from ferryman.errors import ConfigError
-from ferryman.stats import Stats
+from ferryman.stats import CONFIG_LOAD_ERROR, CONFIG_LOAD_SUCCESS, Stats
 
-__all__ = ["ConfigHolder", "Reloader"]
+__all__ = ["ConfigHolder", "Reloader", "describe_change"]
 
 log = logging.getLogger("ferryman.config")
 
@@ -45,6 +45,53 @@ class ConfigHolder:
         self.config = config
         self.loaded_at = time.time()
         self.version += 1
+
+
+def _level_signature(level: Level) -> tuple[object, ...]:
+    """Everything a level decides with, in config order (not where it was written)."""
+    return tuple(
+        (
+            rule.key,
+            rule.value,
+            rule.rate_limit,
+            rule.shadow_mode,
+            rule.quota_mode,
+            rule.detailed_metric,
+            rule.value_to_metric,
+            rule.share_threshold,
+            repr(sorted(rule.metadata.items())),
+            _level_signature(rule.children),
+        )
+        for rule in level.rules
+    )
+
+
+def _domain_signature(domain: Domain) -> tuple[object, ...]:
+    return _level_signature(domain.root)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def describe_change(old: Config | None, new: Config) -> str:
+    """One line: the size of ``new`` and which domains were added, removed or changed."""
+    before = {} if old is None else old.domains
+    after = new.domains
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(
+        name
+        for name in set(after) & set(before)
+        if _domain_signature(after[name]) != _domain_signature(before[name])
+    )
+    parts = [f"{_count(len(after), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
+    for label, names in (("added", added), ("removed", removed), ("changed", changed)):
+        if names:
+            parts.append(f"{label}: {', '.join(names)}")
+    if not (added or removed or changed):
+        parts.append("no domain changed")
+    return "; ".join(parts)
 
 
 class _Handler(FileSystemEventHandler):
@@ -91,13 +138,12 @@ class Reloader:
         """Load synchronously (startup); raises ConfigError so a bad start is fatal."""
         config = self._read()
         assert config is not None
+        change = describe_change(self.holder.config, config)
         self.holder.swap(config)
-        self._stats.inc("ratelimit.service.config_load_success")
-        log.info(
-            "config loaded: %d domains, %d limits from %s",
-            len(config.domains),
-            len(config.iter_limits()),
-            self.directory,
+        self._stats.inc(CONFIG_LOAD_SUCCESS)
+        # Loads are rare and matter to operators: logged at the default level (WARN).
+        log.warning(
+            "config loaded (version %d) from %s: %s", self.holder.version, self.directory, change
         )
         return config
 
@@ -163,8 +209,13 @@ class Reloader:
         except ConfigError as exc:
             self._rewatch()
             message = str(exc)
-            log.error("config rejected, keeping the previous one:\n%s", message)
-            self._stats.inc("ratelimit.service.config_load_error")
+            log.error(
+                "config rejected, keeping version %d: %d problem(s): %s",
+                self.holder.version,
+                len(exc.problems),
+                "; ".join(str(p) for p in exc.problems),
+            )
+            self._stats.inc(CONFIG_LOAD_ERROR)
             self.holder.last_error = message
             self.holder.last_error_at = time.time()
             return False
@@ -172,14 +223,10 @@ class Reloader:
         if config is None:
             return False
         self.holder.last_error = None
+        change = describe_change(self.holder.config, config)
         self.holder.swap(config)
-        self._stats.inc("ratelimit.service.config_load_success")
-        log.info(
-            "config reloaded: %d domains, %d limits (version %d)",
-            len(config.domains),
-            len(config.iter_limits()),
-            self.holder.version,
-        )
+        self._stats.inc(CONFIG_LOAD_SUCCESS)
+        log.warning("config reloaded (version %d): %s", self.holder.version, change)
         return True
 
     async def stop(self) -> None:

@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ferryman.backends.base import Backend, CounterOp
+from ferryman.backends.base import Backend, CounterOp, CounterResult
 from ferryman.clock import Clock
 from ferryman.config.model import Config, Domain, RateLimit, Rule
 from ferryman.errors import BackendError, RequestError
 from ferryman.limits.fixed_window import StatDelta, classify, reset_after, window_start
 from ferryman.limits.local_cache import OverLimitCache
-from ferryman.stats import Stats
+from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, LOCAL_CACHE_HITS, Stats
 
 __all__ = [
     "MAX_REMAINING",
@@ -21,6 +21,7 @@ __all__ = [
     "Decision",
     "DescriptorRequest",
     "EngineOptions",
+    "FixedWindowCall",
     "RateLimitEngine",
     "Status",
 ]
@@ -86,12 +87,21 @@ class ConfigSource(Protocol):
     def config(self) -> Config | None: ...
 
 
+class FixedWindowCall(Protocol):
+    """The shape of ``Backend.fixed_window``, for a wrapper that times or traces it."""
+
+    async def __call__(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> list[CounterResult]: ...
+
+
 @dataclass(slots=True)
 class _Planned:
     index: int
     limit: RateLimit
     seconds: int
     stats_key: str
+    stats_path: tuple[str, ...]
     hits: int
     shadow: bool
     quota: bool
@@ -118,23 +128,27 @@ def _match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Rule] | N
     return path
 
 
-def _stats_key(domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule]) -> str:
+def _stats_key(
+    domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule]
+) -> tuple[str, tuple[str, ...]]:
+    """The rule's stats key and its parts (domain, level1, ...), request values included
+    where ``detailed_metric`` or ``value_to_metric`` ask for them."""
     last = path[-1]
     if last.detailed_metric:
         parts = [
             _segment(k, rule.value if rule.share_threshold else v)
             for (k, v), rule in zip(entries, path, strict=True)
         ]
-        return domain + "." + ".".join(parts)
+        return domain + "." + ".".join(parts), (domain, *parts)
     if not any(rule.value_to_metric for rule in path):
-        return last.stats_key
+        return last.stats_key, last.stats_path
     parts = []
     for (k, v), rule in zip(entries, path, strict=True):
         if rule.value_to_metric:
             parts.append(_segment(k, rule.value if rule.share_threshold else v))
         else:
             parts.append(_segment(rule.key, rule.value))
-    return domain + "." + ".".join(parts)
+    return domain + "." + ".".join(parts), (domain, *parts)
 
 
 def _cache_key(
@@ -158,9 +172,15 @@ class RateLimitEngine:
         clock: Clock,
         stats: Stats,
         options: EngineOptions | None = None,
+        *,
+        backend_call: FixedWindowCall | None = None,
     ) -> None:
+        """``backend_call`` stands in for ``backend.fixed_window`` (telemetry wraps it)."""
         self._source = source
         self._backend = backend
+        self._fixed_window: FixedWindowCall = (
+            backend.fixed_window if backend_call is None else backend_call
+        )
         self._clock = clock
         self._stats = stats
         self.options = options or EngineOptions()
@@ -195,7 +215,7 @@ class RateLimitEngine:
         stats = self._stats
         dom = config.domains.get(domain)
         if dom is None:
-            stats.inc(f"ratelimit.service.rate_limit.{domain}.domain_not_found")
+            stats.rule(domain, "domain_not_found", 1, (domain,))
             return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
 
         request_hits = hits_addend or 1
@@ -209,8 +229,11 @@ class RateLimitEngine:
             if desc.negative:
                 hits = -hits
             if desc.limit is not None:
-                key = domain + "." + ".".join(_segment(k, v) for k, v in desc.entries)
-                item = _Planned(i, desc.limit, 0, key, hits, False, opts.quota_mode, None)
+                parts = tuple(_segment(k, v) for k, v in desc.entries)
+                key = domain + "." + ".".join(parts)
+                item = _Planned(
+                    i, desc.limit, 0, key, (domain, *parts), hits, False, opts.quota_mode, None
+                )
                 cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, None)
             else:
                 path = _match(dom, desc.entries)
@@ -224,11 +247,13 @@ class RateLimitEngine:
                     statuses[i] = Status(Code.OK, remaining=MAX_REMAINING)
                     continue
                 replaced.update(limit.replaces)
+                key, parts = _stats_key(domain, desc.entries, path)
                 item = _Planned(
                     i,
                     limit,
                     0,
-                    _stats_key(domain, desc.entries, path),
+                    key,
+                    parts,
                     hits,
                     rule.shadow_mode,
                     rule.quota_mode or opts.quota_mode,
@@ -266,14 +291,12 @@ class RateLimitEngine:
         ops = [item.op for item in planned if item.op is not None and not item.cached]
         try:
             results = (
-                await self._backend.fixed_window(ops, stop_when_over=opts.stop_when_over)
-                if ops
-                else []
+                await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
             )
         except BackendError:
             if not opts.fail_open:
                 raise
-            stats.inc("ratelimit.service.call.should_rate_limit.degraded")
+            stats.inc(f"{CALL}.degraded")
             return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
         result_iter = iter(results)
 
@@ -286,9 +309,11 @@ class RateLimitEngine:
             rpu = limit.requests_per_unit
             reset = reset_after(now, item.seconds)
             key = item.stats_key
+            labels = item.stats_path
             if item.cached:
                 over, delta = True, StatDelta(over=item.hits)
-                stats.rule(key, "over_limit_with_local_cache", item.hits)
+                stats.inc(LOCAL_CACHE_HITS)
+                stats.rule(key, "over_limit_with_local_cache", item.hits, labels)
             else:
                 result = next(result_iter)
                 after = result.after
@@ -300,12 +325,12 @@ class RateLimitEngine:
                 over, delta = classify(item.hits, rpu, before, after, ratio)
                 if over and local is not None and item.op is not None:
                     local.add(item.op.key, item.op.expires_at)
-            stats.rule(key, "total_hits", item.hits)
-            stats.rule(key, "within_limit", delta.within)
-            stats.rule(key, "near_limit", delta.near)
-            stats.rule(key, "over_limit", delta.over)
+            stats.rule(key, "total_hits", item.hits, labels)
+            stats.rule(key, "within_limit", delta.within, labels)
+            stats.rule(key, "near_limit", delta.near, labels)
+            stats.rule(key, "over_limit", delta.over, labels)
             if over and item.shadow:
-                stats.rule(key, "shadow_mode", item.hits)
+                stats.rule(key, "shadow_mode", item.hits, labels)
                 over = False
                 remaining = 0
             else:
@@ -326,7 +351,7 @@ class RateLimitEngine:
         if over_hard or (quota_total and quota_over == quota_total):
             code = Code.OVER_LIMIT
         if code is Code.OVER_LIMIT and opts.shadow_mode:
-            stats.inc("ratelimit.service.global_shadow_mode")
+            stats.inc(GLOBAL_SHADOW_MODE)
             code = Code.OK
         headers = self._headers(final) if opts.headers else ()
         meta = None

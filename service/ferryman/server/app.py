@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from datetime import UTC, datetime
 
 import grpc
 from google.protobuf import json_format
@@ -21,8 +23,9 @@ from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
 from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.rls import RateLimitServicer
-from ferryman.settings import Settings
-from ferryman.stats import Stats
+from ferryman.settings import Settings, split_address
+from ferryman.stats import CALL, Stats
+from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 
 __all__ = ["Service", "engine_options", "make_backend"]
 
@@ -96,7 +99,10 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
 
 
 class Service:
-    """One ferryman process: start() binds every port, stop() drains and closes."""
+    """One ferryman process: start() binds every port, stop() drains and closes.
+
+    ``telemetry`` defaults to the pipelines the settings ask for; the Service shuts it down.
+    """
 
     def __init__(
         self,
@@ -104,10 +110,12 @@ class Service:
         *,
         clock: Clock | None = None,
         backend: Backend | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
-        self.stats = Stats()
+        self.stats = Stats(settings.metrics_max_series)
+        self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         self.reloader = Reloader(
@@ -119,11 +127,18 @@ class Service:
             watch_root=settings.runtime_root if settings.watch_root else None,
         )
         self.engine = RateLimitEngine(
-            self.holder, self.backend, self.clock, self.stats, engine_options(settings)
+            self.holder,
+            self.backend,
+            self.clock,
+            self.stats,
+            engine_options(settings),
+            backend_call=self.telemetry.wrap_backend(self.backend),
         )
+        self.telemetry.observe(self.stats, self.engine.local_cache)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
+        self.prometheus_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._http = HttpServer(
@@ -139,9 +154,15 @@ class Service:
                 ("GET", "/"): self._debug_index,
                 ("GET", "/rlconfig"): self._rlconfig,
                 ("GET", "/stats"): self._stats_page,
+                ("GET", "/status"): self._status_page,
             },
             "debug",
         )
+        self._metrics: HttpServer | None = None
+        if self.telemetry.prometheus is not None:
+            self._metrics = HttpServer(
+                {("GET", settings.prometheus_path): self._prometheus}, "prometheus"
+            )
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
 
@@ -155,7 +176,7 @@ class Service:
         await self.reloader.start()
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            RateLimitServicer(self.engine, self.stats), server
+            RateLimitServicer(self.engine, self.stats, self.telemetry), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
@@ -164,13 +185,18 @@ class Service:
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         self.http_port = await self._http.start(s.host, s.port)
         self.debug_port = await self._debug.start(s.debug_host, s.debug_port)
+        if self._metrics is not None:
+            host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
+            self.prometheus_port = await self._metrics.start(host, port)
         log.warning(
-            "ferryman serving: grpc :%d, http :%d, debug :%d, backend %s, config %s",
+            "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
             self.grpc_port,
             self.http_port,
             self.debug_port,
+            "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
             s.config_dir,
+            self.telemetry.describe(),
         )
 
     async def stop(self, grace: float | None = None) -> None:
@@ -187,8 +213,12 @@ class Service:
             self._grpc = None
         await self._http.stop()
         await self._debug.stop()
+        if self._metrics is not None:
+            await self._metrics.stop()
         await self.reloader.stop()
         await self.backend.close()
+        # Last, so that the final push carries every call.
+        await asyncio.to_thread(self.telemetry.shutdown)
 
     async def _track_health(self) -> None:
         """Mirror healthy() into the gRPC health service as it changes."""
@@ -220,14 +250,18 @@ class Service:
         except (json_format.ParseError, UnicodeDecodeError, RequestError) as exc:
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         except BackendError as exc:
-            self.stats.inc("ratelimit.service.call.should_rate_limit.redis_error")
+            self.stats.inc(f"{CALL}.redis_error")
             return HttpResponse(500, f"backend error: {exc}\n".encode())
         status = {Code.OK: 200, Code.OVER_LIMIT: 429}.get(decision.code, 500)
         body = json_format.MessageToJson(decision_to_proto(decision), indent=None)
         return HttpResponse(status, body.encode(), "application/json")
 
     async def _debug_index(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, b"/rlconfig: the limits in force\n/stats: counters\n")
+        return HttpResponse(
+            200,
+            b"/rlconfig: the limits in force\n/stats: counters\n"
+            b"/status: configuration, backend and cache state (JSON)\n",
+        )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
         config = self.holder.config
@@ -249,6 +283,46 @@ class Service:
     async def _stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.stats)
         return HttpResponse(200, body.encode())
+
+    async def _status_page(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(
+            200, (json.dumps(self.status(), indent=2) + "\n").encode(), "application/json"
+        )
+
+    def status(self) -> dict[str, object]:
+        """What /status reports: the state an operator asks about first."""
+        holder = self.holder
+        config = holder.config
+        cache = self.engine.local_cache
+        return {
+            "healthy": self.healthy(),
+            "config": {
+                "version": holder.version,
+                "loaded_at": _iso(holder.loaded_at) if config is not None else None,
+                "directory": str(self.settings.config_dir),
+                "files": list(config.files) if config is not None else [],
+                "domains": len(config.domains) if config is not None else 0,
+                "limits": len(config.iter_limits()) if config is not None else 0,
+                "last_error": holder.last_error,
+                "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
+            },
+            "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "local_cache": None
+            if cache is None
+            else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},
+            "stats": {"series": self.stats.series, "max_series": self.stats.max_series},
+        }
+
+    async def _prometheus(self, request: HttpRequest) -> HttpResponse:
+        reader = self.telemetry.prometheus
+        assert reader is not None
+        # Collection reads every series; keep it off the event loop.
+        body = await asyncio.to_thread(reader.render)
+        return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
 def _host(host: str) -> str:

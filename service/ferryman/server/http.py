@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -59,7 +60,19 @@ class HttpServer:
         self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host or None, port)
+        """Listen on ``host`` (empty: every interface) and ``port`` (0: a free one)."""
+        if host:
+            self._server = await asyncio.start_server(self._serve, host, port)
+        else:
+            # One socket for IPv4 and IPv6, so that port 0 means one port, not one per family.
+            dual = socket.has_dualstack_ipv6()
+            sock = socket.create_server(
+                ("::" if dual else "0.0.0.0", port),
+                family=socket.AF_INET6 if dual else socket.AF_INET,
+                dualstack_ipv6=dual,
+                reuse_port=False,
+            )
+            self._server = await asyncio.start_server(self._serve, sock=sock)
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 

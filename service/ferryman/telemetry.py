@@ -1,0 +1,575 @@
+"""OpenTelemetry metrics and traces of one Service, instruments created once at startup.
+
+Metrics. The reference's counters live in ``Stats`` (exact, bounded by METRICS_MAX_SERIES);
+they are exposed as ObservableCounters whose callbacks read Stats when a reader collects, so
+a request pays nothing for them. The per-rule stat ``ratelimit.service.rate_limit.<domain>.
+<level1>[.<level2>...].<stat>`` becomes ``ratelimit_service_rate_limit_<stat>`` with labels
+``domain``, ``key1``, ``key2``... as in the reference's statsd-to-Prometheus mapping. Latencies
+are histograms, one record per call. Readers: ``PrometheusReader`` (USE_PROMETHEUS: rendered on
+scrape, under the reference's names, no ``_total`` added) and an OTLP/gRPC push reader when
+OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT is set. With neither, no meter exists at all.
+
+Traces (TRACING_ENABLED). A SERVER span per ShouldRateLimit, child of the caller's context
+taken from the gRPC metadata (W3C ``traceparent``, B3 single ``b3`` or multi ``x-b3-*``), with
+the backend call as a CLIENT child span; ParentBased(TraceIdRatioBased(TRACING_SAMPLING_RATE)).
+Disabled, the request path creates no span at all (the servicer takes another branch).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from time import perf_counter
+
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
+from opentelemetry.propagators.b3 import B3MultiFormat
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    MeterProvider,
+    ObservableCounter,
+    ObservableGauge,
+)
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    HistogramDataPoint,
+    MetricReader,
+    MetricsData,
+    NumberDataPoint,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ferryman import __version__
+from ferryman.backends.base import Backend, CounterOp, CounterResult
+from ferryman.limits.engine import FixedWindowCall
+from ferryman.limits.local_cache import OverLimitCache
+from ferryman.settings import Settings
+from ferryman.stats import (
+    CALL,
+    CONFIG_LOAD_ERROR,
+    CONFIG_LOAD_SUCCESS,
+    GLOBAL_SHADOW_MODE,
+    LOCAL_CACHE_HITS,
+    RULE_STATS,
+    STATS_OVERFLOW,
+    TOTAL_REQUESTS,
+    Stats,
+)
+
+__all__ = [
+    "METHOD_ATTRIBUTES",
+    "PROMETHEUS_CONTENT_TYPE",
+    "PrometheusReader",
+    "Telemetry",
+    "render_prometheus",
+]
+
+log = logging.getLogger("ferryman.telemetry")
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SCOPE = "ferryman"
+RPC_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+# Sub-millisecond answers are the norm; seconds mean a stuck backend.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+SHUTDOWN_TIMEOUT_MILLIS = 5_000
+METHOD_ATTRIBUTES = {"grpc_method": "ShouldRateLimit"}
+_ERROR_TYPES = ("redis_error", "service_error", "degraded")
+_RULE_HELP = {
+    "total_hits": "Hits counted against the rule.",
+    "over_limit": "Hits over the rule's limit.",
+    "near_limit": "Hits within the limit but above NEAR_LIMIT_RATIO of it.",
+    "within_limit": "Hits within the rule's limit.",
+    "shadow_mode": "Over-limit hits let through by the rule's shadow_mode.",
+    "over_limit_with_local_cache": "Over-limit hits answered from the local over-limit cache.",
+    "domain_not_found": "Requests for a domain that no configuration defines.",
+}
+# (name, stat, help): the service-wide counters read from Stats.
+_FIXED_COUNTERS = (
+    (
+        "ratelimit_service_config_load_success",
+        CONFIG_LOAD_SUCCESS,
+        "Configuration loads that took effect.",
+    ),
+    (
+        "ratelimit_service_config_load_error",
+        CONFIG_LOAD_ERROR,
+        "Configuration loads rejected (the previous configuration stayed in force).",
+    ),
+    (
+        "ratelimit_service_global_shadow_mode",
+        GLOBAL_SHADOW_MODE,
+        "Over-limit answers turned OK by SHADOW_MODE.",
+    ),
+    (
+        "ratelimit_service_stats_overflow",
+        STATS_OVERFLOW,
+        "Increments folded into the overflow series past METRICS_MAX_SERIES.",
+    ),
+)
+
+
+def _resource() -> Resource:
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; the service is 'ferryman' otherwise."""
+    resource = Resource.create({"service.version": __version__})
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "ferryman"}))
+    return resource
+
+
+# --------------------------------------------------------------------------- Prometheus text
+
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
+_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _metric_name(name: str) -> str:
+    name = _NAME_BAD.sub("_", name)
+    return "_" + name if name[:1].isdigit() else name
+
+
+def _label_name(name: str) -> str:
+    name = _LABEL_BAD.sub("_", name)
+    return "_" + name if name[:1].isdigit() else name
+
+
+def _label_value(value: object) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _labels(attributes: Mapping[str, object] | None, extra: str = "") -> str:
+    parts = [f'{_label_name(k)}="{_label_value(v)}"' for k, v in (attributes or {}).items()]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def render_prometheus(data: MetricsData | None) -> str:
+    """Prometheus text exposition (0.0.4) of ``data``, metric names kept exactly as given.
+
+    Monotonic sums are counters (no ``_total`` is added: the reference's names are the
+    contract), other sums and gauges are gauges, histograms are ``_bucket``/``_sum``/``_count``.
+    """
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for resource_metrics in data.resource_metrics if data is not None else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                name = _metric_name(metric.name)
+                point_data = metric.data
+                lines: list[str] = []
+                if isinstance(point_data, Sum):
+                    kind = "counter" if point_data.is_monotonic else "gauge"
+                    for point in point_data.data_points:
+                        lines.append(_sample(name, point))
+                elif isinstance(point_data, Gauge):
+                    kind = "gauge"
+                    for point in point_data.data_points:
+                        lines.append(_sample(name, point))
+                elif isinstance(point_data, HistogramData):
+                    kind = "histogram"
+                    for hpoint in point_data.data_points:
+                        lines.extend(_histogram(name, hpoint))
+                else:  # exponential histograms: not configured by ferryman
+                    continue
+                family = families.setdefault(name, (kind, metric.description or "", []))
+                family[2].extend(lines)
+    out: list[str] = []
+    for name, (kind, description, lines) in families.items():
+        if description:
+            out.append(f"# HELP {name} {_help(description)}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(lines)
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _sample(name: str, point: NumberDataPoint) -> str:
+    return f"{name}{_labels(point.attributes)} {_number(point.value)}"
+
+
+def _histogram(name: str, point: HistogramDataPoint) -> Iterator[str]:
+    cumulative = 0
+    for bound, count in zip(point.explicit_bounds, point.bucket_counts, strict=False):
+        cumulative += count
+        le = f'le="{_number(float(bound))}"'
+        yield f"{name}_bucket{_labels(point.attributes, le)} {cumulative}"
+    inf = 'le="+Inf"'
+    yield f"{name}_bucket{_labels(point.attributes, inf)} {point.count}"
+    yield f"{name}_sum{_labels(point.attributes)} {_number(point.sum)}"
+    yield f"{name}_count{_labels(point.attributes)} {point.count}"
+
+
+class PrometheusReader(MetricReader):
+    """A pull reader: each ``render()`` collects from the SDK and returns Prometheus text."""
+
+    def __init__(self, max_series: int = 10_000) -> None:
+        # Room for every Stats series of one stat, plus its overflow series.
+        limit = max_series + 16
+        super().__init__(cardinality_limits={ObservableCounter: limit, ObservableGauge: limit})
+        self._lock = threading.Lock()
+        self._data: MetricsData | None = None
+
+    def render(self) -> str:
+        with self._lock:
+            self._data = None
+            self.collect()
+            return render_prometheus(self._data)
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> None:
+        self._data = metrics_data
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        self._data = None
+
+
+# --------------------------------------------------------------------------- Stats views
+
+
+class _RuleView:
+    """One read of Stats' per-rule series, shared by the instruments of one collection.
+
+    A callback that was already served from the current read starts a new one, so a
+    collection reads Stats once and no callback ever sees a read older than its last one.
+    """
+
+    def __init__(self, stats: Stats) -> None:
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._by_stat: dict[str, list[Observation]] = {}
+        self._served: set[str] = set(RULE_STATS)
+        self._attributes: dict[tuple[str, ...] | None, dict[str, str]] = {}
+
+    def callback(self, stat: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return self.observe(stat)
+
+        return observe
+
+    def observe(self, stat: str) -> list[Observation]:
+        with self._lock:
+            if stat in self._served:
+                self._read()
+            self._served.add(stat)
+            return self._by_stat.get(stat, [])
+
+    def _read(self) -> None:
+        grouped: dict[str, list[Observation]] = {}
+        cache = self._attributes
+        for stat, path, value in self._stats.rule_series():
+            attributes = cache.get(path)
+            if attributes is None:
+                attributes = cache[path] = _path_attributes(path)
+            grouped.setdefault(stat, []).append(Observation(value, attributes))
+        self._by_stat = grouped
+        self._served = set()
+
+
+def _path_attributes(path: tuple[str, ...] | None) -> dict[str, str]:
+    """(domain, level1, level2...) -> {domain, key1, key2...}; the overflow series has none."""
+    if path is None:
+        return {"overflow": "true"}
+    attributes = {"domain": path[0]}
+    for i, level in enumerate(path[1:], 1):
+        attributes[f"key{i}"] = level
+    return attributes
+
+
+def _counter_callback(
+    stats: Stats, name: str, attributes: Mapping[str, str] | None = None
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(stats.get(name), attributes)]
+
+    return observe
+
+
+# --------------------------------------------------------------------------- Telemetry
+
+
+class Telemetry:
+    """The metric and trace pipelines of one Service, built from Settings.
+
+    ``tracer_provider`` replaces the one built from TRACING_SAMPLING_RATE, ``span_exporters``
+    are added to it (a test's InMemorySpanExporter) and ``metric_readers`` are added to the
+    Prometheus and OTLP ones; tracing still needs TRACING_ENABLED.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        span_exporters: Sequence[SpanExporter] = (),
+        metric_readers: Sequence[MetricReader] = (),
+    ) -> None:
+        self.settings = settings
+        self.prometheus: PrometheusReader | None = None
+        self.meter_provider: MeterProvider | None = None
+        self.tracer_provider: TracerProvider | None = None
+        self.tracer: Tracer | None = None
+        self.request_latency: Histogram | None = None
+        self.backend_latency: Histogram | None = None
+        self._propagator = CompositePropagator(
+            # Last wins: a W3C traceparent beats B3 headers sent alongside it.
+            [B3MultiFormat(), TraceContextTextMapPropagator()]
+        )
+        self._observed = False
+        self._closed = False
+
+        readers = list(metric_readers)
+        if settings.use_prometheus:
+            self.prometheus = PrometheusReader(settings.metrics_max_series)
+            readers.append(self.prometheus)
+        if settings.otlp_metrics_endpoint:
+            readers.append(_otlp_metric_reader(settings))
+        resource = _resource() if readers or settings.tracing_enabled else None
+        if readers:
+            self.meter_provider = MeterProvider(
+                metric_readers=readers,
+                resource=resource,
+                exemplar_filter=AlwaysOffExemplarFilter(),
+                shutdown_on_exit=False,
+            )
+            meter = self.meter_provider.get_meter(SCOPE, __version__)
+            self.request_latency = meter.create_histogram(
+                "ratelimit_service_response_time_seconds",
+                unit="s",
+                description="Time to answer a call, by gRPC method.",
+                explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+            )
+            self.backend_latency = meter.create_histogram(
+                "ratelimit_service_backend_response_time_seconds",
+                unit="s",
+                description="Time of one backend call (all the counters of a request).",
+                explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+            )
+
+        if settings.tracing_enabled:
+            provider = tracer_provider or TracerProvider(
+                sampler=ParentBased(TraceIdRatioBased(settings.tracing_sampling_rate)),
+                resource=resource,
+                shutdown_on_exit=False,
+            )
+            for exporter in span_exporters:
+                provider.add_span_processor(SimpleSpanProcessor(exporter))
+            if settings.otlp_traces_endpoint:
+                provider.add_span_processor(_otlp_span_processor(settings))
+            self.tracer_provider = provider
+            self.tracer = provider.get_tracer(SCOPE, __version__)
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.meter_provider is not None
+
+    def describe(self) -> str:
+        """One phrase for the startup banner."""
+        parts = []
+        if self.prometheus is not None:
+            parts.append(f"prometheus {self.settings.prometheus_path}")
+        if self.settings.otlp_metrics_endpoint and self.metrics_enabled:
+            parts.append(f"otlp metrics {self.settings.otlp_metrics_endpoint}")
+        if self.tracer is not None:
+            where = self.settings.otlp_traces_endpoint or "no exporter"
+            parts.append(f"tracing {self.settings.tracing_sampling_rate:g} ({where})")
+        return ", ".join(parts) or "metrics and tracing off"
+
+    def observe(self, stats: Stats, local_cache: OverLimitCache | None = None) -> None:
+        """Create the instruments that read ``stats`` and the local cache; once."""
+        if self.meter_provider is None or self._observed:
+            return
+        self._observed = True
+        meter = self.meter_provider.get_meter(SCOPE, __version__)
+        view = _RuleView(stats)
+        for stat in RULE_STATS:
+            meter.create_observable_counter(
+                f"ratelimit_service_rate_limit_{stat}",
+                callbacks=[view.callback(stat)],
+                description=_RULE_HELP[stat],
+            )
+        for name, stat_name, description in _FIXED_COUNTERS:
+            meter.create_observable_counter(
+                name, callbacks=[_counter_callback(stats, stat_name)], description=description
+            )
+        meter.create_observable_counter(
+            "ratelimit_service_should_rate_limit_error",
+            callbacks=[
+                _counter_callback(stats, f"{CALL}.{kind}", {"err_type": kind})
+                for kind in _ERROR_TYPES
+            ],
+            description="Calls answered with an error (redis_error, service_error) "
+            "or, with FAIL_OPEN, answered OK without the backend (degraded).",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_total_requests",
+            callbacks=[_counter_callback(stats, TOTAL_REQUESTS, METHOD_ATTRIBUTES)],
+            description="Calls received, by gRPC method.",
+        )
+        if local_cache is None:
+            return
+        cache = local_cache
+        meter.create_observable_counter(
+            "ratelimit_service_local_cache_hits",
+            callbacks=[_counter_callback(stats, LOCAL_CACHE_HITS)],
+            description="Descriptors answered OVER_LIMIT from the local cache, without "
+            "the backend.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_local_cache_size_bytes",
+            callbacks=[lambda options: [Observation(cache.size_bytes)]],
+            unit="By",
+            description="Estimated bytes held by the local over-limit cache.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_local_cache_entries",
+            callbacks=[lambda options: [Observation(len(cache))]],
+            description="Keys held by the local over-limit cache.",
+        )
+
+    def wrap_backend(self, backend: Backend) -> FixedWindowCall | None:
+        """``backend.fixed_window`` timed and traced as configured; None when neither is."""
+        histogram = self.backend_latency
+        tracer = self.tracer
+        if histogram is None and tracer is None:
+            return None
+        call = backend.fixed_window
+        attributes = {"backend": backend.name}
+
+        if tracer is None:
+            assert histogram is not None
+            timed_histogram = histogram
+
+            async def timed(
+                ops: Sequence[CounterOp], *, stop_when_over: bool
+            ) -> list[CounterResult]:
+                start = perf_counter()
+                try:
+                    return await call(ops, stop_when_over=stop_when_over)
+                finally:
+                    timed_histogram.record(perf_counter() - start, attributes)
+
+            return timed
+
+        span_attributes: dict[str, str | int] = {"ratelimit.backend": backend.name}
+        if backend.name.startswith("redis"):
+            span_attributes["db.system.name"] = "redis"
+
+        async def traced(ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+            start = perf_counter()
+            if not get_current_span().is_recording():
+                # The request was not sampled: its child would not be either.
+                try:
+                    return await call(ops, stop_when_over=stop_when_over)
+                finally:
+                    if histogram is not None:
+                        histogram.record(perf_counter() - start, attributes)
+            with tracer.start_as_current_span(
+                "ratelimit.backend.fixed_window",
+                kind=SpanKind.CLIENT,
+                attributes={**span_attributes, "ratelimit.counters": len(ops)},
+            ):
+                try:
+                    return await call(ops, stop_when_over=stop_when_over)
+                finally:
+                    if histogram is not None:
+                        histogram.record(perf_counter() - start, attributes)
+
+        return traced
+
+    def server_span(
+        self,
+        metadata: Iterable[tuple[str, str | bytes]] | None,
+        domain: str,
+        descriptors: int,
+    ) -> AbstractContextManager[Span]:
+        """The current SERVER span of one ShouldRateLimit, child of the caller's context."""
+        assert self.tracer is not None
+        carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+        parent = self._propagator.extract(carrier, Context())
+        return self.tracer.start_as_current_span(
+            "ShouldRateLimit",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": RPC_SERVICE,
+                "rpc.method": "ShouldRateLimit",
+                "ratelimit.domain": domain,
+                "ratelimit.descriptors": descriptors,
+            },
+        )
+
+    def shutdown(self) -> None:
+        """Flush and stop the pipelines, once (blocking: call it from a worker thread)."""
+        if self._closed:
+            return
+        self._closed = True
+        started = time.monotonic()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            left = SHUTDOWN_TIMEOUT_MILLIS - (time.monotonic() - started) * 1000
+            self.meter_provider.shutdown(timeout_millis=max(left, 100))
+
+
+def _otlp_metric_reader(settings: Settings) -> MetricReader:
+    # Imported only when configured: the exporter pulls in its own protobuf modules.
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    limit = settings.metrics_max_series + 16
+    return PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=settings.otlp_metrics_endpoint),
+        cardinality_limits={ObservableCounter: limit, ObservableGauge: limit},
+    )
+
+
+def _otlp_span_processor(settings: Settings) -> SpanProcessor:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_traces_endpoint))
