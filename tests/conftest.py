@@ -188,7 +188,7 @@ def make_server(
             url = request.getfixturevalue("redis_cluster").url
         else:
             return None
-        return RedisBackend(parse_backend_url(url, pool_size=8, timeout=5.0))
+        return RedisBackend(parse_backend_url(url, pool_size=8, timeout=5.0), server_time=False)
 
     def factory(
         backend: Backend | None = None,

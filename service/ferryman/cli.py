@@ -131,17 +131,21 @@ def _check(args: argparse.Namespace) -> int:
         domain = config.domains[name]
         print(f"domain {name} ({', '.join(domain.files)})")
         for dom, rule in config.iter_limits():
-            if dom != name or rule.rate_limit is None:
+            if dom != name:
                 continue
             limit = rule.rate_limit
-            if limit.unlimited:
+            if rule.burst is not None:
+                what = rule.burst.describe()
+            elif limit is None:
+                continue
+            elif limit.unlimited:
                 what = "unlimited"
             else:
                 unit = limit.unit.name.lower() if limit.unit is not None else "?"
                 what = f"{limit.requests_per_unit}/{unit}"
             flags = [f for f in ("shadow_mode", "quota_mode") if getattr(rule, f)]
             suffix = f" [{', '.join(flags)}]" if flags else ""
-            named = f" name={limit.name}" if limit.name else ""
+            named = f" name={limit.name}" if limit is not None and limit.name else ""
             print(f"  {rule.stats_key}: {what}{named}{suffix}")
     print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
     return 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +16,14 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.errors import ConfigError, ConfigProblem
+from ferryman.limits.burst import BurstPolicy, Tier
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
 _STR = "tag:yaml.org,2002:str"
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
 _MERGE = "tag:yaml.org,2002:merge"
 
 _DOMAIN_KEYS = frozenset({"domain", "descriptors"})
@@ -35,6 +39,9 @@ _DESCRIPTOR_KEYS = frozenset(
         "share_threshold",
         "metadata",
         "descriptors",
+        "burst_tiers",
+        "hard_limit",
+        "global_limit",
     }
 )
 _RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
@@ -46,6 +53,7 @@ class _Ctx:
     file: str
     problems: list[ConfigProblem]
     active: set[int] = field(default_factory=set)  # descriptor lists being read (alias loops)
+    notes: list[str] = field(default_factory=list)  # what normalization changed
 
     def error(self, node: Node | None, path: str, message: str) -> None:
         line = col = None
@@ -218,6 +226,84 @@ def _rate_limit(ctx: _Ctx, node: Node, path: str) -> RateLimit | None:
     )
 
 
+_TIER_KEYS = frozenset({"limit", "window", "active", "cooldown", "skippable"})
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
+_DURATION_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def _duration(ctx: _Ctx, node: Node | None, path: str) -> float | None:
+    """A duration: ``500ms``, ``1s``, ``5m``, ``1h``, ``1d`` or a number of seconds."""
+    if node is None:
+        return None
+    text = node.value if isinstance(node, ScalarNode) else None
+    match = _DURATION.fullmatch(str(text).strip()) if text is not None else None
+    if match is None or node.tag not in (_STR, _INT, _FLOAT):
+        ctx.error(
+            node, path, f"expected a duration like 500ms, 1s, 5m, 1h, 1d, found {_kind(node)}"
+        )
+        return None
+    return float(match.group(1)) * _DURATION_SCALE[match.group(2)]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _burst(ctx: _Ctx, fields: dict[str, Node], path: str) -> BurstPolicy | None:
+    """``burst_tiers`` with ``hard_limit``/``global_limit``, validated and normalized."""
+    tiers_node = fields.get("burst_tiers")
+    hard = _uint32(ctx, fields.get("hard_limit"), _join(path, "hard_limit"))
+    glob = _uint32(ctx, fields.get("global_limit"), _join(path, "global_limit"))
+    if tiers_node is None:
+        for name in ("hard_limit", "global_limit"):
+            if name in fields:
+                ctx.error(fields[name], _join(path, name), f"{name} needs burst_tiers on the node")
+        return None
+    tpath = _join(path, "burst_tiers")
+    if isinstance(tiers_node, ScalarNode) and tiers_node.tag.endswith(":null"):
+        return BurstPolicy((), hard, glob)
+    if not isinstance(tiers_node, SequenceNode):
+        ctx.error(tiers_node, tpath, f"expected a list of tiers, found {_kind(tiers_node)}")
+        return None
+    tiers: list[Tier] = []
+    for i, item in enumerate(tiers_node.value):
+        ipath = f"{tpath}[{i}]"
+        tier_fields = _mapping(ctx, item, ipath, _TIER_KEYS)
+        if not isinstance(item, MappingNode):
+            continue
+        missing = [k for k in ("limit", "window", "active") if k not in tier_fields]
+        for name in missing:
+            ctx.error(item, ipath, f"a tier needs '{name}'")
+        limit = _uint32(ctx, tier_fields.get("limit"), _join(ipath, "limit"))
+        window = _duration(ctx, tier_fields.get("window"), _join(ipath, "window"))
+        active = _duration(ctx, tier_fields.get("active"), _join(ipath, "active"))
+        cooldown = _duration(ctx, tier_fields.get("cooldown"), _join(ipath, "cooldown"))
+        skippable = _bool(ctx, tier_fields.get("skippable"), _join(ipath, "skippable"))
+        if window is not None and window <= 0:
+            ctx.error(tier_fields["window"], _join(ipath, "window"), "window must be positive")
+            continue
+        if missing or limit is None or window is None or active is None:
+            continue
+        where = f"{ctx.file}:{item.start_mark.line + 1}: {ipath}"
+        if active == 0:
+            ctx.notes.append(f"{where}: dropped (active period 0)")
+            continue
+        if window > active:
+            ctx.notes.append(
+                f"{where}: window {_seconds(window)} cut to the active period {_seconds(active)}"
+            )
+            window = active
+        whole = math.floor(active / window + 1e-9) * window
+        if whole < active - 1e-9:
+            ctx.notes.append(
+                f"{where}: active period {_seconds(active)} trimmed to {_seconds(whole)}, "
+                f"a whole number of {_seconds(window)} windows"
+            )
+            active = whole
+        tiers.append(Tier(limit, window, active, cooldown or 0.0, skippable))
+    return BurstPolicy(tuple(tiers), hard, glob)
+
+
 def _level(
     ctx: _Ctx,
     node: Node | None,
@@ -284,6 +370,13 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
     rate_limit = None
     if "rate_limit" in fields:
         rate_limit = _rate_limit(ctx, fields["rate_limit"], _join(path, "rate_limit"))
+    burst = _burst(ctx, fields, path)
+    if burst is not None and "rate_limit" in fields:
+        ctx.error(
+            fields["burst_tiers"],
+            _join(path, "burst_tiers"),
+            "a node has either rate_limit (fixed window) or burst_tiers, not both",
+        )
     share = _bool(ctx, fields.get("share_threshold"), _join(path, "share_threshold"))
     if share and "*" not in value:
         ctx.error(
@@ -314,6 +407,7 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
         key=key,
         value=value,
         rate_limit=rate_limit,
+        burst=burst,
         shadow_mode=flags["shadow_mode"],
         quota_mode=flags["quota_mode"],
         detailed_metric=flags["detailed_metric"],
@@ -390,17 +484,22 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             continue
         owners.append((ctx, result))
     domains: dict[str, Domain] = {}
+    notes: list[str] = []
     for domain, files in parsed.items():
         rules: list[Rule] = []
         # Shared by the files of a merged domain, so a repeat names the file it repeats.
         seen: dict[tuple[str, str], tuple[str, str]] = {}
         for ctx, result in files:
             rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
+            notes.extend(ctx.notes)
         domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
     if problems:
         raise ConfigError(problems)
     return Config(
-        domains=domains, files=tuple(n for n, _ in sources), digest=digest_sources(sources)
+        domains=domains,
+        files=tuple(n for n, _ in sources),
+        digest=digest_sources(sources),
+        notes=tuple(notes),
     )
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ferryman.limits.burst import BurstPolicy
+
 __all__ = [
     "UNIT_SECONDS",
     "Config",
@@ -72,6 +74,7 @@ class Rule:
     key: str
     value: str
     rate_limit: RateLimit | None = None
+    burst: BurstPolicy | None = None
     shadow_mode: bool = False
     quota_mode: bool = False
     detailed_metric: bool = False
@@ -154,7 +157,7 @@ class Config:
 
         def walk(domain: str, level: Level) -> None:
             for rule in level.rules:
-                if rule.rate_limit is not None:
+                if rule.rate_limit is not None or rule.burst is not None:
                     out.append((domain, rule))
                 walk(domain, rule.children)
 

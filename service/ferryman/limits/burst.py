@@ -66,6 +66,24 @@ class BurstPolicy:
     hard_limit: int | None = None
     global_limit: int | None = None
 
+    def describe(self) -> str:
+        """One line for people: the tiers and the per-second limits."""
+
+        def secs(value: float) -> str:
+            return f"{value:g}s"
+
+        tiers = "; ".join(
+            f"{t.limit}/{secs(t.window)} active {secs(t.active)} cooldown {secs(t.cooldown)}"
+            + (" skippable" if t.skippable else "")
+            for t in self.tiers
+        )
+        text = f"burst_tiers [{tiers}]"
+        if self.hard_limit is not None:
+            text += f" hard_limit={self.hard_limit}/s"
+        if self.global_limit is not None:
+            text += f" global_limit={self.global_limit}/s"
+        return text
+
     @property
     def horizon(self) -> float:
         """How long a tenant's state can matter after its last grant."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ferryman.backends.base import Backend, CounterOp, CounterResult
+from ferryman.backends.base import Backend, BurstRequest, CounterOp, CounterResult
 from ferryman.clock import Clock
-from ferryman.config.model import Config, Domain, RateLimit, Rule
-from ferryman.errors import BackendError, RequestError
+from ferryman.config.model import UNIT_SECONDS, Config, Domain, RateLimit, Rule, Unit
+from ferryman.errors import BackendError, NotFoundError, RequestError
+from ferryman.limits.burst import BurstOutcome, BurstPolicy
 from ferryman.limits.fixed_window import StatDelta, classify, reset_after, window_start
 from ferryman.limits.local_cache import OverLimitCache
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, LOCAL_CACHE_HITS, Stats
@@ -54,6 +56,7 @@ class Status:
     remaining: int = 0
     reset_after: int | None = None
     quota: bool = False
+    window: float | None = None  # a burst tier's exact window, for the response headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,26 @@ class _Planned:
     op: CounterOp | None = None
     cached: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _BurstItem:
+    index: int
+    rule: Rule
+    policy: BurstPolicy
+    request: BurstRequest
+    stats_key: str
+    stats_path: tuple[str, ...]
+    hits: int
+    quota: bool
+
+
+def unit_for(window: float) -> Unit:
+    """The smallest unit not shorter than ``window`` (how a burst tier's limit is reported)."""
+    for unit in sorted(UNIT_SECONDS, key=UNIT_SECONDS.__getitem__):
+        if window <= UNIT_SECONDS[unit]:
+            return unit
+    return Unit.YEAR
 
 
 def _segment(key: str, value: str) -> str:
@@ -221,6 +244,7 @@ class RateLimitEngine:
         request_hits = hits_addend or 1
         statuses: list[Status | None] = [None] * len(descriptors)
         planned: list[_Planned] = []
+        bursts: list[_BurstItem] = []
         replaced: set[str] = set()
         local = self.local_cache
         now = self._clock.now()
@@ -237,10 +261,29 @@ class RateLimitEngine:
                 cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, None)
             else:
                 path = _match(dom, desc.entries)
-                if path is None or path[-1].rate_limit is None:
+                if path is None or (path[-1].rate_limit is None and path[-1].burst is None):
                     statuses[i] = Status(Code.OK)
                     continue
                 rule = path[-1]
+                if rule.burst is not None:
+                    if hits < 0:
+                        # Burst tiers record grants only; nothing to give back.
+                        statuses[i] = Status(Code.OK)
+                        continue
+                    key, parts = _stats_key(domain, desc.entries, path)
+                    bursts.append(
+                        _BurstItem(
+                            i,
+                            rule,
+                            rule.burst,
+                            self._burst_request(rule, desc.entries, hits, hits),
+                            key,
+                            parts,
+                            hits,
+                            rule.quota_mode or opts.quota_mode,
+                        )
+                    )
+                    continue
                 limit = rule.rate_limit
                 assert limit is not None
                 if limit.unlimited:
@@ -293,6 +336,7 @@ class RateLimitEngine:
             results = (
                 await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
             )
+            outcomes = [await self._backend.burst(b.request, now) for b in bursts]
         except BackendError:
             if not opts.fail_open:
                 raise
@@ -346,6 +390,20 @@ class RateLimitEngine:
                 for name, value in item.metadata.items():
                     metadata.setdefault(name, value)
 
+        for b, outcome in zip(bursts, outcomes, strict=True):
+            over = outcome.granted < b.hits
+            status = self._burst_status(b, outcome, over)
+            if status.code is Code.OK and not over:
+                for name, value in b.rule.metadata.items():
+                    metadata.setdefault(name, value)
+            statuses[b.index] = status
+            over = status.code is Code.OVER_LIMIT
+            if b.quota:
+                quota_total += 1
+                quota_over += over
+            elif over:
+                over_hard = True
+
         final = [s if s is not None else Status(Code.OK) for s in statuses]
         code = Code.OK
         if over_hard or (quota_total and quota_over == quota_total):
@@ -371,6 +429,84 @@ class RateLimitEngine:
                 meta.setdefault(name, value)
         return Decision(code, tuple(final), headers, meta)
 
+    def _burst_request(
+        self, rule: Rule, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+    ) -> BurstRequest:
+        assert rule.burst is not None
+        node = f"{self.options.cache_key_prefix}ferryman_burst_{rule.stats_key}"
+        tenant = "_".join(v for _, v in entries)
+        return BurstRequest(node, tenant, rule.burst, copies, min_copies)
+
+    def _count_burst(
+        self, key: str, labels: tuple[str, ...], hits: int, granted: int, shadow: bool
+    ) -> None:
+        stats = self._stats
+        stats.rule(key, "total_hits", hits, labels)
+        stats.rule(key, "within_limit", granted, labels)
+        if granted < hits:
+            stats.rule(key, "over_limit", hits - granted, labels)
+            if shadow:
+                stats.rule(key, "shadow_mode", hits, labels)
+
+    def _burst_status(self, b: _BurstItem, outcome: BurstOutcome, over: bool) -> Status:
+        """The Envoy view of a burst decision: the current tier as the limit."""
+        self._count_burst(b.stats_key, b.stats_path, b.hits, outcome.granted, b.rule.shadow_mode)
+        policy = b.policy
+        window = outcome.tier_window
+        if not math.isfinite(window):
+            window = policy.tiers[0].window if policy.tiers else 1.0
+        limit = RateLimit(outcome.tier_limit, unit_for(window))
+        remaining = max(0, outcome.tier_limit - outcome.tier_hits)
+        reset = math.ceil(outcome.retry_after) if math.isfinite(outcome.retry_after) else None
+        if over and b.rule.shadow_mode:
+            return Status(Code.OK, limit, 0, reset, b.quota, window)
+        code = Code.OVER_LIMIT if over else Code.OK
+        return Status(code, limit, 0 if over else remaining, reset, b.quota, window)
+
+    async def request_rate(
+        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+    ) -> tuple[BurstPolicy, BurstOutcome]:
+        """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
+        ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
+        if not domain:
+            raise RequestError("domain", "must not be empty")
+        if not entries:
+            raise RequestError("descriptor", "must not be empty")
+        for j, (key, _value) in enumerate(entries):
+            if not key:
+                raise RequestError(f"descriptor[{j}].key", "must not be empty")
+        config = self._source.config
+        if config is None:
+            raise RequestError("domain", "no rate limit configuration is loaded")
+        dom = config.domains.get(domain)
+        if dom is None:
+            raise NotFoundError("domain", f"unknown domain {domain!r}")
+        path = _match(dom, entries)
+        shown = ", ".join(f"{k}={v}" for k, v in entries)
+        if path is None:
+            raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
+        rule = path[-1]
+        if rule.burst is None:
+            if rule.rate_limit is not None:
+                raise RequestError(
+                    "descriptor",
+                    f"{rule.stats_key} is limited by a fixed window (rate_limit), not burst "
+                    "tiers: ask it with ShouldRateLimit",
+                )
+            raise NotFoundError("descriptor", f"{rule.stats_key} has no burst tiers configured")
+        request = self._burst_request(rule, entries, copies, min_copies)
+        key, parts = _stats_key(domain, entries, path)
+        try:
+            outcome = await self._backend.burst(request, self._clock.now())
+        except BackendError:
+            if not self.options.fail_open:
+                raise
+            self._stats.inc(f"{CALL}.degraded")
+            outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
+            return rule.burst, outcome
+        self._count_burst(key, parts, copies, outcome.granted, False)
+        return rule.burst, outcome
+
     def _headers(self, statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:
         best: Status | None = None
         for status in statuses:
@@ -386,8 +522,11 @@ class RateLimitEngine:
         if best is None or best.limit is None:
             return ()
         opts = self.options
+        limit = str(best.limit.requests_per_unit)
+        if best.window is not None:
+            limit = f"{limit}, {limit};w={best.window:g}"
         return (
-            (opts.limit_header, str(best.limit.requests_per_unit)),
+            (opts.limit_header, limit),
             (opts.remaining_header, str(best.remaining)),
             (opts.reset_header, str(best.reset_after)),
         )

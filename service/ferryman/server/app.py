@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
@@ -22,6 +23,7 @@ from ferryman.errors import BackendError, RequestError, SettingsError
 from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
 from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.server.limiter import LimiterServicer
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, split_address
 from ferryman.stats import CALL, Stats
@@ -31,7 +33,12 @@ __all__ = ["Service", "engine_options", "make_backend"]
 
 log = logging.getLogger("ferryman")
 
-HEALTH_NAMES = ("", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService")
+HEALTH_NAMES = (
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+    "ferryman.v1.Limiter",
+)
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -178,6 +185,9 @@ class Service:
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
             RateLimitServicer(self.engine, self.stats, self.telemetry), server
         )
+        limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
+            LimiterServicer(self.engine, self.stats), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
         await server.start()
@@ -267,6 +277,13 @@ class Service:
         config = self.holder.config
         lines = []
         for _domain, rule in config.iter_limits() if config is not None else []:
+            modes = (
+                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
+                f"quota_mode: {str(rule.quota_mode).lower()}"
+            )
+            if rule.burst is not None:
+                lines.append(f"{rule.stats_key}: {rule.burst.describe()}, {modes}")
+                continue
             limit = rule.rate_limit
             assert limit is not None
             unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
