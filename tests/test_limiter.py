@@ -27,6 +27,27 @@ descriptors:
     shadow_mode: true
     burst_tiers:
       - {limit: 1, window: 1s, active: 1h}
+  - key: strict
+    rate_limit: {unit: hour, requests_per_unit: 1, name: strict}
+  - key: vip
+    name: vip_tiers
+    replaces: [{name: strict}]
+    burst_tiers:
+      - {limit: 100, window: 1s, active: 1h}
+  - key: quiet
+    name: quiet_tiers
+    burst_tiers:
+      - {limit: 1, window: 1h, active: 1h}
+  - key: loud
+    rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: quiet_tiers}]}
+  - key: quota_a
+    quota_mode: true
+    burst_tiers:
+      - {limit: 1, window: 1h, active: 1h}
+  - key: quota_b
+    quota_mode: true
+    burst_tiers:
+      - {limit: 2, window: 1h, active: 1h}
 """
 
 
@@ -190,3 +211,29 @@ def test_should_rate_limit_bursts_and_honours_shadow_mode(server: Server) -> Non
     assert overall(refused) == "OK"
     assert refused.statuses[0].limit_remaining == 0
     assert server.stat("ratelimit.service.rate_limit.extra.shadowed.shadow_mode") == 1
+
+
+def test_replaces_works_between_burst_and_fixed_window_rules(server: Server) -> None:
+    """A named burst node can drop a fixed-window rule, and a fixed-window rule a burst node."""
+    for _ in range(3):
+        r = server.ask("extra", [("strict", "s")], [("vip", "v")])
+        assert codes(r) == ["OK", "OK"]
+        assert not r.statuses[0].HasField("current_limit")
+        assert r.statuses[1].current_limit.name == "vip_tiers"
+    for _ in range(3):
+        r = server.ask("extra", [("quiet", "q")], [("loud", "l")])
+        assert codes(r) == ["OK", "OK"]
+        assert not r.statuses[0].HasField("current_limit")
+    # Alone, the replaced burst node still has its single hit.
+    assert codes(server.ask("extra", [("quiet", "q")])) == ["OK"]
+    assert codes(server.ask("extra", [("quiet", "q")])) == ["OVER_LIMIT"]
+
+
+def test_quota_mode_burst_nodes_block_only_when_all_are_over(server: Server) -> None:
+    """Two quota-mode burst nodes: one exhausted is OK overall, both exhausted is over."""
+    a, b = [("quota_a", "t")], [("quota_b", "t")]
+    assert overall(server.ask("extra", a, b)) == "OK"
+    r = server.ask("extra", a, b)
+    assert codes(r) == ["OVER_LIMIT", "OK"]
+    assert overall(r) == "OK"
+    assert overall(server.ask("extra", a, b)) == "OVER_LIMIT"

@@ -42,6 +42,8 @@ _DESCRIPTOR_KEYS = frozenset(
         "burst_tiers",
         "hard_limit",
         "global_limit",
+        "name",
+        "replaces",
     }
 )
 _RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
@@ -198,25 +200,8 @@ def _rate_limit(ctx: _Ctx, node: Node, path: str) -> RateLimit | None:
     rpu = _uint32(ctx, fields.get("requests_per_unit"), _join(path, "requests_per_unit"))
     name = _string(ctx, fields.get("name"), _join(path, "name"))
     replaces: list[str] = []
-    rep_node = fields.get("replaces")
-    if rep_node is not None:
-        rpath = _join(path, "replaces")
-        if not isinstance(rep_node, SequenceNode):
-            ctx.error(rep_node, rpath, f"expected a list, found {_kind(rep_node)}")
-        else:
-            for i, item in enumerate(rep_node.value):
-                ipath = f"{rpath}[{i}]"
-                item_fields = _mapping(ctx, item, ipath, frozenset({"name"}))
-                if not isinstance(item, MappingNode):
-                    continue
-                rname = _string(ctx, item_fields.get("name"), _join(ipath, "name"))
-                if not rname:
-                    ctx.error(item, ipath, "a 'replaces' entry needs a non-empty name")
-                    continue
-                if name and rname == name:
-                    ctx.error(item, ipath, f"the rule {name!r} replaces itself")
-                    continue
-                replaces.append(rname)
+    if "replaces" in fields:
+        replaces = _replaces(ctx, fields["replaces"], _join(path, "replaces"), name)
     return RateLimit(
         requests_per_unit=rpu or 0,
         unit=unit,
@@ -247,6 +232,48 @@ def _duration(ctx: _Ctx, node: Node | None, path: str) -> float | None:
 
 def _seconds(value: float) -> str:
     return f"{value:g}s"
+
+
+def _replaces(ctx: _Ctx, node: Node, path: str, own: str) -> list[str]:
+    """A ``replaces`` list of ``{name: ...}`` maps."""
+    names: list[str] = []
+    if not isinstance(node, SequenceNode):
+        ctx.error(node, path, f"expected a list, found {_kind(node)}")
+        return names
+    for i, item in enumerate(node.value):
+        ipath = f"{path}[{i}]"
+        item_fields = _mapping(ctx, item, ipath, frozenset({"name"}))
+        if not isinstance(item, MappingNode):
+            continue
+        rname = _string(ctx, item_fields.get("name"), _join(ipath, "name"))
+        if not rname:
+            ctx.error(item, ipath, "a 'replaces' entry needs a non-empty name")
+        elif own and rname == own:
+            ctx.error(item, ipath, f"the rule {own!r} replaces itself")
+        else:
+            names.append(rname)
+    return names
+
+
+def _burst_names(
+    ctx: _Ctx, fields: dict[str, Node], path: str, has_burst: bool
+) -> tuple[str, tuple[str, ...]]:
+    """Node-level ``name``/``replaces``: what rate_limit carries for fixed windows."""
+    if not has_burst:
+        for key in ("name", "replaces"):
+            if key in fields:
+                ctx.error(
+                    fields[key],
+                    _join(path, key),
+                    f"'{key}' at node level goes with burst_tiers "
+                    "(for a fixed window put it under rate_limit)",
+                )
+        return "", ()
+    name = _string(ctx, fields.get("name"), _join(path, "name"))
+    replaces: list[str] = []
+    if "replaces" in fields:
+        replaces = _replaces(ctx, fields["replaces"], _join(path, "replaces"), name)
+    return name, tuple(replaces)
 
 
 def _burst(ctx: _Ctx, fields: dict[str, Node], path: str) -> BurstPolicy | None:
@@ -377,6 +404,7 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
             _join(path, "burst_tiers"),
             "a node has either rate_limit (fixed window) or burst_tiers, not both",
         )
+    name, replaces = _burst_names(ctx, fields, path, burst is not None)
     share = _bool(ctx, fields.get("share_threshold"), _join(path, "share_threshold"))
     if share and "*" not in value:
         ctx.error(
@@ -408,6 +436,8 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
         value=value,
         rate_limit=rate_limit,
         burst=burst,
+        name=name,
+        replaces=replaces,
         shadow_mode=flags["shadow_mode"],
         quota_mode=flags["quota_mode"],
         detailed_metric=flags["detailed_metric"],

@@ -75,6 +75,8 @@ class Rule:
     value: str
     rate_limit: RateLimit | None = None
     burst: BurstPolicy | None = None
+    name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
+    replaces: tuple[str, ...] = ()
     shadow_mode: bool = False
     quota_mode: bool = False
     detailed_metric: bool = False

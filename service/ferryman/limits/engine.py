@@ -270,6 +270,7 @@ class RateLimitEngine:
                         # Burst tiers record grants only; nothing to give back.
                         statuses[i] = Status(Code.OK)
                         continue
+                    replaced.update(rule.replaces)
                     key, parts = _stats_key(domain, desc.entries, path)
                     bursts.append(
                         _BurstItem(
@@ -330,6 +331,13 @@ class RateLimitEngine:
                 else:
                     kept.append(item)
             planned = kept
+            kept_bursts = []
+            for b in bursts:
+                if b.rule.name and b.rule.name in replaced:
+                    statuses[b.index] = Status(Code.OK)
+                else:
+                    kept_bursts.append(b)
+            bursts = kept_bursts
 
         ops = [item.op for item in planned if item.op is not None and not item.cached]
         try:
@@ -455,7 +463,7 @@ class RateLimitEngine:
         window = outcome.tier_window
         if not math.isfinite(window):
             window = policy.tiers[0].window if policy.tiers else 1.0
-        limit = RateLimit(outcome.tier_limit, unit_for(window))
+        limit = RateLimit(outcome.tier_limit, unit_for(window), name=b.rule.name)
         remaining = max(0, outcome.tier_limit - outcome.tier_hits)
         reset = math.ceil(outcome.retry_after) if math.isfinite(outcome.retry_after) else None
         if over and b.rule.shadow_mode:
