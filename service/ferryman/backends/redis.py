@@ -328,16 +328,19 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.target.timeout):
                 yield
-        except TimeoutError:
+        except (rex.RedisError, OSError) as exc:
+            raise self._backend_error(exc) from exc
+
+    def _backend_error(self, exc: BaseException) -> BackendError:
+        """The BackendError for a driver error; a timeout or a lost connection marks us down."""
+        if isinstance(exc, TimeoutError):
             self._healthy = False
-            raise BackendTimeoutError(
+            return BackendTimeoutError(
                 f"redis {self.target.describe()} did not answer within {self.target.timeout}s"
-            ) from None
-        except _TRANSIENT as exc:
+            )
+        if isinstance(exc, _TRANSIENT):
             self._healthy = False
-            raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
-        except rex.RedisError as exc:
-            raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+        return BackendError(f"redis {self.target.describe()}: {exc}")
 
     def _ttl(self, op: CounterOp) -> int:
         if self._jitter_max > 0:
@@ -394,16 +397,8 @@ class RedisBackend:
             # The hot path: one script call; the pipelined client keeps the time limit.
             try:
                 replies = [await self._evalsha(groups[0])]
-            except TimeoutError:
-                self._healthy = False
-                raise BackendTimeoutError(
-                    f"redis {self.target.describe()} did not answer within {self.target.timeout}s"
-                ) from None
-            except _TRANSIENT as exc:
-                self._healthy = False
-                raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
-            except rex.RedisError as exc:
-                raise BackendError(f"redis {self.target.describe()}: {exc}") from exc
+            except (rex.RedisError, OSError) as exc:
+                raise self._backend_error(exc) from exc
         else:
             async with self._errors():
                 if len(groups) == 1:

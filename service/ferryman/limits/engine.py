@@ -324,20 +324,13 @@ class RateLimitEngine:
             planned.append(item)
 
         if replaced:
-            kept = []
-            for item in planned:
-                if item.limit.name and item.limit.name in replaced:
-                    statuses[item.index] = Status(Code.OK)
-                else:
-                    kept.append(item)
-            planned = kept
-            kept_bursts = []
-            for b in bursts:
-                if b.rule.name and b.rule.name in replaced:
-                    statuses[b.index] = Status(Code.OK)
-                else:
-                    kept_bursts.append(b)
-            bursts = kept_bursts
+            # A replaced rule answers OK with no limit and leaves its counter alone.
+            for index in [i.index for i in planned if i.limit.name in replaced]:
+                statuses[index] = Status(Code.OK)
+            for index in [b.index for b in bursts if b.rule.name in replaced]:
+                statuses[index] = Status(Code.OK)
+            planned = [i for i in planned if statuses[i.index] is None]
+            bursts = [b for b in bursts if statuses[b.index] is None]
 
         ops = [item.op for item in planned if item.op is not None and not item.cached]
         try:
