@@ -6,9 +6,11 @@ Every exception derives from :class:`FerrymanError`::
     ├── ConfigError            a descriptor file or directory is invalid (carries every problem)
     ├── SettingsError          an environment variable or command-line flag is invalid
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
-    │   └── NotFoundError          ...or names a domain or descriptor that is not configured
+    │   ├── NotFoundError          ...or names a domain or descriptor that is not configured
+    │   └── HoldError              ...or releases/transfers more copies than it holds
     └── BackendError           the counter store failed (maps to gRPC UNAVAILABLE)
-        └── BackendTimeoutError   ...or did not answer within its timeout
+        ├── BackendTimeoutError   ...or did not answer within its timeout
+        └── LeaseLostError        ...or freed this server's holds after its lease lapsed
 
 Over-limit is an answer, never an exception.
 """
@@ -23,6 +25,8 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "FerrymanError",
+    "HoldError",
+    "LeaseLostError",
     "NotFoundError",
     "RequestError",
     "SettingsError",
@@ -78,9 +82,17 @@ class NotFoundError(RequestError):
     """The request names a domain or descriptor the configuration does not have."""
 
 
+class HoldError(RequestError):
+    """A release or transfer asks for more copies than the caller holds; nothing changed."""
+
+
 class BackendError(FerrymanError):
     """The backend that stores counters failed to answer."""
 
 
 class BackendTimeoutError(BackendError):
     """The backend did not answer within its timeout."""
+
+
+class LeaseLostError(BackendError):
+    """This server's lease lapsed and its holds were freed; its sessions must end."""

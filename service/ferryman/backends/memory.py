@@ -7,8 +7,10 @@ import threading
 from collections.abc import Sequence
 
 from ferryman.backends.base import BurstRequest, CounterOp, CounterResult
+from ferryman.backends.copy_ledger import CopyLedger, Seized
 from ferryman.clock import Clock, SystemClock
 from ferryman.limits.burst import BurstOutcome, HitLog, TenantState, commit, decide
+from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 
 __all__ = ["MemoryBackend"]
 
@@ -31,6 +33,7 @@ class MemoryBackend:
         # Burst tiers: node -> (node-wide last-second log, tenant -> (state, last grant)).
         self._nodes: dict[str, tuple[HitLog, dict[str, tuple[TenantState, float]]]] = {}
         self._burst_heap: list[tuple[float, str, str]] = []
+        self.ledger = CopyLedger()
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -138,6 +141,67 @@ class MemoryBackend:
                 del node[1][tenant]
                 if not node[1] and not node[0].total:
                     del self._nodes[node_key]
+
+    def _ms(self, now: float | None) -> int:
+        return round((self._clock.now() if now is None else now) * 1000)
+
+    async def reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        with self._lock:
+            return self.ledger.reserve(
+                node, tenant, policy, groups, copies, min_copies, server, lease_ms, self._ms(now)
+            )
+
+    async def release(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        with self._lock:
+            self.ledger.release(node, tenant, groups, copies, server, lease_ms, self._ms(now))
+
+    async def transfer(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        ttl: float,
+        transfer_id: str,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        with self._lock:
+            self.ledger.transfer(
+                node, tenant, groups, copies, round(ttl * 1000), transfer_id, server, lease_ms,
+                self._ms(now),
+            )  # fmt: skip
+
+    async def seize(
+        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
+    ) -> Seized:
+        with self._lock:
+            return self.ledger.seize(node, transfer_id, server, lease_ms, self._ms(now))
+
+    async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
+        with self._lock:
+            self.ledger.renew(node, server, lease_ms, self._ms(now))
 
     async def start(self) -> None:
         return None

@@ -25,9 +25,18 @@ from redis.asyncio.sentinel import Sentinel
 from redis.crc import key_slot
 
 from ferryman.backends.base import BurstRequest, CounterOp, CounterResult
+from ferryman.backends.copy_ledger import Seized
 from ferryman.backends.redis_pipe import PipelinedRedis
-from ferryman.errors import BackendError, BackendTimeoutError, SettingsError
+from ferryman.errors import (
+    BackendError,
+    BackendTimeoutError,
+    HoldError,
+    LeaseLostError,
+    NotFoundError,
+    SettingsError,
+)
 from ferryman.limits.burst import BurstOutcome
+from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 
 __all__ = ["RedisBackend", "RedisTarget", "parse_backend_url"]
 
@@ -183,6 +192,8 @@ class RedisBackend:
         self.server_time = server_time
         self._burst_source = _script("burst.lua")
         self._burst_sha: str | None = None
+        self._copies_source = _script("copies.lua")
+        self._copies_sha: str | None = None
         self._client: Any = None
         self._sentinel: Sentinel | None = None
         self._source = _script("fixed_window.lua")
@@ -447,18 +458,7 @@ class RedisBackend:
                     "1" if tier.skippable else "0",
                 )
             )
-        async with self._errors():
-            if self._burst_sha is None:
-                self._burst_sha = await self._call(self._client.script_load, self._burst_source)
-            try:
-                reply = await self._call(
-                    self._client.evalsha, self._burst_sha, len(keys), *keys, *args
-                )
-            except rex.NoScriptError:
-                self._burst_sha = await self._call(self._client.script_load, self._burst_source)
-                reply = await self._call(
-                    self._client.evalsha, self._burst_sha, len(keys), *keys, *args
-                )
+        reply = await self._script_call(self._burst_source, "_burst_sha", keys, args)
         self._healthy = True
         return BurstOutcome(
             granted=int(reply[0]),
@@ -473,6 +473,123 @@ class RedisBackend:
             global_last_second=int(reply[9]),
             retry_after=float(reply[10]),
         )
+
+    async def _script_call(
+        self, source: str, sha_attr: str, keys: list[str], args: list[Any]
+    ) -> Any:
+        """EVALSHA a script whose SHA is cached in ``sha_attr``, loading it when Redis lost it."""
+        async with self._errors():
+            sha = getattr(self, sha_attr)
+            if sha is None:
+                sha = await self._call(self._client.script_load, source)
+                setattr(self, sha_attr, sha)
+            try:
+                return await self._call(self._client.evalsha, sha, len(keys), *keys, *args)
+            except rex.NoScriptError:
+                sha = await self._call(self._client.script_load, source)
+                setattr(self, sha_attr, sha)
+                return await self._call(self._client.evalsha, sha, len(keys), *keys, *args)
+
+    async def _copies(
+        self,
+        node: str,
+        op: str,
+        server: str,
+        lease_ms: int,
+        now: float | None,
+        args: list[Any],
+        transfer_id: str = "-",
+    ) -> list[Any]:
+        tag = "{" + node + "}"
+        keys = [
+            f"{tag}:n",
+            f"{tag}:srv",
+            f"{tag}:c:{server}",
+            f"{tag}:xq",
+            f"{tag}:x:{transfer_id}",
+            f"{tag}:dead",
+        ]
+        when = "" if now is None or self.server_time else str(round(now * 1000))
+        reply = await self._script_call(
+            self._copies_source,
+            "_copies_sha",
+            keys,
+            [op, server, lease_ms, tag, when, *args],
+        )
+        out = [x.decode() if isinstance(x, bytes) else x for x in reply]
+        if out[0] == "lease_lost":
+            raise LeaseLostError(f"the lease of server {server} lapsed; its holds were freed")
+        return out
+
+    async def reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        args: list[Any] = [
+            tenant,
+            copies,
+            min_copies,
+            -1 if policy.limit is None else policy.limit,
+            -1 if policy.global_limit is None else policy.global_limit,
+            len(groups),
+        ]
+        for group in groups:
+            args.extend((group.name, group.limit))
+        out = await self._copies(node, "reserve", server, lease_ms, now, args)
+        held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
+        return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
+
+    async def release(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        out = await self._copies(
+            node, "release", server, lease_ms, now, [tenant, copies, len(groups), *groups]
+        )
+        if out[0] == "over":
+            raise HoldError("copies", f"{copies} is more than this server holds ({out[1]})")
+
+    async def transfer(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        ttl: float,
+        transfer_id: str,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        args = [tenant, copies, len(groups), *groups, round(ttl * 1000), transfer_id]
+        out = await self._copies(node, "transfer", server, lease_ms, now, args, transfer_id)
+        if out[0] == "over":
+            raise HoldError("copies", f"{copies} is more than this server holds ({out[1]})")
+
+    async def seize(
+        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
+    ) -> Seized:
+        out = await self._copies(node, "seize", server, lease_ms, now, [transfer_id], transfer_id)
+        if out[0] == "missing":
+            raise NotFoundError("transfer_id", "unknown or expired transfer")
+        return Seized(node, str(out[1]), int(out[2]), tuple(str(g) for g in out[3:]))
+
+    async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
+        await self._copies(node, "renew", server, lease_ms, now, [])
 
     async def _stop_when_over_across_slots(self, ops: Sequence[CounterOp]) -> list[CounterResult]:
         """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys in several Cluster slots.

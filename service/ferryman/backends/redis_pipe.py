@@ -195,6 +195,8 @@ class PipelinedRedis:
         tasks = [t for t in (*readers, self._sweeper) if t is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
+        # Let the closed transports finish closing while the loop still runs.
+        await asyncio.sleep(0)
 
     # The few commands the backend uses, named as on redis-py's client.
 

@@ -1,0 +1,82 @@
+"""Copy-limited nodes (Charon's held resources): a counting semaphore per tenant, group, node.
+
+A tenant (the request's values along the node's path) may hold at most ``limit`` copies;
+all tenants of a group together at most the group's ``limit`` (a tenant in several groups
+takes one copy from each group's pool); all tenants of the node together at most
+``global_limit``. ``None`` means unbounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["CopyGroup", "CopyPolicy", "ReserveOutcome", "grantable"]
+
+
+def _pattern(member: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in member.split("*")), re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyGroup:
+    """A named pool shared by the tenants that match one of ``members`` ('*' wildcards)."""
+
+    name: str
+    limit: int
+    members: tuple[str, ...]
+
+    def has(self, tenant: str) -> bool:
+        return any(_pattern(m).fullmatch(tenant) for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPolicy:
+    """A copy-limited node's limits."""
+
+    limit: int | None = None
+    global_limit: int | None = None
+    groups: tuple[CopyGroup, ...] = ()
+
+    def groups_of(self, tenant: str) -> tuple[CopyGroup, ...]:
+        """The groups a tenant belongs to now, in config order."""
+        return tuple(g for g in self.groups if g.has(tenant))
+
+    def describe(self) -> str:
+        parts = [f"copies limit={'unbounded' if self.limit is None else self.limit}"]
+        if self.global_limit is not None:
+            parts.append(f"global_limit={self.global_limit}")
+        for g in self.groups:
+            parts.append(f"group {g.name}={g.limit} [{', '.join(g.members)}]")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveOutcome:
+    """What a reservation got, with the counts after it (Charon's reserve context)."""
+
+    granted: int
+    tenant_held: int
+    global_held: int
+    group_held: Mapping[str, int]
+
+
+def grantable(
+    policy: CopyPolicy,
+    groups: tuple[CopyGroup, ...],
+    tenant_held: int,
+    group_held: Mapping[str, int],
+    global_held: int,
+    copies: int,
+    min_copies: int,
+) -> int:
+    """The largest n in [min_copies, copies] the limits allow now, or 0."""
+    room = copies
+    if policy.limit is not None:
+        room = min(room, policy.limit - tenant_held)
+    for group in groups:
+        room = min(room, group.limit - group_held.get(group.name, 0))
+    if policy.global_limit is not None:
+        room = min(room, policy.global_limit - global_held)
+    return room if room >= max(min_copies, 1) else 0
