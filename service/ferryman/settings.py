@@ -157,6 +157,7 @@ class Settings:
     otlp_traces_endpoint: str = ""
 
     shutdown_grace_seconds: float = 10.0
+    hold_lease_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -260,6 +261,7 @@ class Settings:
             tracing_sampling_rate=sampling,
             otlp_metrics_endpoint=env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
             otlp_traces_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or otlp,
+            hold_lease_seconds=_duration(env, "HOLD_LEASE_SECONDS", d.hold_lease_seconds),
             shutdown_grace_seconds=_duration(
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),

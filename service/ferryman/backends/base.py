@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ferryman.backends.copy_ledger import Seized
 from ferryman.limits.burst import BurstOutcome, BurstPolicy
+from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 
 __all__ = ["Backend", "BurstRequest", "CounterOp", "CounterResult"]
 
@@ -67,6 +69,55 @@ class Backend(Protocol):
         ``now`` overrides the store's own clock (tests; the memory backend's injected clock).
         """
         ...
+
+    # Held copies. ``server`` is the calling server's id and ``lease_ms`` its lease: every
+    # call renews it, and first frees what servers with lapsed leases held on the node
+    # (raising LeaseLostError to the caller whose own lease lapsed).
+
+    async def reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> ReserveOutcome: ...
+
+    async def release(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None: ...
+
+    async def transfer(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        ttl: float,
+        transfer_id: str,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None: ...
+
+    async def seize(
+        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
+    ) -> Seized: ...
+
+    async def renew(
+        self, node: str, server: str, lease_ms: int, now: float | None = None
+    ) -> None: ...
 
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""

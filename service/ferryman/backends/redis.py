@@ -664,6 +664,12 @@ class RoutedBackend:
     async def burst(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
         return await self._main.burst(request, now)
 
+    # Held copies live on the main Redis only.
+    def __getattr__(self, name: str) -> Any:
+        if name in ("reserve", "release", "transfer", "seize", "renew"):
+            return getattr(self._main, name)
+        raise AttributeError(name)
+
     async def fixed_window(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
     ) -> list[CounterResult]:

@@ -17,6 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.errors import ConfigError, ConfigProblem
 from ferryman.limits.burst import BurstPolicy, Tier
+from ferryman.limits.copies import CopyGroup, CopyPolicy
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
@@ -44,8 +45,11 @@ _DESCRIPTOR_KEYS = frozenset(
         "global_limit",
         "name",
         "replaces",
+        "copies",
     }
 )
+_COPIES_KEYS = frozenset({"limit", "global_limit", "groups", "hold_ttl"})
+_GROUP_KEYS = frozenset({"name", "limit", "members"})
 _RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
 _MAX_UINT32 = 2**32 - 1
 
@@ -276,6 +280,76 @@ def _burst_names(
     return name, tuple(replaces)
 
 
+def _copies(ctx: _Ctx, node: Node | None, path: str) -> CopyPolicy | None:
+    """``copies``: a held-resource node (tenant, group and global limits), normalized."""
+    if node is None:
+        return None
+    fields = _mapping(ctx, node, path, _COPIES_KEYS)
+    if not isinstance(node, MappingNode):
+        return None
+    limit = _uint32(ctx, fields.get("limit"), _join(path, "limit"))
+    glob = _uint32(ctx, fields.get("global_limit"), _join(path, "global_limit"))
+    hold_ttl = _duration(ctx, fields.get("hold_ttl"), _join(path, "hold_ttl"))
+    if hold_ttl is not None and hold_ttl <= 0:
+        ctx.error(fields["hold_ttl"], _join(path, "hold_ttl"), "hold_ttl must be positive")
+    where = f"{ctx.file}:{node.start_mark.line + 1}: {path}"
+    if limit is not None and glob is not None and limit > glob:
+        ctx.notes.append(f"{where}: limit {limit} lowered to the global limit {glob}")
+        limit = glob
+    groups: list[CopyGroup] = []
+    groups_node = fields.get("groups")
+    if groups_node is not None:
+        gpath = _join(path, "groups")
+        if not isinstance(groups_node, SequenceNode):
+            ctx.error(groups_node, gpath, f"expected a list of groups, found {_kind(groups_node)}")
+        else:
+            seen: set[str] = set()
+            for i, item in enumerate(groups_node.value):
+                ipath = f"{gpath}[{i}]"
+                gfields = _mapping(ctx, item, ipath, _GROUP_KEYS)
+                if not isinstance(item, MappingNode):
+                    continue
+                name = _string(ctx, gfields.get("name"), _join(ipath, "name"))
+                glimit = _uint32(ctx, gfields.get("limit"), _join(ipath, "limit"))
+                members = _members(ctx, gfields.get("members"), _join(ipath, "members"))
+                if not name:
+                    ctx.error(
+                        gfields.get("name", item), _join(ipath, "name"), "a group needs a name"
+                    )
+                    continue
+                if name in seen:
+                    ctx.error(item, ipath, f"group {name!r} is defined twice")
+                    continue
+                seen.add(name)
+                if glimit is None:
+                    if "limit" not in gfields:
+                        ctx.error(item, ipath, "a group needs a 'limit'")
+                    continue
+                if glob is not None and glimit > glob:
+                    ctx.notes.append(
+                        f"{where}: group {name!r} limit {glimit} lowered to the global limit {glob}"
+                    )
+                    glimit = glob
+                groups.append(CopyGroup(name, glimit, members))
+    return CopyPolicy(limit, glob, tuple(groups), 300.0 if hold_ttl is None else hold_ttl)
+
+
+def _members(ctx: _Ctx, node: Node | None, path: str) -> tuple[str, ...]:
+    if node is None:
+        return ()
+    if not isinstance(node, SequenceNode):
+        ctx.error(node, path, f"expected a list of tenant values, found {_kind(node)}")
+        return ()
+    out = []
+    for i, item in enumerate(node.value):
+        value = _string(ctx, item, f"{path}[{i}]")
+        if not value:
+            ctx.error(item, f"{path}[{i}]", "a member must not be empty")
+        else:
+            out.append(value)
+    return tuple(out)
+
+
 def _burst(ctx: _Ctx, fields: dict[str, Node], path: str) -> BurstPolicy | None:
     """``burst_tiers`` with ``hard_limit``/``global_limit``, validated and normalized."""
     tiers_node = fields.get("burst_tiers")
@@ -405,6 +479,13 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
             "a node has either rate_limit (fixed window) or burst_tiers, not both",
         )
     name, replaces = _burst_names(ctx, fields, path, burst is not None)
+    copies = _copies(ctx, fields.get("copies"), _join(path, "copies"))
+    if copies is not None and ("rate_limit" in fields or burst is not None):
+        ctx.error(
+            fields["copies"],
+            _join(path, "copies"),
+            "a node has one of rate_limit, burst_tiers or copies",
+        )
     share = _bool(ctx, fields.get("share_threshold"), _join(path, "share_threshold"))
     if share and "*" not in value:
         ctx.error(
@@ -436,6 +517,7 @@ def _rule(ctx: _Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]
         value=value,
         rate_limit=rate_limit,
         burst=burst,
+        copies=copies,
         name=name,
         replaces=replaces,
         shadow_mode=flags["shadow_mode"],

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ferryman.limits.burst import BurstPolicy
+from ferryman.limits.copies import CopyPolicy
 
 __all__ = [
     "UNIT_SECONDS",
@@ -75,6 +76,7 @@ class Rule:
     value: str
     rate_limit: RateLimit | None = None
     burst: BurstPolicy | None = None
+    copies: CopyPolicy | None = None
     name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
     replaces: tuple[str, ...] = ()
     shadow_mode: bool = False
@@ -159,7 +161,8 @@ class Config:
 
         def walk(domain: str, level: Level) -> None:
             for rule in level.rules:
-                if rule.rate_limit is not None or rule.burst is not None:
+                limited = (rule.rate_limit, rule.burst, rule.copies)
+                if any(x is not None for x in limited):
                     out.append((domain, rule))
                 walk(domain, rule.children)
 

@@ -38,6 +38,9 @@ class CopyPolicy:
     limit: int | None = None
     global_limit: int | None = None
     groups: tuple[CopyGroup, ...] = ()
+    # How long a hold taken through Envoy (ShouldRateLimit) lasts if the proxy never
+    # reports the stream's end.
+    hold_ttl: float = 300.0
 
     def groups_of(self, tenant: str) -> tuple[CopyGroup, ...]:
         """The groups a tenant belongs to now, in config order."""

@@ -464,11 +464,8 @@ class RateLimitEngine:
         code = Code.OVER_LIMIT if over else Code.OK
         return Status(code, limit, 0 if over else remaining, reset, b.quota, window)
 
-    async def request_rate(
-        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
-    ) -> tuple[BurstPolicy, BurstOutcome]:
-        """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
-        ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
+    def resolve(self, domain: str, entries: Sequence[tuple[str, str]], kind: str) -> list[Rule]:
+        """The rules along the path to a ``burst`` or ``copies`` node, or a client error."""
         if not domain:
             raise RequestError("domain", "must not be empty")
         if not entries:
@@ -487,14 +484,39 @@ class RateLimitEngine:
         if path is None:
             raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
         rule = path[-1]
-        if rule.burst is None:
-            if rule.rate_limit is not None:
-                raise RequestError(
-                    "descriptor",
-                    f"{rule.stats_key} is limited by a fixed window (rate_limit), not burst "
-                    "tiers: ask it with ShouldRateLimit",
-                )
-            raise NotFoundError("descriptor", f"{rule.stats_key} has no burst tiers configured")
+        if (rule.burst if kind == "burst" else rule.copies) is not None:
+            return path
+        wanted = "burst tiers" if kind == "burst" else "copies (held resources)"
+        if rule.rate_limit is not None:
+            raise RequestError(
+                "descriptor",
+                f"{rule.stats_key} is limited by a fixed window (rate_limit), not {wanted}: "
+                "ask it with ShouldRateLimit",
+            )
+        if rule.burst is not None:
+            raise RequestError(
+                "descriptor",
+                f"{rule.stats_key} is rate-limited by burst tiers, not {wanted}: use Request",
+            )
+        if rule.copies is not None:
+            raise RequestError(
+                "descriptor",
+                f"{rule.stats_key} is copy-limited (held resources), not {wanted}: use Reserve",
+            )
+        raise NotFoundError("descriptor", f"{rule.stats_key} has no {wanted} configured")
+
+    def copies_node(self, rule: Rule) -> str:
+        """The backend name of a copy-limited node (its keys share one hash tag)."""
+        return f"{self.options.cache_key_prefix}ferryman_copies_{rule.stats_key}"
+
+    async def request_rate(
+        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+    ) -> tuple[BurstPolicy, BurstOutcome]:
+        """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
+        ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
+        path = self.resolve(domain, entries, "burst")
+        rule = path[-1]
+        assert rule.burst is not None
         request = self._burst_request(rule, entries, copies, min_copies)
         key, parts = _stats_key(domain, entries, path)
         try:

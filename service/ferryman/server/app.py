@@ -22,6 +22,7 @@ from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.errors import BackendError, RequestError, SettingsError
 from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
 from ferryman.server.convert import decision_to_proto, request_from_proto
+from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.limiter import LimiterServicer
 from ferryman.server.rls import RateLimitServicer
@@ -142,6 +143,13 @@ class Service:
             backend_call=self.telemetry.wrap_backend(self.backend),
         )
         self.telemetry.observe(self.stats, self.engine.local_cache)
+        self.holds = HoldManager(
+            self.engine,
+            self.backend,
+            self.clock,
+            self.stats,
+            lease_seconds=settings.hold_lease_seconds or 10.0,
+        )
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -181,12 +189,13 @@ class Service:
         self.reloader.load()
         await self.backend.start()
         await self.reloader.start()
+        await self.holds.start()
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
             RateLimitServicer(self.engine, self.stats, self.telemetry), server
         )
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
-            LimiterServicer(self.engine, self.stats), server
+            LimiterServicer(self.engine, self.holds, self.stats), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
@@ -226,6 +235,7 @@ class Service:
         if self._metrics is not None:
             await self._metrics.stop()
         await self.reloader.stop()
+        await self.holds.stop()
         await self.backend.close()
         # Last, so that the final push carries every call.
         await asyncio.to_thread(self.telemetry.shutdown)
@@ -284,6 +294,9 @@ class Service:
             if rule.burst is not None:
                 lines.append(f"{rule.stats_key}: {rule.burst.describe()}, {modes}")
                 continue
+            if rule.copies is not None:
+                lines.append(f"{rule.stats_key}: {rule.copies.describe()}, {modes}")
+                continue
             limit = rule.rate_limit
             assert limit is not None
             unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
@@ -324,6 +337,7 @@ class Service:
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
             "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "holds": self.holds.status(),
             "local_cache": None
             if cache is None
             else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},

@@ -9,6 +9,137 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SessionRequest(_message.Message):
+    __slots__ = ("open", "ping")
+    class Open(_message.Message):
+        __slots__ = ("client_name",)
+        CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+        client_name: str
+        def __init__(self, client_name: _Optional[str] = ...) -> None: ...
+    class Ping(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    open: SessionRequest.Open
+    ping: SessionRequest.Ping
+    def __init__(self, open: _Optional[_Union[SessionRequest.Open, _Mapping]] = ..., ping: _Optional[_Union[SessionRequest.Ping, _Mapping]] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("opened", "pong", "closing")
+    class Opened(_message.Message):
+        __slots__ = ("session_id",)
+        SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+        session_id: str
+        def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    class Pong(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Closing(_message.Message):
+        __slots__ = ("reason",)
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        reason: str
+        def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
+    opened: SessionEvent.Opened
+    pong: SessionEvent.Pong
+    closing: SessionEvent.Closing
+    def __init__(self, opened: _Optional[_Union[SessionEvent.Opened, _Mapping]] = ..., pong: _Optional[_Union[SessionEvent.Pong, _Mapping]] = ..., closing: _Optional[_Union[SessionEvent.Closing, _Mapping]] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("name", "limit", "held")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    limit: int
+    held: int
+    def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("domain", "descriptor", "copies", "min_copies")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    MIN_COPIES_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
+    copies: int
+    min_copies: int
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ...) -> None: ...
+
+class ReserveResponse(_message.Message):
+    __slots__ = ("granted", "groups", "limit", "global_limit", "tenant_held", "global_held")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_HELD_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_HELD_FIELD_NUMBER: _ClassVar[int]
+    granted: int
+    groups: _containers.RepeatedCompositeFieldContainer[Group]
+    limit: int
+    global_limit: int
+    tenant_held: int
+    global_held: int
+    def __init__(self, granted: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ..., limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., tenant_held: _Optional[int] = ..., global_held: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("domain", "descriptor", "copies", "groups")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
+    copies: int
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TransferRequest(_message.Message):
+    __slots__ = ("domain", "descriptor", "copies", "groups", "ttl")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
+    copies: int
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    ttl: _duration_pb2.Duration
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class TransferResponse(_message.Message):
+    __slots__ = ("transfer_id",)
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    def __init__(self, transfer_id: _Optional[str] = ...) -> None: ...
+
+class SeizeRequest(_message.Message):
+    __slots__ = ("transfer_id",)
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    def __init__(self, transfer_id: _Optional[str] = ...) -> None: ...
+
+class SeizeResponse(_message.Message):
+    __slots__ = ("domain", "descriptor", "groups", "copies")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    copies: int
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., copies: _Optional[int] = ...) -> None: ...
+
 class Entry(_message.Message):
     __slots__ = ("key", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]

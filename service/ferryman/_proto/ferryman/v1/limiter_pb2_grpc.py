@@ -39,6 +39,31 @@ class LimiterStub:
                 request_serializer=ferryman_dot_v1_dot_limiter__pb2.RateRequest.SerializeToString,
                 response_deserializer=ferryman_dot_v1_dot_limiter__pb2.RateResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/ferryman.v1.Limiter/Session',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.SessionRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.SessionEvent.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/ferryman.v1.Limiter/Reserve',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/ferryman.v1.Limiter/Release',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.Transfer = channel.unary_unary(
+                '/ferryman.v1.Limiter/Transfer',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.TransferRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.TransferResponse.FromString,
+                _registered_method=True)
+        self.Seize = channel.unary_unary(
+                '/ferryman.v1.Limiter/Seize',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.SeizeRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.SeizeResponse.FromString,
+                _registered_method=True)
 
 
 class LimiterServicer:
@@ -54,6 +79,51 @@ class LimiterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """A client session: the stream a client keeps open while it holds copies. The client's
+        first message must be `open`; the server answers `opened` with the session id. Every
+        Reserve, Release, Transfer and Seize names its session with the gRPC metadata entry
+        `ferryman-session: <session id>` and must reach the same server as the stream. When
+        the stream ends for any reason (clean close, broken connection, client killed), the
+        server releases every copy the session still holds. A server that loses its lease on
+        the shared store ends its sessions with `closing` and then UNAVAILABLE: their holds are
+        gone and the client must fall back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Hold copies of a copy-limited node: the largest n in [min_copies, copies] the tenant,
+        group and global limits allow (0 on rejection; nothing is held then).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Give back copies this session holds, naming the groups as they were at reserve time.
+        Releasing more than the session holds is INVALID_ARGUMENT and changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Transfer(self, request, context):
+        """Stage held copies for another session (possibly on another server): they stay counted,
+        the sender no longer holds them, and they are released if nobody seizes them in ttl.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Seize(self, request, context):
+        """Claim staged copies into this session, exactly once. Unknown or expired: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LimiterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +131,31 @@ def add_LimiterServicer_to_server(servicer, server):
                     servicer.Request,
                     request_deserializer=ferryman_dot_v1_dot_limiter__pb2.RateRequest.FromString,
                     response_serializer=ferryman_dot_v1_dot_limiter__pb2.RateResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.SessionRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.SessionEvent.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.ReserveRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.ReserveResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.ReleaseRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Transfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Transfer,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.TransferRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.TransferResponse.SerializeToString,
+            ),
+            'Seize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Seize,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.SeizeRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.SeizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +185,141 @@ class Limiter:
             '/ferryman.v1.Limiter/Request',
             ferryman_dot_v1_dot_limiter__pb2.RateRequest.SerializeToString,
             ferryman_dot_v1_dot_limiter__pb2.RateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ferryman.v1.Limiter/Session',
+            ferryman_dot_v1_dot_limiter__pb2.SessionRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.Limiter/Reserve',
+            ferryman_dot_v1_dot_limiter__pb2.ReserveRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.Limiter/Release',
+            ferryman_dot_v1_dot_limiter__pb2.ReleaseRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.Limiter/Transfer',
+            ferryman_dot_v1_dot_limiter__pb2.TransferRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.TransferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Seize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferryman.v1.Limiter/Seize',
+            ferryman_dot_v1_dot_limiter__pb2.SeizeRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.SeizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

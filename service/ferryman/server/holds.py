@@ -1,0 +1,311 @@
+"""Client sessions and the copies they hold (Charon's hold sets and server-fault handling).
+
+Each session keeps, in this process, how many copies it holds per (node, tenant, groups):
+that is what is released when the session ends, whatever the reason. In the shared store
+every count also carries this server's contribution under a lease that a background task
+renews; if this server dies, the next operation on each node frees what it held. If the
+lease cannot be renewed in time (or turns out to have lapsed), every session is ended: their
+holds may already be free, so serving them on would corrupt the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ferryman.backends.base import Backend
+from ferryman.clock import Clock
+from ferryman.errors import BackendError, HoldError, LeaseLostError, NotFoundError, RequestError
+from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
+from ferryman.limits.engine import RateLimitEngine
+from ferryman.stats import Stats
+
+__all__ = ["HoldManager", "Session", "SessionError"]
+
+log = logging.getLogger("ferryman.holds")
+
+HoldKey = tuple[str, str, tuple[str, ...]]  # node, tenant, groups at reserve time
+
+
+class SessionError(RequestError):
+    """A call names no session, or one that is not open on this server."""
+
+
+@dataclass
+class Session:
+    """One client's stream and the copies it holds."""
+
+    id: str
+    client: str
+    holds: dict[HoldKey, int] = field(default_factory=dict)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+
+    @property
+    def held(self) -> int:
+        return sum(self.holds.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    policy: CopyPolicy
+    groups: tuple[CopyGroup, ...]
+    outcome: ReserveOutcome
+
+
+def _tenant(entries: Sequence[tuple[str, str]]) -> str:
+    return "_".join(v for _, v in entries)
+
+
+class HoldManager:
+    """Sessions, their hold sets, and this server's lease on the shared copy log."""
+
+    def __init__(
+        self,
+        engine: RateLimitEngine,
+        backend: Backend,
+        clock: Clock,
+        stats: Stats,
+        *,
+        lease_seconds: float = 10.0,
+    ) -> None:
+        self._engine = engine
+        self._backend = backend
+        self._clock = clock
+        self._stats = stats
+        self.lease_ms = max(1, round(lease_seconds * 1000))
+        self.server_id = uuid.uuid4().hex[:16]
+        self.sessions: dict[str, Session] = {}
+        self._nodes: dict[str, int] = {}  # node -> copies this server holds there
+        self._renewer: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self._renewed_at = time.monotonic()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._renewer = asyncio.create_task(self._renew(), name="ferryman-lease")
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.wait({self._renewer}, timeout=1)
+        for session in list(self.sessions.values()):
+            await self.close(session)
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=5)
+
+    async def _renew(self) -> None:
+        interval = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for node in [n for n, held in self._nodes.items() if held > 0]:
+                    await self._backend.renew(node, self.server_id, self.lease_ms, self._now())
+                self._renewed_at = time.monotonic()
+            except LeaseLostError:
+                self._lose("this server's lease on the copy log lapsed; its holds were freed")
+            except BackendError as exc:
+                late = time.monotonic() - self._renewed_at
+                if late * 1000 >= self.lease_ms:
+                    self._lose(f"cannot renew the lease for {late:.1f}s: {exc}")
+
+    def _lose(self, reason: str) -> None:
+        """End every session: their holds are (or may be) freed already."""
+        if self.sessions:
+            log.error("ending %d sessions: %s", len(self.sessions), reason)
+        for session in self.sessions.values():
+            session.holds.clear()
+            session.reason = reason
+            session.ended.set()
+        self.sessions.clear()
+        self._nodes.clear()
+        self.server_id = uuid.uuid4().hex[:16]
+        self._renewed_at = time.monotonic()
+        self._stats.inc("ratelimit.service.holds.lease_lost")
+
+    def _now(self) -> float:
+        return self._clock.now()
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def open(self, client: str) -> Session:
+        session = Session(uuid.uuid4().hex, client)
+        self.sessions[session.id] = session
+        self._stats.inc("ratelimit.service.holds.sessions_opened")
+        return session
+
+    def get(self, session_id: str | None) -> Session:
+        if not session_id:
+            raise SessionError(
+                "ferryman-session",
+                "no session: open a Session stream and send its id in the "
+                "'ferryman-session' metadata",
+            )
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionError(
+                "ferryman-session", f"session {session_id!r} is not open on this server"
+            )
+        return session
+
+    async def close(self, session: Session) -> None:
+        """End a session and release everything it still holds (one call per hold)."""
+        if self.sessions.pop(session.id, None) is None:
+            return
+        self._stats.inc("ratelimit.service.holds.sessions_closed")
+        holds, session.holds = dict(session.holds), {}
+        for (node, tenant, groups), copies in holds.items():
+            try:
+                await self._backend.release(
+                    node, tenant, groups, copies, self.server_id, self.lease_ms, self._now()
+                )
+                self._count(node, -copies)
+            except LeaseLostError:
+                self._lose("this server's lease lapsed")
+                return
+            except (BackendError, HoldError) as exc:
+                # The lease makes these copies free once this server stops renewing them,
+                # so retrying forever is not needed; say what happened.
+                log.warning("could not release %d copies of %s for %s: %s", copies, node,
+                            tenant, exc)  # fmt: skip
+
+    def spawn_close(self, session: Session) -> None:
+        """Close a session in the background (from a stream that is being cancelled)."""
+        task = asyncio.get_running_loop().create_task(self.close(session))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _count(self, node: str, delta: int) -> None:
+        held = self._nodes.get(node, 0) + delta
+        if held <= 0:
+            self._nodes.pop(node, None)
+        else:
+            self._nodes[node] = held
+
+    def _hold(self, session: Session, key: HoldKey, delta: int) -> None:
+        held = session.holds.get(key, 0) + delta
+        if held <= 0:
+            session.holds.pop(key, None)
+        else:
+            session.holds[key] = held
+        self._count(key[0], delta)
+
+    @contextlib.contextmanager
+    def _lease(self) -> Iterator[None]:
+        """A lapsed lease seen by any call ends every session."""
+        try:
+            yield
+        except LeaseLostError:
+            self._lose("this server's lease on the copy log lapsed; its holds were freed")
+            raise
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        session: Session,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        copies: int,
+        min_copies: int,
+    ) -> Reservation:
+        rule = self._engine.resolve(domain, entries, "copies")[-1]
+        policy = rule.copies
+        assert policy is not None
+        tenant = _tenant(entries)
+        groups = policy.groups_of(tenant)
+        node = self._engine.copies_node(rule)
+        with self._lease():
+            outcome = await self._backend.reserve(
+                node, tenant, policy, groups, copies, min_copies, self.server_id, self.lease_ms,
+                self._now(),
+            )  # fmt: skip
+        if outcome.granted:
+            self._hold(session, (node, tenant, tuple(g.name for g in groups)), outcome.granted)
+        return Reservation(policy, groups, outcome)
+
+    def _held(self, session: Session, key: HoldKey, copies: int) -> None:
+        held = session.holds.get(key, 0)
+        if copies > held:
+            groups = ", ".join(key[2]) or "no groups"
+            raise HoldError(
+                "copies",
+                f"{copies} is more than this session holds for {key[1]!r} in [{groups}] ({held})",
+            )
+
+    async def release(
+        self,
+        session: Session,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        copies: int,
+        groups: Sequence[str],
+    ) -> None:
+        rule = self._engine.resolve(domain, entries, "copies")[-1]
+        key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
+        self._held(session, key, copies)
+        with self._lease():
+            await self._backend.release(
+                key[0], key[1], key[2], copies, self.server_id, self.lease_ms, self._now()
+            )
+        self._hold(session, key, -copies)
+
+    async def transfer(
+        self,
+        session: Session,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        copies: int,
+        groups: Sequence[str],
+        ttl: float,
+    ) -> str:
+        rule = self._engine.resolve(domain, entries, "copies")[-1]
+        key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
+        self._held(session, key, copies)
+        secret = uuid.uuid4().hex
+        payload = json.dumps([domain, [list(e) for e in entries], secret], separators=(",", ":"))
+        transfer_id = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+        with self._lease():
+            await self._backend.transfer(
+                key[0], key[1], key[2], copies, ttl, secret, self.server_id, self.lease_ms,
+                self._now(),
+            )  # fmt: skip
+        self._hold(session, key, -copies)
+        self._stats.inc("ratelimit.service.holds.transfers_staged")
+        return transfer_id
+
+    async def seize(
+        self, session: Session, transfer_id: str
+    ) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], int]:
+        try:
+            padded = transfer_id + "=" * (-len(transfer_id) % 4)
+            domain, raw_entries, secret = json.loads(base64.urlsafe_b64decode(padded))
+            entries = tuple((str(k), str(v)) for k, v in raw_entries)
+        except (ValueError, TypeError, binascii.Error):
+            raise NotFoundError("transfer_id", "unknown or expired transfer") from None
+        rule = self._engine.resolve(str(domain), entries, "copies")[-1]
+        node = self._engine.copies_node(rule)
+        with self._lease():
+            seized = await self._backend.seize(
+                node, str(secret), self.server_id, self.lease_ms, self._now()
+            )
+        copies, groups = seized.copies, seized.groups
+        self._hold(session, (node, _tenant(entries), groups), copies)
+        self._stats.inc("ratelimit.service.holds.transfers_seized")
+        return str(domain), entries, groups, copies
+
+    def status(self) -> dict[str, object]:
+        return {
+            "server_id": self.server_id,
+            "sessions": len(self.sessions),
+            "copies_held": sum(self._nodes.values()),
+        }

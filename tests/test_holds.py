@@ -1,0 +1,295 @@
+"""Held resources through the real servers: sessions, reserve, release, transfer, seize."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.clock import ManualClock
+
+from conftest import ConfigDir, Server, ServerFactory
+
+CONFIG = """
+domain: jobs
+descriptors:
+  - key: tenant
+    copies:
+      limit: 10
+      global_limit: 12
+      groups:
+        - {name: probation, limit: 5, members: [new-co, trial-*]}
+        - {name: vip, limit: 50, members: [acme]}
+        - {name: everyone, limit: 9, members: ["*"]}
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 1}
+"""
+
+Entries = list[tuple[str, str]]
+
+
+class Holder:
+    """A client with an open Session stream on one server."""
+
+    def __init__(self, server: Server, name: str = "test") -> None:
+        self.stub = limiter_pb2_grpc.LimiterStub(server.channel)
+        self._out: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
+        self._stream = self.stub.Session(iter(self._out.get, None))
+        self._out.put(
+            limiter_pb2.SessionRequest(open=limiter_pb2.SessionRequest.Open(client_name=name))
+        )
+        opened = next(self._stream)
+        self.session_id = opened.opened.session_id
+        assert self.session_id
+
+    @property
+    def md(self) -> tuple[tuple[str, str], ...]:
+        return (("ferryman-session", self.session_id),)
+
+    def reserve(self, tenant: str, copies: int, min_copies: int | None = None) -> Any:
+        request = limiter_pb2.ReserveRequest(
+            domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
+            copies=copies,
+        )  # fmt: skip
+        if min_copies is not None:
+            request.min_copies = min_copies
+        return self.stub.Reserve(request, metadata=self.md, timeout=10)
+
+    def release(self, tenant: str, copies: int, groups: list[str]) -> Any:
+        return self.stub.Release(
+            limiter_pb2.ReleaseRequest(
+                domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
+                copies=copies, groups=groups,
+            ),
+            metadata=self.md, timeout=10,
+        )  # fmt: skip
+
+    def transfer(self, tenant: str, copies: int, groups: list[str], ttl: float) -> str:
+        request = limiter_pb2.TransferRequest(
+            domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
+            copies=copies, groups=groups,
+        )  # fmt: skip
+        request.ttl.FromMilliseconds(int(ttl * 1000))
+        reply = self.stub.Transfer(request, metadata=self.md, timeout=10)
+        return str(reply.transfer_id)
+
+    def seize(self, transfer_id: str) -> Any:
+        return self.stub.Seize(
+            limiter_pb2.SeizeRequest(transfer_id=transfer_id), metadata=self.md, timeout=10
+        )
+
+    def close(self) -> None:
+        self._out.put(None)
+        for _ in self._stream:
+            pass
+
+
+def groups_of(reply: Any) -> dict[str, tuple[int, int]]:
+    return {g.name: (g.limit, g.held) for g in reply.groups}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def pair(
+    request: pytest.FixtureRequest, config_dir: ConfigDir, make_server: ServerFactory
+) -> tuple[Server, Server]:
+    """Two servers on one shared store (memory: the same backend object; redis: one Redis)."""
+    config_dir.write("jobs.yaml", CONFIG)
+    if request.param == "memory":
+        a = make_server(cache_key_prefix="m_", hold_lease_seconds=3.0)
+        b = make_server(backend=a.service.backend, cache_key_prefix="m_", hold_lease_seconds=3.0)
+    else:
+        from ferryman.backends.redis import RedisBackend, parse_backend_url
+
+        url = request.getfixturevalue("redis_server").url
+        prefix = f"h{time.monotonic_ns()}_"
+
+        def backend() -> RedisBackend:
+            return RedisBackend(parse_backend_url(url, timeout=5.0), server_time=False)
+
+        a = make_server(backend=backend(), cache_key_prefix=prefix, hold_lease_seconds=3.0)
+        b = make_server(backend=backend(), cache_key_prefix=prefix, hold_lease_seconds=3.0)
+    return a, b
+
+
+def test_reserve_and_release_count_tenant_groups_and_global(pair: tuple[Server, Server]) -> None:
+    """Reserve reports the tenant's groups and every count; release gives them back."""
+    a, _ = pair
+    h = Holder(a)
+    r = h.reserve("acme", 4)
+    assert r.granted == 4
+    assert (r.limit, r.global_limit, r.tenant_held, r.global_held) == (10, 12, 4, 4)
+    assert groups_of(r) == {"vip": (12, 4), "everyone": (9, 4)}  # 50 lowered to the global 12
+    h.release("acme", 4, ["vip", "everyone"])
+    assert h.reserve("acme", 1).global_held == 1
+    h.close()
+
+
+def test_limits_bind_and_min_copies_fails_whole(pair: tuple[Server, Server]) -> None:
+    """Group and global limits cap grants; below min_copies nothing is held."""
+    a, b = pair
+    h1, h2 = Holder(a), Holder(b)
+    assert h1.reserve("trial-1", 9, min_copies=1).granted == 5  # probation: 5
+    assert h2.reserve("trial-2", 1).granted == 0  # probation is full (across servers)
+    assert h2.reserve("acme", 8, min_copies=5).granted == 0  # everyone: 9 - 5 = 4 < 5
+    assert h2.reserve("acme", 8, min_copies=1).granted == 4
+    h1.close()
+    h2.close()
+
+
+def test_tenant_in_two_groups_takes_one_copy_in_each(pair: tuple[Server, Server]) -> None:
+    """new-co is in probation and everyone: both pools count its copies."""
+    a, _ = pair
+    h = Holder(a)
+    r = h.reserve("new-co", 2)
+    assert groups_of(r) == {"probation": (5, 2), "everyone": (9, 2)}
+    h.close()
+
+
+def test_release_names_the_groups_of_the_reservation_after_a_config_change(
+    pair: tuple[Server, Server], config_dir: ConfigDir
+) -> None:
+    """After new-co leaves probation in config, releasing with the old groups still works."""
+    a, _ = pair
+    h = Holder(a)
+    h.reserve("new-co", 2)
+    config_dir.write("jobs.yaml", CONFIG.replace("[new-co, trial-*]", "[trial-*]"))
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and a.service.holder.version < 2:
+        time.sleep(0.02)
+    assert a.service.holder.version >= 2
+    assert groups_of(h.reserve("new-co", 1)) == {"everyone": (9, 3)}
+    h.release("new-co", 2, ["probation", "everyone"])
+    h.release("new-co", 1, ["everyone"])
+    assert h.reserve("trial-1", 5).granted == 5  # probation is free again
+    h.close()
+
+
+def test_over_release_is_rejected_and_changes_nothing(pair: tuple[Server, Server]) -> None:
+    """Releasing more than the session holds is INVALID_ARGUMENT; counts stay."""
+    a, _ = pair
+    h = Holder(a)
+    h.reserve("acme", 2)
+    with pytest.raises(grpc.RpcError) as info:
+        h.release("acme", 3, ["vip", "everyone"])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError):
+        h.release("acme", 1, ["vip"])  # not the groups of the reservation
+    assert h.reserve("acme", 1).tenant_held == 3
+    h.close()
+
+
+def test_transfer_on_one_server_and_seize_on_the_other(pair: tuple[Server, Server]) -> None:
+    """Copies staged on A are seized once on B; the sender can no longer release them."""
+    a, b = pair
+    sender, receiver = Holder(a), Holder(b)
+    sender.reserve("acme", 5)
+    tid = sender.transfer("acme", 3, ["vip", "everyone"], ttl=30)
+    with pytest.raises(grpc.RpcError):
+        sender.release("acme", 3, ["vip", "everyone"])
+    seized = receiver.seize(tid)
+    assert (seized.domain, seized.copies) == ("jobs", 3)
+    assert [(e.key, e.value) for e in seized.descriptor] == [("tenant", "acme")]
+    assert set(seized.groups) == {"vip", "everyone"}
+    with pytest.raises(grpc.RpcError) as info:
+        receiver.seize(tid)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    receiver.release("acme", 3, list(seized.groups))
+    sender.release("acme", 2, ["vip", "everyone"])
+    assert receiver.reserve("acme", 1).global_held == 1
+    sender.close()
+    receiver.close()
+
+
+def test_unclaimed_transfer_expires_and_returns_its_copies(
+    pair: tuple[Server, Server], clock: ManualClock
+) -> None:
+    """A transfer whose ttl passes is released on the next operation; seize then fails."""
+    a, b = pair
+    sender, receiver = Holder(a), Holder(b)
+    sender.reserve("acme", 4)
+    tid = sender.transfer("acme", 4, ["vip", "everyone"], ttl=2)
+    clock.advance(2.5)
+    assert receiver.reserve("acme", 1).tenant_held == 1
+    with pytest.raises(grpc.RpcError) as info:
+        receiver.seize(tid)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    sender.close()
+    receiver.close()
+
+
+def test_closing_a_session_releases_what_it_holds(pair: tuple[Server, Server]) -> None:
+    """When the stream ends, the server releases every copy the session held."""
+    a, b = pair
+    h = Holder(a)
+    h.reserve("acme", 6)
+    h.reserve("trial-3", 2)
+    h.close()
+    other = Holder(b)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        r = other.reserve("acme", 1)
+        if r.global_held == 1:
+            break
+        other.release("acme", 1, ["vip", "everyone"])
+        time.sleep(0.02)
+    assert r.global_held == 1
+    other.close()
+
+
+def test_calls_without_an_open_session_are_refused(pair: tuple[Server, Server]) -> None:
+    """No session metadata, or a session of another server: FAILED_PRECONDITION."""
+    a, b = pair
+    stub = limiter_pb2_grpc.LimiterStub(a.channel)
+    request = limiter_pb2.ReserveRequest(
+        domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value="acme")], copies=1
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Reserve(request, timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    other = Holder(b)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Reserve(request, metadata=other.md, timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    other.close()
+
+
+def test_wrong_kind_of_node_is_a_client_error(pair: tuple[Server, Server]) -> None:
+    """Reserving a fixed-window node is INVALID_ARGUMENT; an unknown one NOT_FOUND."""
+    a, _ = pair
+    h = Holder(a)
+    for key, code in (
+        ("fixed", grpc.StatusCode.INVALID_ARGUMENT),
+        ("nope", grpc.StatusCode.NOT_FOUND),
+    ):
+        request = limiter_pb2.ReserveRequest(
+            domain="jobs", descriptor=[limiter_pb2.Entry(key=key, value="x")], copies=1
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            h.stub.Reserve(request, metadata=h.md, timeout=5)
+        assert info.value.code() == code
+    h.close()
+
+
+def test_dead_server_copies_are_freed_after_its_lease(
+    pair: tuple[Server, Server], clock: ManualClock
+) -> None:
+    """A server that stops renewing loses its holds: the other frees them, its sessions end."""
+    a, b = pair
+    h = Holder(a)
+    h.reserve("acme", 7)
+    # Server A stops renewing (as if it had died); B keeps working past A's lease.
+    renewer = a.service.holds._renewer
+    assert renewer is not None
+    a.loop.call_soon_threadsafe(renewer.cancel)
+    clock.advance(4)
+    other = Holder(b)
+    assert other.reserve("acme", 1).global_held == 1
+    # A, back to life, must not serve freed holds: its next call ends its sessions.
+    with pytest.raises(grpc.RpcError) as info:
+        h.release("acme", 7, ["vip", "everyone"])
+    assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+    other.close()
