@@ -26,7 +26,7 @@ LEASE = 10_000  # ms
 PROBATION = CopyGroup("probation", 5, ("new-co", "trial-*"))
 VIP = CopyGroup("vip", 50, ("acme",))
 WIDE = CopyGroup("wide", 8, ("*",))
-POLICY = CopyPolicy(limit=10, global_limit=12, groups=(PROBATION, VIP, WIDE))
+POLICY = CopyPolicy(limit=10, global_limit=12, groups=(PROBATION, VIP, WIDE), hold_ttl=20.0)
 
 Backend = MemoryBackend | RedisBackend
 
@@ -75,6 +75,19 @@ class Node:
 
     def seize(self, tid: str, server: str = "B") -> Any:
         return self.run(self.backend.seize(self.node, tid, server, LEASE, self.now))
+
+    def ereserve(self, tenant: str, copies: int) -> int:
+        groups = POLICY.groups_of(tenant)
+        hold = uuid.uuid4().hex
+        out = self.run(
+            self.backend.envoy_reserve(
+                self.node, tenant, POLICY, groups, copies, hold, "envoy", self.now
+            )
+        )
+        return out.granted
+
+    def erelease(self, tenant: str, copies: int) -> int:
+        return self.run(self.backend.envoy_release(self.node, tenant, copies, "envoy", self.now))
 
     def renew(self, server: str) -> None:
         self.run(self.backend.renew(self.node, server, LEASE, self.now))
@@ -212,7 +225,9 @@ def test_dead_server_holds_are_freed_by_the_next_operation(
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["reserve", "release", "transfer", "seize", "tick", "renew"]),
+        st.sampled_from(
+            ["reserve", "release", "transfer", "seize", "tick", "renew", "ereserve", "erelease"]
+        ),
         st.sampled_from(["acme", "new-co", "trial-9", "solo"]),
         st.integers(1, 6),
         st.sampled_from(["A", "B"]),
@@ -236,6 +251,10 @@ def _replay(node: Node, steps: list[tuple[str, str, int, str]]) -> list[object]:
                 seen.append("staged")
             elif op == "seize" and transfers:
                 seen.append(node.seize(transfers[n % len(transfers)], server=server).copies)
+            elif op == "ereserve":
+                seen.append(("envoy", node.ereserve(tenant, n)))
+            elif op == "erelease":
+                seen.append(("released", node.erelease(tenant, n)))
             elif op == "tick":
                 node.now += n * 1.5
                 seen.append("tick")
@@ -252,7 +271,7 @@ def _replay(node: Node, steps: list[tuple[str, str, int, str]]) -> list[object]:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(steps=ops)
 def test_random_operations_agree_and_keep_counts_in_bounds(

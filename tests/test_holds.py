@@ -12,7 +12,7 @@ import pytest
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.clock import ManualClock
 
-from conftest import ConfigDir, Server, ServerFactory
+from conftest import ConfigDir, Server, ServerFactory, codes, descriptor
 
 CONFIG = """
 domain: jobs
@@ -27,6 +27,8 @@ descriptors:
         - {name: everyone, limit: 9, members: ["*"]}
   - key: fixed
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: upstream
+    copies: {limit: 2, hold_ttl: 30s}
 """
 
 Entries = list[tuple[str, str]]
@@ -293,3 +295,37 @@ def test_dead_server_copies_are_freed_after_its_lease(
         h.release("acme", 7, ["vip", "everyone"])
     assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
     other.close()
+
+
+def test_envoy_concurrency_limit_holds_on_request_and_releases_on_stream_end(
+    pair: tuple[Server, Server],
+) -> None:
+    """ShouldRateLimit takes copies; the negative-hits call (on any replica) gives them back."""
+    a, b = pair
+    d = [("upstream", "tenant-1")]
+    assert codes(a.ask("jobs", d)) == ["OK"]
+    assert codes(b.ask("jobs", d)) == ["OK"]
+    third = a.ask("jobs", d)
+    assert codes(third) == ["OVER_LIMIT"]
+    # The first stream ends: Envoy reports it with negative hits, here to the other replica.
+    assert codes(b.ask("jobs", descriptor(d, hits=1, negative=True))) == ["OK"]
+    assert codes(a.ask("jobs", d)) == ["OK"]
+    assert codes(a.ask("jobs", d)) == ["OVER_LIMIT"]
+    # Another tenant has its own limit.
+    assert codes(a.ask("jobs", [("upstream", "tenant-2")])) == ["OK"]
+
+
+def test_envoy_holds_expire_after_hold_ttl(pair: tuple[Server, Server], clock: ManualClock) -> None:
+    """If the proxy never reports the end of a stream, its hold lapses after hold_ttl."""
+    a, _ = pair
+    d = [("upstream", "lost")]
+    a.ask("jobs", d)
+    a.ask("jobs", d)
+    assert codes(a.ask("jobs", d)) == ["OVER_LIMIT"]
+    clock.advance(31)
+    assert codes(a.ask("jobs", d)) == ["OK"]
+    # Late stream-end reports for the lapsed holds release what is held, never below zero.
+    a.ask("jobs", descriptor(d, hits=2, negative=True))
+    assert codes(a.ask("jobs", d)) == ["OK"]
+    assert codes(a.ask("jobs", d)) == ["OK"]
+    assert codes(a.ask("jobs", d)) == ["OVER_LIMIT"]

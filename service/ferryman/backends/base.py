@@ -119,6 +119,27 @@ class Backend(Protocol):
         self, node: str, server: str, lease_ms: int, now: float | None = None
     ) -> None: ...
 
+    async def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        server: str,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        """Hold all of ``copies`` for Envoy, or none; the hold expires after the policy's
+        ``hold_ttl`` unless released first. No server owns it."""
+        ...
+
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
+        """Release up to ``copies`` of the tenant's Envoy holds, oldest first; how many."""
+        ...
+
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""
         ...

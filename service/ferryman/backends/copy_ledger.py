@@ -7,6 +7,7 @@ with lapsed leases held and what transfers nobody seized in time still hold.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
@@ -40,6 +41,10 @@ class _Node:
     contributions: dict[str, dict[str, int]] = field(default_factory=dict)
     transfers: dict[str, _Transfer] = field(default_factory=dict)
     dead: dict[str, int] = field(default_factory=dict)  # lapsed server -> when (kept a day)
+    # Envoy holds (no server owns them): id -> (expiry, tenant, copies, groups), and each
+    # tenant's hold ids, oldest first.
+    envoy: dict[str, tuple[int, str, int, tuple[str, ...]]] = field(default_factory=dict)
+    envoy_order: dict[str, deque[str]] = field(default_factory=dict)
 
 
 def _fields(tenant: str, groups: tuple[str, ...]) -> list[str]:
@@ -52,28 +57,118 @@ class CopyLedger:
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
 
-    def _node(self, node: str, server: str, lease_ms: int, now_ms: int) -> _Node:
-        """The node, cleared of lapsed leases and expired transfers, with our lease renewed."""
+    def _node(
+        self, node: str, server: str, lease_ms: int, now_ms: int, serving: bool = True
+    ) -> _Node:
+        """The node, cleared of lapsed leases and expired transfers and Envoy holds, with
+        our lease renewed (``serving``: the call acts on this server's own holds)."""
         state = self._nodes.setdefault(node, _Node())
         lost = False
         for sid, expiry in list(state.leases.items()):
             if expiry < now_ms:
-                self._forget(state, sid)
+                if self._forget(state, sid):
+                    state.dead[sid] = now_ms
+                    lost = lost or sid == server
                 del state.leases[sid]
-                state.dead[sid] = now_ms
-                lost = lost or sid == server
         for sid, when in list(state.dead.items()):
             if when < now_ms - 86_400_000:
                 del state.dead[sid]
-        if lost or server in state.dead:
+        if serving and (lost or server in state.dead):
             raise LeaseLostError(f"the lease of server {server} lapsed; its holds were freed")
         for tid, transfer in list(state.transfers.items()):
             if transfer.expires_ms < now_ms:
                 for f in _fields(transfer.tenant, transfer.groups):
                     self._add(state.counts, f, -transfer.copies)
                 del state.transfers[tid]
-        state.leases[server] = now_ms + lease_ms
+        for hid, (expiry, *_rest) in list(state.envoy.items()):
+            if expiry < now_ms:
+                self._drop_envoy(state, hid, None)
+        if serving:
+            state.leases[server] = now_ms + lease_ms
         return state
+
+    def _drop_envoy(self, state: _Node, hold_id: str, count: int | None) -> int:
+        expiry, tenant, held, groups = state.envoy[hold_id]
+        n = held if count is None or count >= held else count
+        for f in _fields(tenant, groups):
+            self._add(state.counts, f, -n)
+        if n == held:
+            del state.envoy[hold_id]
+        else:
+            state.envoy[hold_id] = (expiry, tenant, held - n, groups)
+        return n
+
+    def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        hold_ttl_ms: int,
+        server: str,
+        now_ms: int,
+    ) -> ReserveOutcome:
+        """Hold copies for Envoy: no server owns them; they expire after ``hold_ttl_ms``."""
+        state = self._node(node, server, 0, now_ms, serving=False)
+        granted = self._room(state, tenant, policy, groups, copies, copies)
+        if granted:
+            names = tuple(g.name for g in groups)
+            for f in _fields(tenant, names):
+                self._add(state.counts, f, granted)
+            state.envoy[hold_id] = (now_ms + hold_ttl_ms, tenant, granted, names)
+            order = state.envoy_order.setdefault(tenant, deque())
+            while order and order[0] not in state.envoy:
+                order.popleft()
+            order.append(hold_id)
+        return self._outcome(state, tenant, groups, granted)
+
+    def envoy_release(self, node: str, tenant: str, copies: int, server: str, now_ms: int) -> int:
+        """Release up to ``copies`` of a tenant's Envoy holds, oldest first."""
+        state = self._node(node, server, 0, now_ms, serving=False)
+        order = state.envoy_order.get(tenant, deque())
+        released = 0
+        while released < copies and order:
+            hold_id = order.popleft()
+            if hold_id in state.envoy:
+                released += self._drop_envoy(state, hold_id, copies - released)
+                if hold_id in state.envoy:
+                    order.appendleft(hold_id)
+        if not order:
+            state.envoy_order.pop(tenant, None)
+        return released
+
+    @staticmethod
+    def _room(
+        state: _Node,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+    ) -> int:
+        counts = state.counts
+        room = copies
+        if policy.limit is not None:
+            room = min(room, policy.limit - counts.get(f"d:{tenant}", 0))
+        for group in groups:
+            room = min(room, group.limit - counts.get(f"g:{group.name}", 0))
+        if policy.global_limit is not None:
+            room = min(room, policy.global_limit - counts.get("all", 0))
+        return room if room >= max(min_copies, 1) else 0
+
+    @staticmethod
+    def _outcome(
+        state: _Node, tenant: str, groups: tuple[CopyGroup, ...], granted: int
+    ) -> ReserveOutcome:
+        counts = state.counts
+        return ReserveOutcome(
+            granted,
+            counts.get(f"d:{tenant}", 0),
+            counts.get("all", 0),
+            {g.name: counts.get(f"g:{g.name}", 0) for g in groups},
+        )
 
     @staticmethod
     def _add(table: dict[str, int], key: str, delta: int) -> None:
@@ -83,9 +178,11 @@ class CopyLedger:
         else:
             table[key] = value
 
-    def _forget(self, state: _Node, server: str) -> None:
-        for f, n in state.contributions.pop(server, {}).items():
+    def _forget(self, state: _Node, server: str) -> bool:
+        held = state.contributions.pop(server, {})
+        for f, n in held.items():
             self._add(state.counts, f, -n)
+        return bool(held)
 
     def reserve(
         self,
@@ -100,26 +197,13 @@ class CopyLedger:
         now_ms: int,
     ) -> ReserveOutcome:
         state = self._node(node, server, lease_ms, now_ms)
-        counts = state.counts
-        room = copies
-        if policy.limit is not None:
-            room = min(room, policy.limit - counts.get(f"d:{tenant}", 0))
-        for group in groups:
-            room = min(room, group.limit - counts.get(f"g:{group.name}", 0))
-        if policy.global_limit is not None:
-            room = min(room, policy.global_limit - counts.get("all", 0))
-        granted = room if room >= max(min_copies, 1) else 0
+        granted = self._room(state, tenant, policy, groups, copies, min_copies)
         if granted:
             mine = state.contributions.setdefault(server, {})
             for f in _fields(tenant, tuple(g.name for g in groups)):
-                self._add(counts, f, granted)
+                self._add(state.counts, f, granted)
                 self._add(mine, f, granted)
-        return ReserveOutcome(
-            granted,
-            counts.get(f"d:{tenant}", 0),
-            counts.get("all", 0),
-            {g.name: counts.get(f"g:{g.name}", 0) for g in groups},
-        )
+        return self._outcome(state, tenant, groups, granted)
 
     def _take(
         self, state: _Node, server: str, tenant: str, groups: tuple[str, ...], n: int

@@ -203,6 +203,29 @@ class MemoryBackend:
         with self._lock:
             self.ledger.renew(node, server, lease_ms, self._ms(now))
 
+    async def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        server: str,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        with self._lock:
+            return self.ledger.envoy_reserve(
+                node, tenant, policy, groups, copies, hold_id, round(policy.hold_ttl * 1000),
+                server, self._ms(now),
+            )  # fmt: skip
+
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
+        with self._lock:
+            return self.ledger.envoy_release(node, tenant, copies, server, self._ms(now))
+
     async def start(self) -> None:
         return None
 

@@ -499,6 +499,7 @@ class RedisBackend:
         now: float | None,
         args: list[Any],
         transfer_id: str = "-",
+        tenant: str = "-",
     ) -> list[Any]:
         tag = "{" + node + "}"
         keys = [
@@ -508,6 +509,9 @@ class RedisBackend:
             f"{tag}:xq",
             f"{tag}:x:{transfer_id}",
             f"{tag}:dead",
+            f"{tag}:eq",
+            f"{tag}:eh",
+            f"{tag}:et:{tenant}",
         ]
         when = "" if now is None or self.server_time else str(round(now * 1000))
         reply = await self._script_call(
@@ -591,6 +595,38 @@ class RedisBackend:
     async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
         await self._copies(node, "renew", server, lease_ms, now, [])
 
+    async def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        server: str,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        args: list[Any] = [
+            tenant,
+            copies,
+            copies,
+            -1 if policy.limit is None else policy.limit,
+            -1 if policy.global_limit is None else policy.global_limit,
+            len(groups),
+        ]
+        for group in groups:
+            args.extend((group.name, group.limit))
+        args.extend((hold_id, round(policy.hold_ttl * 1000)))
+        out = await self._copies(node, "ereserve", server, 0, now, args, tenant=tenant)
+        held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
+        return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
+
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
+        out = await self._copies(node, "erelease", server, 0, now, [tenant, copies], tenant=tenant)
+        return int(out[1])
+
     async def _stop_when_over_across_slots(self, ops: Sequence[CounterOp]) -> list[CounterResult]:
         """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys in several Cluster slots.
 
@@ -666,7 +702,8 @@ class RoutedBackend:
 
     # Held copies live on the main Redis only.
     def __getattr__(self, name: str) -> Any:
-        if name in ("reserve", "release", "transfer", "seize", "renew"):
+        if name in ("reserve", "release", "transfer", "seize", "renew", "envoy_reserve",
+                    "envoy_release"):  # fmt: skip
             return getattr(self._main, name)
         raise AttributeError(name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -112,6 +113,18 @@ class _Planned:
     op: CounterOp | None = None
     cached: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _CopyItem:
+    index: int
+    rule: Rule
+    node: str
+    tenant: str
+    stats_key: str
+    stats_path: tuple[str, ...]
+    hits: int
+    quota: bool
 
 
 @dataclass(slots=True)
@@ -245,6 +258,7 @@ class RateLimitEngine:
         statuses: list[Status | None] = [None] * len(descriptors)
         planned: list[_Planned] = []
         bursts: list[_BurstItem] = []
+        holds: list[_CopyItem] = []
         replaced: set[str] = set()
         local = self.local_cache
         now = self._clock.now()
@@ -261,10 +275,30 @@ class RateLimitEngine:
                 cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, None)
             else:
                 path = _match(dom, desc.entries)
-                if path is None or (path[-1].rate_limit is None and path[-1].burst is None):
+                last = path[-1] if path is not None else None
+                if last is None or (last.rate_limit, last.burst, last.copies) == (None,) * 3:
                     statuses[i] = Status(Code.OK)
                     continue
+                assert path is not None
                 rule = path[-1]
+                if rule.copies is not None:
+                    # Concurrency through Envoy: hits hold copies, negative hits (sent when
+                    # the stream ends) give them back.
+                    key, parts = _stats_key(domain, desc.entries, path)
+                    tenant = "_".join(v for _, v in desc.entries)
+                    holds.append(
+                        _CopyItem(
+                            i,
+                            rule,
+                            self.copies_node(rule),
+                            tenant,
+                            key,
+                            parts,
+                            hits,
+                            rule.quota_mode or opts.quota_mode,
+                        )
+                    )
+                    continue
                 if rule.burst is not None:
                     if hits < 0:
                         # Burst tiers record grants only; nothing to give back.
@@ -338,6 +372,7 @@ class RateLimitEngine:
                 await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
             )
             outcomes = [await self._backend.burst(b.request, now) for b in bursts]
+            held = [await self._envoy_hold(h, now) for h in holds]
         except BackendError:
             if not opts.fail_open:
                 raise
@@ -391,6 +426,16 @@ class RateLimitEngine:
                 for name, value in item.metadata.items():
                     metadata.setdefault(name, value)
 
+        for h, status in zip(holds, held, strict=True):
+            statuses[h.index] = status
+            if status.code is Code.OVER_LIMIT:
+                if h.quota:
+                    quota_total += 1
+                    quota_over += 1
+                else:
+                    over_hard = True
+            elif h.quota:
+                quota_total += 1
         for b, outcome in zip(bursts, outcomes, strict=True):
             over = outcome.granted < b.hits
             status = self._burst_status(b, outcome, over)
@@ -429,6 +474,34 @@ class RateLimitEngine:
             for name, value in metadata.items():
                 meta.setdefault(name, value)
         return Decision(code, tuple(final), headers, meta)
+
+    async def _envoy_hold(self, h: _CopyItem, now: float) -> Status:
+        """Take (or give back) an Envoy hold on a copy-limited node, as a descriptor status."""
+        policy = h.rule.copies
+        assert policy is not None
+        stats = self._stats
+        if h.hits < 0:
+            await self._backend.envoy_release(h.node, h.tenant, -h.hits, "envoy", now)
+            return Status(Code.OK)
+        groups = policy.groups_of(h.tenant)
+        out = await self._backend.envoy_reserve(
+            h.node, h.tenant, policy, groups, h.hits, uuid.uuid4().hex, "envoy", now
+        )
+        stats.rule(h.stats_key, "total_hits", h.hits, h.stats_path)
+        rooms = [g.limit - out.group_held.get(g.name, 0) for g in groups]
+        if policy.limit is not None:
+            rooms.append(policy.limit - out.tenant_held)
+        if policy.global_limit is not None:
+            rooms.append(policy.global_limit - out.global_held)
+        remaining = max(0, min(rooms)) if rooms else MAX_REMAINING
+        if h.hits == 0 or out.granted:
+            stats.rule(h.stats_key, "within_limit", h.hits, h.stats_path)
+            return Status(Code.OK, remaining=remaining, quota=h.quota)
+        stats.rule(h.stats_key, "over_limit", h.hits, h.stats_path)
+        if h.rule.shadow_mode:
+            stats.rule(h.stats_key, "shadow_mode", h.hits, h.stats_path)
+            return Status(Code.OK, quota=h.quota)
+        return Status(Code.OVER_LIMIT, quota=h.quota)
 
     def _burst_request(
         self, rule: Rule, entries: Sequence[tuple[str, str]], copies: int, min_copies: int

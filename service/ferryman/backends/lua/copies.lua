@@ -8,6 +8,10 @@
 -- KEYS[5]   the transfer record hash for transfer/seize (else unused)
 -- KEYS[6]   sorted set of servers whose lease lapsed here: id -> when (kept a day), so a
 --           server that comes back after its holds were freed learns it at once
+-- KEYS[7]   Envoy holds: sorted set hold id -> expiry (ms)
+-- KEYS[8]   Envoy holds: hash hold id -> "tenant\ncopies\ngroup\ngroup..."
+-- KEYS[9]   Envoy holds of this call's tenant: list of hold ids, oldest first
+--           (Envoy's holds belong to no server: any replica may see the stream end)
 --           All keys share one hash tag <tag>; dead servers' contribution hashes
 --           (<tag>:c:<id>) and expired transfer records (<tag>:x:<id>) are found from
 --           KEYS[2] and KEYS[4] and live in the same slot.
@@ -21,9 +25,14 @@
 -- transfer: like release, plus ARGV[9+g] ttl (ms) and ARGV[10+g] transfer id -> {"ok", id}
 -- seize:    ARGV[6] transfer id -> {"ok", tenant, copies, group names...} or {"missing"}
 -- renew:    -> {"ok"}
+-- ereserve: like reserve, plus ARGV[12+2g] hold id and ARGV[13+2g] hold ttl (ms): a hold
+--           for Envoy that expires by itself -> like reserve
+-- erelease: ARGV[6] tenant, [7] copies -> {"ok", released} (oldest holds first; holds that
+--           already expired are not released twice)
 -- Any call returns {"lease_lost"} when this server's lease had lapsed: its holds are gone.
 local K_COUNTS, K_LEASES, K_MINE, K_XQ, K_XREC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_DEAD = KEYS[6]
+local K_EQ, K_EH, K_ET = KEYS[7], KEYS[8], KEYS[9]
 local op, me, lease_ms, tag = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now
 if ARGV[5] == '' then
@@ -38,13 +47,16 @@ local function add(field, delta)
   if v <= 0 then redis.call('HDEL', K_COUNTS, field) end
 end
 
+-- Take back what a server held here; returns whether it held anything.
 local function forget(contrib_key)
   local flat = redis.call('HGETALL', contrib_key)
   for i = 1, #flat, 2 do
     add(flat[i], -tonumber(flat[i + 1]))
   end
   redis.call('DEL', contrib_key)
+  return #flat > 0
 end
+local serving = op ~= 'ereserve' and op ~= 'erelease'
 
 -- Servers whose lease lapsed: take back everything they held here.
 local lost = false
@@ -52,14 +64,18 @@ local leases = redis.call('HGETALL', K_LEASES)
 for i = 1, #leases, 2 do
   local id, expiry = leases[i], tonumber(leases[i + 1])
   if expiry < now then
-    forget(tag .. ':c:' .. id)
+    -- A server that held nothing here lost nothing: no need to remember it.
+    if forget(tag .. ':c:' .. id) then
+      redis.call('ZADD', K_DEAD, now, id)
+      if id == me then lost = true end
+    end
     redis.call('HDEL', K_LEASES, id)
-    redis.call('ZADD', K_DEAD, now, id)
-    if id == me then lost = true end
   end
 end
 redis.call('ZREMRANGEBYSCORE', K_DEAD, '-inf', now - 86400000)
-if lost or redis.call('ZSCORE', K_DEAD, me) ~= false then return {'lease_lost'} end
+if serving and (lost or redis.call('ZSCORE', K_DEAD, me) ~= false) then
+  return {'lease_lost'}
+end
 
 -- Transfers nobody seized in time go back to the pools.
 local expired = redis.call('ZRANGEBYSCORE', K_XQ, '-inf', '(' .. now)
@@ -76,7 +92,32 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', K_XQ, id)
 end
 
-redis.call('HSET', K_LEASES, me, now + lease_ms)
+-- Envoy holds whose ttl passed go back to the pools.
+local function drop_envoy_hold(id, count)
+  local rec = redis.call('HGET', K_EH, id)
+  if not rec then return 0 end
+  local parts = {}
+  for part in string.gmatch(rec, '[^\n]+') do parts[#parts + 1] = part end
+  local tenant, held = parts[1], tonumber(parts[2])
+  local n = held
+  if count ~= nil and count < held then n = count end
+  add('d:' .. tenant, -n)
+  add('all', -n)
+  for i = 3, #parts do add('g:' .. parts[i], -n) end
+  if n == held then
+    redis.call('HDEL', K_EH, id)
+    redis.call('ZREM', K_EQ, id)
+  else
+    parts[2] = tostring(held - n)
+    redis.call('HSET', K_EH, id, table.concat(parts, '\n'))
+  end
+  return n
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_EQ, '-inf', '(' .. now)) do
+  drop_envoy_hold(id, nil)
+end
+
+if serving then redis.call('HSET', K_LEASES, me, now + lease_ms) end
 local ttl = lease_ms * 10
 
 local function mine(field, delta)
@@ -92,7 +133,22 @@ if op == 'renew' then
   return {'ok'}
 end
 
-if op == 'reserve' then
+if op == 'erelease' then
+  local want = tonumber(ARGV[7])
+  local released = 0
+  while released < want do
+    local id = redis.call('LPOP', K_ET)
+    if not id then break end
+    if redis.call('HEXISTS', K_EH, id) == 1 then
+      local n = drop_envoy_hold(id, want - released)
+      released = released + n
+      if redis.call('HEXISTS', K_EH, id) == 1 then redis.call('LPUSH', K_ET, id) end
+    end
+  end
+  return {'ok', released}
+end
+
+if op == 'reserve' or op == 'ereserve' then
   local tenant, copies, min_copies = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
   local tlimit, glimit, g = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   local room = copies
@@ -108,7 +164,7 @@ if op == 'reserve' then
   if glimit >= 0 then room = math.min(room, glimit - all) end
   local granted = 0
   if room >= math.max(min_copies, 1) then granted = room end
-  if granted > 0 then
+  if granted > 0 and op == 'reserve' then
     add('d:' .. tenant, granted)
     mine('d:' .. tenant, granted)
     add('all', granted)
@@ -117,6 +173,22 @@ if op == 'reserve' then
       add('g:' .. names[i], granted)
       mine('g:' .. names[i], granted)
     end
+  elseif granted > 0 then
+    local id, hold_ttl = ARGV[12 + 2 * g], tonumber(ARGV[13 + 2 * g])
+    add('d:' .. tenant, granted)
+    add('all', granted)
+    for i = 1, g do add('g:' .. names[i], granted) end
+    local rec = {tenant, tostring(granted)}
+    for i = 1, g do rec[#rec + 1] = names[i] end
+    redis.call('HSET', K_EH, id, table.concat(rec, '\n'))
+    redis.call('ZADD', K_EQ, now + hold_ttl, id)
+    -- Forget ids at the head of the tenant's list whose holds are gone, then queue this one.
+    while true do
+      local head = redis.call('LINDEX', K_ET, 0)
+      if not head or redis.call('HEXISTS', K_EH, head) == 1 then break end
+      redis.call('LPOP', K_ET)
+    end
+    redis.call('RPUSH', K_ET, id)
   end
   local out = {'ok', granted, held('d:' .. tenant), held('all')}
   for i = 1, g do out[#out + 1] = held('g:' .. names[i]) end
