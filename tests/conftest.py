@@ -18,7 +18,7 @@ from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
-from ferryman.clock import ManualClock
+from ferryman.clock import ManualClock, SystemClock
 from ferryman.server.app import Service
 from ferryman.settings import Settings
 from ferryman.telemetry import Telemetry
@@ -61,11 +61,17 @@ class Server:
         clock: ManualClock,
         backend: Backend | None,
         telemetry: Telemetry | None = None,
+        real_clock: bool = False,
     ) -> None:
         self.settings = settings
-        self.clock = clock
+        self.clock = clock  # with real_clock the Service reads the system clock instead
         self.loop = asyncio.new_event_loop()
-        self.service = Service(settings, clock=clock, backend=backend, telemetry=telemetry)
+        self.service = Service(
+            settings,
+            clock=SystemClock() if real_clock else clock,
+            backend=backend,
+            telemetry=telemetry,
+        )
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.run(self.service.start())
@@ -193,9 +199,13 @@ def make_server(
     def factory(
         backend: Backend | None = None,
         telemetry: Callable[[Settings], Telemetry] | None = None,
+        real_clock: bool = False,
         **overrides: Any,
     ) -> Server:
-        """A started Server; ``telemetry`` builds the Service's Telemetry from its settings."""
+        """A started Server; ``telemetry`` builds the Service's Telemetry from its settings.
+
+        ``real_clock`` runs the Service on the system clock (for clients that really sleep).
+        """
         if backend is None:
             backend = default_backend()
             overrides.setdefault("cache_key_prefix", prefix)
@@ -208,7 +218,9 @@ def make_server(
             debug_port=0,
             config_dir=config_dir.path,
         ).with_overrides(**overrides)
-        server = Server(settings, clock, backend, telemetry(settings) if telemetry else None)
+        server = Server(
+            settings, clock, backend, telemetry(settings) if telemetry else None, real_clock
+        )
         servers.append(server)
         return server
 

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "service", "tests"],
-        ["ruff", "format", "--check", "service", "tests"],
+        ["ruff", "check", "service", "tests", "examples"],
+        ["ruff", "format", "--check", "service", "tests", "examples"],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],

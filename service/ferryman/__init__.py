@@ -2,25 +2,62 @@
 
 It answers Envoy's rate limit protocol (``envoy.service.ratelimit.v3.RateLimitService``) as a
 drop-in replacement for the reference service, from descriptor YAML that it reloads on change.
+``ferryman.Client`` and ``ferryman.AsyncClient`` are its Python client (see ferryman.client).
 """
 
+from ferryman.client import (
+    AsyncClient,
+    AsyncRateLimitInterceptor,
+    Client,
+    ClientStats,
+    Code,
+    DescriptorLike,
+    DescriptorStatus,
+    RateContext,
+    RateLimit,
+    RateLimitInterceptor,
+    RateLimitResult,
+    RateResult,
+    Route,
+    RouteFunction,
+)
 from ferryman.errors import (
     BackendError,
     BackendTimeoutError,
     ConfigError,
     FerrymanError,
+    NotFoundError,
+    RateLimitedError,
     RequestError,
+    ServiceUnavailableError,
     SettingsError,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "AsyncRateLimitInterceptor",
     "BackendError",
     "BackendTimeoutError",
+    "Client",
+    "ClientStats",
+    "Code",
     "ConfigError",
+    "DescriptorLike",
+    "DescriptorStatus",
     "FerrymanError",
+    "NotFoundError",
+    "RateContext",
+    "RateLimit",
+    "RateLimitInterceptor",
+    "RateLimitResult",
+    "RateLimitedError",
+    "RateResult",
     "RequestError",
+    "Route",
+    "RouteFunction",
+    "ServiceUnavailableError",
     "SettingsError",
     "__version__",
 ]

@@ -1,4 +1,4 @@
-"""``ferryman serve | check``: the command line."""
+"""``ferryman serve | check | query``: the command line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -74,7 +75,40 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--debug-port", type=int, help="debug HTTP port (DEBUG_PORT, default 6070)")
     check = sub.add_parser("check", help="validate a descriptor directory")
     check.add_argument("directory", type=Path)
+    query = sub.add_parser(
+        "query",
+        help="ask a running service (ShouldRateLimit); exit 0 OK, 1 OVER_LIMIT, 2 error",
+        description="Ask a running ferryman ShouldRateLimit and print the answer. Exit status: "
+        "0 when the overall code is OK, 1 when it is OVER_LIMIT, 2 on any error.",
+    )
+    query.add_argument(
+        "--target", help="host:port of the gRPC service (default 127.0.0.1:$GRPC_PORT, 8081)"
+    )
+    query.add_argument("--domain", required=True)
+    query.add_argument(
+        "--descriptor",
+        dest="descriptors",
+        action="append",
+        required=True,
+        type=_descriptor_arg,
+        metavar="K=V[,K=V...]",
+        help="one descriptor's entries, in order; repeat for several descriptors",
+    )
+    query.add_argument("--hits", type=int, default=1, help="hits to add (default 1)")
+    query.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)"
+    )
     return parser
+
+
+def _descriptor_arg(text: str) -> list[tuple[str, str]]:
+    entries = []
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{part!r} is not key=value (in {text!r})")
+        entries.append((key, value))
+    return entries
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -136,6 +170,8 @@ def _check(args: argparse.Namespace) -> int:
             limit = rule.rate_limit
             if rule.burst is not None:
                 what = rule.burst.describe()
+            elif rule.copies is not None:
+                what = rule.copies.describe()
             elif limit is None:
                 continue
             elif limit.unlimited:
@@ -151,11 +187,50 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _query(args: argparse.Namespace) -> int:
+    from ferryman.client import Client, Code, RateLimitResult
+    from ferryman.errors import RequestError, ServiceUnavailableError
+
+    target: str | None = args.target
+    if target is None:
+        port = os.environ.get("GRPC_PORT") or "8081"
+        if not port.isdigit():
+            print(f"ferryman query: GRPC_PORT={port!r} is not a port number", file=sys.stderr)
+            return 2
+        target = f"127.0.0.1:{port}"
+    try:
+        with Client(target, timeout=args.timeout, fail_open=False) as client:
+            result: RateLimitResult = client.should_rate_limit(
+                args.domain, args.descriptors, hits=args.hits
+            )
+    except (RequestError, ServiceUnavailableError, ValueError) as exc:
+        print(f"ferryman query: {exc}", file=sys.stderr)
+        return 2
+    print(f"overall: {result.code.name}")
+    for i, (entries, status) in enumerate(zip(args.descriptors, result.statuses, strict=False)):
+        shown = ",".join(f"{k}={v}" for k, v in entries)
+        if status.limit is None:
+            detail = "no limit"
+        else:
+            limit = status.limit
+            named = f" ({limit.name})" if limit.name else ""
+            detail = f"limit {limit.requests_per_unit}/{limit.unit}{named}"
+            detail += f", remaining {status.remaining}"
+            if status.reset is not None:
+                detail += f", resets in {status.reset:g}s"
+        print(f"descriptor[{i}] {shown}: {status.code.name}, {detail}")
+    for key, value in result.headers:
+        print(f"header {key}: {value}")
+    return 0 if result.code is Code.OK else 1 if result.code is Code.OVER_LIMIT else 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "query":
+            return _query(args)
         return _check(args)
     except ConfigError as exc:
         print(f"ferryman: configuration rejected:\n{exc}", file=sys.stderr)

@@ -1,0 +1,167 @@
+"""The client's values: descriptors in, frozen results out."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ferryman.errors import RequestError
+
+__all__ = [
+    "ClientStats",
+    "Code",
+    "DescriptorLike",
+    "DescriptorStatus",
+    "Entries",
+    "RateContext",
+    "RateLimit",
+    "RateLimitResult",
+    "RateResult",
+    "normalize_descriptor",
+]
+
+#: A descriptor: a mapping (its order is kept) or a sequence of (key, value) pairs.
+DescriptorLike = Mapping[str, str] | Sequence[tuple[str, str]]
+
+#: A descriptor as the client sends it.
+Entries = tuple[tuple[str, str], ...]
+
+
+def normalize_descriptor(descriptor: DescriptorLike, field: str = "descriptor") -> Entries:
+    """The (key, value) pairs of ``descriptor``, in order; RequestError when it is malformed."""
+    if isinstance(descriptor, str | bytes):
+        raise TypeError(f"{field}: expected a mapping or (key, value) pairs, got {descriptor!r}")
+    pairs = descriptor.items() if isinstance(descriptor, Mapping) else descriptor
+    entries: list[tuple[str, str]] = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, str | bytes) or len(pair) != 2:
+            raise TypeError(f"{field}[{i}]: expected a (key, value) pair, got {pair!r}")
+        key, value = pair
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"{field}[{i}]: key and value must be str, got {pair!r}")
+        if not key:
+            raise RequestError(f"{field}[{i}].key", "must not be empty")
+        entries.append((key, value))
+    if not entries:
+        raise RequestError(field, "must have at least one entry")
+    return tuple(entries)
+
+
+class Code(enum.Enum):
+    """A rate limit answer, as Envoy's API names it."""
+
+    UNKNOWN = "UNKNOWN"
+    OK = "OK"
+    OVER_LIMIT = "OVER_LIMIT"
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A limit the service applied: ``requests_per_unit`` per ``unit`` ("second", "day"...)."""
+
+    requests_per_unit: int
+    unit: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class DescriptorStatus:
+    """The service's answer for one descriptor.
+
+    ``limit`` is None when no limit applies; ``reset`` is the number of seconds until the
+    current window resets (None when the service did not say).
+    """
+
+    code: Code
+    limit: RateLimit | None
+    remaining: int
+    reset: float | None
+
+
+@dataclass(frozen=True)
+class RateLimitResult:
+    """The answer to ``should_rate_limit``.
+
+    ``code`` is what the caller should act on: OK when ``degraded`` (the service could not
+    answer; every status is then OK without a limit) or ``overridden`` (the kill switch
+    turned OVER_LIMIT into OK; ``statuses`` still hold what the service said).
+    ``headers`` are the response headers the service asks to add (``RateLimit-*``...),
+    ``request_headers`` those for the upstream request.
+    """
+
+    code: Code
+    statuses: tuple[DescriptorStatus, ...]
+    headers: tuple[tuple[str, str], ...] = ()
+    request_headers: tuple[tuple[str, str], ...] = ()
+    degraded: bool = False
+    overridden: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the caller may go ahead."""
+        return self.code is Code.OK
+
+
+@dataclass(frozen=True)
+class RateContext:
+    """What the service said about a burst-tier node (``ferryman.v1.RateResponse``).
+
+    Limits are None when unbounded; durations are in seconds, ``retry_after`` None when no
+    hit could be granted as things stand.
+    """
+
+    granted: int
+    hard_limit: int | None
+    global_limit: int | None
+    active_tier_index: int
+    active_tier_limit: int
+    active_tier_hits: int
+    active_tier_window: float | None
+    tenant_hits_last_second: int
+    global_hits_last_second: int
+    burst: bool
+    limited_by_hard_limit: bool
+    limited_by_global_limit: bool
+    retry_after: float | None
+
+
+@dataclass(frozen=True)
+class RateResult:
+    """The answer to ``request_rate``.
+
+    ``success`` says whether the caller may go ahead with ``copies`` hits (0 on failure).
+    ``waited`` is the time the call took in seconds (backoff sleeps and calls to the service
+    included), ``attempts`` the number of calls made. ``degraded``: the service could not
+    answer, ``min_copies`` were granted locally. ``overridden``: the service refused and the
+    kill switch granted ``min_copies`` anyway. ``context`` is the service's last answer
+    (None when degraded before any answer).
+    """
+
+    success: bool
+    copies: int
+    waited: float
+    attempts: int
+    degraded: bool = False
+    overridden: bool = False
+    context: RateContext | None = None
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """What a client has done since it was created.
+
+    ``calls``: requests sent to the service (retries included). Outcomes handed to the
+    caller: ``granted`` (by the service), ``rejected`` (after any retries), ``degraded``
+    (granted locally, the service having failed), ``overridden`` (rejections granted by
+    the kill switch), ``errors`` (exceptions raised for the service's answer or failure).
+    ``retries``: rejections followed by a backoff sleep and another attempt.
+    """
+
+    calls: int = 0
+    granted: int = 0
+    rejected: int = 0
+    retries: int = 0
+    degraded: int = 0
+    overridden: int = 0
+    errors: int = 0

@@ -1,0 +1,152 @@
+"""The wire: request messages, answers into results, gRPC errors into ferryman errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from ferryman._proto.envoy.config.core.v3 import base_pb2
+from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman.client._models import (
+    Code,
+    DescriptorStatus,
+    Entries,
+    RateContext,
+    RateLimit,
+    RateLimitResult,
+)
+from ferryman.errors import NotFoundError, RequestError, ServiceUnavailableError
+
+__all__ = [
+    "CLIENT_ERRORS",
+    "LIMITER_REQUEST",
+    "SHOULD_RATE_LIMIT",
+    "channel_options",
+    "rate_context",
+    "rate_request",
+    "rls_request",
+    "rls_result",
+    "translate",
+]
+
+SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+LIMITER_REQUEST = "/ferryman.v1.Limiter/Request"
+
+# The caller's mistakes: raised whatever fail_open says. Every other status is the
+# service failing, which a fail-open client answers in degraded mode (paper, 4.3).
+CLIENT_ERRORS: dict[grpc.StatusCode, type[RequestError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: RequestError,
+    grpc.StatusCode.OUT_OF_RANGE: RequestError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+}
+
+_CODES = {
+    rls_pb2.RateLimitResponse.OK: Code.OK,
+    rls_pb2.RateLimitResponse.OVER_LIMIT: Code.OVER_LIMIT,
+}
+_UNITS = {
+    value: name.lower()
+    for name, value in rls_pb2.RateLimitResponse.RateLimit.Unit.items()
+    if name != "UNKNOWN"
+}
+
+
+def translate(error: grpc.RpcError, target: str) -> RequestError | ServiceUnavailableError:
+    """The ferryman error for a failed call: the one place gRPC errors are mapped."""
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    details = (error.details() if callable(getattr(error, "details", None)) else None) or ""
+    kind = CLIENT_ERRORS.get(code) if code is not None else None
+    if kind is not None:
+        # The service words client errors as "field: message" (RequestError's own form).
+        field, sep, message = details.partition(": ")
+        return kind(field, message) if sep else kind("request", details)
+    name = code.name if code is not None else "UNKNOWN"
+    return ServiceUnavailableError(target, name, details or str(error))
+
+
+def channel_options() -> list[tuple[str, str | int]]:
+    from ferryman import __version__  # the package imports this module first
+
+    return [("grpc.primary_user_agent", f"ferryman-python/{__version__}")]
+
+
+def rls_request(domain: str, descriptors: Sequence[Entries], hits: int) -> rls_pb2.RateLimitRequest:
+    return rls_pb2.RateLimitRequest(
+        domain=domain,
+        descriptors=[
+            ratelimit_pb2.RateLimitDescriptor(
+                entries=[
+                    ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries
+                ]
+            )
+            for entries in descriptors
+        ],
+        hits_addend=hits,
+    )
+
+
+def _seconds(has: bool, seconds: int, nanos: int) -> float | None:
+    return seconds + nanos / 1e9 if has else None
+
+
+def _headers(values: Sequence[base_pb2.HeaderValue]) -> tuple[tuple[str, str], ...]:
+    return tuple((h.key, h.value or h.raw_value.decode("utf-8", "replace")) for h in values)
+
+
+def rls_result(response: rls_pb2.RateLimitResponse) -> RateLimitResult:
+    statuses = []
+    for s in response.statuses:
+        limit = None
+        if s.HasField("current_limit"):
+            cl = s.current_limit
+            limit = RateLimit(cl.requests_per_unit, _UNITS.get(cl.unit, "unknown"), cl.name)
+        reset = s.duration_until_reset
+        statuses.append(
+            DescriptorStatus(
+                code=_CODES.get(s.code, Code.UNKNOWN),
+                limit=limit,
+                remaining=s.limit_remaining,
+                reset=_seconds(s.HasField("duration_until_reset"), reset.seconds, reset.nanos),
+            )
+        )
+    return RateLimitResult(
+        code=_CODES.get(response.overall_code, Code.UNKNOWN),
+        statuses=tuple(statuses),
+        headers=_headers(response.response_headers_to_add),
+        request_headers=_headers(response.request_headers_to_add),
+    )
+
+
+def rate_request(
+    domain: str, entries: Entries, copies: int, min_copies: int
+) -> limiter_pb2.RateRequest:
+    return limiter_pb2.RateRequest(
+        domain=domain,
+        descriptor=[limiter_pb2.Entry(key=k, value=v) for k, v in entries],
+        copies=copies,
+        min_copies=min_copies,
+    )
+
+
+def rate_context(response: limiter_pb2.RateResponse) -> RateContext:
+    window, retry = response.active_tier_window, response.retry_after
+    return RateContext(
+        granted=response.granted,
+        hard_limit=response.hard_limit if response.HasField("hard_limit") else None,
+        global_limit=response.global_limit if response.HasField("global_limit") else None,
+        active_tier_index=response.active_tier_index,
+        active_tier_limit=response.active_tier_limit,
+        active_tier_hits=response.active_tier_hits,
+        active_tier_window=_seconds(
+            response.HasField("active_tier_window"), window.seconds, window.nanos
+        ),
+        tenant_hits_last_second=response.tenant_hits_last_second,
+        global_hits_last_second=response.global_hits_last_second,
+        burst=response.burst,
+        limited_by_hard_limit=response.limited_by_hard_limit,
+        limited_by_global_limit=response.limited_by_global_limit,
+        retry_after=_seconds(response.HasField("retry_after"), retry.seconds, retry.nanos),
+    )
