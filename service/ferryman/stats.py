@@ -39,6 +39,7 @@ RULE_STATS = (
     "shadow_mode",
     "over_limit_with_local_cache",
     "domain_not_found",
+    "burst",
 )
 
 # (stat, path, value): path is (domain, level1, level2, ...), or None for the overflow series.

@@ -112,9 +112,35 @@ _RULE_HELP = {
     "shadow_mode": "Over-limit hits let through by the rule's shadow_mode.",
     "over_limit_with_local_cache": "Over-limit hits answered from the local over-limit cache.",
     "domain_not_found": "Requests for a domain that no configuration defines.",
+    "burst": "Requests on a burst-tier node that entered a higher tier.",
 }
 # (name, stat, help): the service-wide counters read from Stats.
 _FIXED_COUNTERS = (
+    (
+        "ratelimit_service_holds_sessions_opened",
+        "ratelimit.service.holds.sessions_opened",
+        "Client sessions opened (held resources).",
+    ),
+    (
+        "ratelimit_service_holds_sessions_closed",
+        "ratelimit.service.holds.sessions_closed",
+        "Client sessions ended; what they held was released.",
+    ),
+    (
+        "ratelimit_service_holds_transfers_staged",
+        "ratelimit.service.holds.transfers_staged",
+        "Held copies staged for another session.",
+    ),
+    (
+        "ratelimit_service_holds_transfers_seized",
+        "ratelimit.service.holds.transfers_seized",
+        "Staged copies claimed by a session.",
+    ),
+    (
+        "ratelimit_service_holds_lease_lost",
+        "ratelimit.service.holds.lease_lost",
+        "Times this server lost its lease on the copy log and ended its sessions.",
+    ),
     (
         "ratelimit_service_config_load_success",
         CONFIG_LOAD_SUCCESS,
@@ -417,6 +443,22 @@ class Telemetry:
             where = self.settings.otlp_traces_endpoint or "no exporter"
             parts.append(f"tracing {self.settings.tracing_sampling_rate:g} ({where})")
         return ", ".join(parts) or "metrics and tracing off"
+
+    def observe_holds(self, sessions: Callable[[], int], copies: Callable[[], int]) -> None:
+        """Gauges for held resources: open sessions and copies held through this server."""
+        if self.meter_provider is None:
+            return
+        meter = self.meter_provider.get_meter(SCOPE, __version__)
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_sessions_open",
+            callbacks=[lambda options: [Observation(sessions())]],
+            description="Client sessions open on this server.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_copies_held",
+            callbacks=[lambda options: [Observation(copies())]],
+            description="Copies held by this server's sessions.",
+        )
 
     def observe(self, stats: Stats, local_cache: OverLimitCache | None = None) -> None:
         """Create the instruments that read ``stats`` and the local cache; once."""

@@ -525,6 +525,8 @@ class RateLimitEngine:
     def _burst_status(self, b: _BurstItem, outcome: BurstOutcome, over: bool) -> Status:
         """The Envoy view of a burst decision: the current tier as the limit."""
         self._count_burst(b.stats_key, b.stats_path, b.hits, outcome.granted, b.rule.shadow_mode)
+        if outcome.burst:
+            self._stats.rule(b.stats_key, "burst", 1, b.stats_path)
         policy = b.policy
         window = outcome.tier_window
         if not math.isfinite(window):
@@ -601,6 +603,8 @@ class RateLimitEngine:
             outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
             return rule.burst, outcome
         self._count_burst(key, parts, copies, outcome.granted, False)
+        if outcome.burst:
+            self._stats.rule(key, "burst", 1, parts)
         return rule.burst, outcome
 
     def _headers(self, statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:

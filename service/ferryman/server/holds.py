@@ -303,9 +303,18 @@ class HoldManager:
         self._stats.inc("ratelimit.service.holds.transfers_seized")
         return str(domain), entries, groups, copies
 
+    @property
+    def copies_held(self) -> int:
+        """Copies this server's sessions hold, all nodes together."""
+        return sum(self._nodes.values())
+
     def status(self) -> dict[str, object]:
         return {
             "server_id": self.server_id,
+            "lease_seconds": self.lease_ms / 1000,
             "sessions": len(self.sessions),
-            "copies_held": sum(self._nodes.values()),
+            "copies_held": self.copies_held,
+            # Per node: what this server's sessions hold there (a bounded set: nodes come
+            # from configuration).
+            "nodes": dict(sorted(self._nodes.items())),
         }
