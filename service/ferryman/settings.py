@@ -174,7 +174,11 @@ class Settings:
                 / env.get("RUNTIME_APPDIRECTORY", "config")
             )
         backend_type = env.get("BACKEND_TYPE", "").strip().lower()
-        if backend_type in ("", "memory"):
+        if not backend_type and env.get("REDIS_URL"):
+            # The reference defaults to Redis, and manifests written for it (Istio's guide
+            # among them) set only REDIS_URL: honour that.
+            backend = "redis"
+        elif backend_type in ("", "memory"):
             backend = "memory"
         elif backend_type == "redis":
             backend = "redis"

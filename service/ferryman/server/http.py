@@ -60,8 +60,9 @@ class HttpServer:
         self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
-        """Listen on ``host`` (empty: every interface) and ``port`` (0: a free one)."""
-        if host:
+        """Listen on ``host`` (empty or ``::``: every interface, IPv4 and IPv6, as the
+        reference does) and ``port`` (0: a free one)."""
+        if host and host not in ("::", "[::]"):
             self._server = await asyncio.start_server(self._serve, host, port)
         else:
             # One socket for IPv4 and IPv6, so that port 0 means one port, not one per family.
