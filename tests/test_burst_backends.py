@@ -140,3 +140,17 @@ def test_memory_forgets_idle_tenants() -> None:
     assert backend.burst_tenants == 100
     backend.burst_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
     assert backend.burst_tenants == 1
+
+
+def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
+    """Thousands of grants to a few tenants leave a handful of expiry entries, not thousands."""
+    backend = MemoryBackend(ManualClock(0.0))
+    policy = BurstPolicy((Tier(10**6, 1.0, 3600.0),))
+    for i in range(5000):
+        backend.burst_now(BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01)
+    assert backend.burst_tenants == 3
+    assert len(backend._burst_heap) == 3
+    # Past the horizon they all go, heap entries included.
+    backend.burst_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
+    assert backend.burst_tenants == 1
+    assert len(backend._burst_heap) == 1

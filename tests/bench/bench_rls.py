@@ -4,14 +4,25 @@ Usage::
 
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
                                     [--backend memory|redis|URL] [--repeat R] [--json]
+                                    [--scenario fixed|burst|request[,...]]
                                     [--env NAME=VALUE ...]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
 client process: C workers on one grpc.aio event loop sharing K channels, each sending calls
 back to back for a short warm-up and then for the measured duration. The same load is then
-sent to a do-nothing grpc.aio RateLimitService (in its own process), the best a Python gRPC
-server can do on this machine, and each ferryman figure is reported with its ratio to it.
+sent to a do-nothing grpc.aio server (in its own process), the best a Python gRPC server can
+do on this machine, and each ferryman figure is reported with its ratio to it.
+
+Scenarios (``--scenario``, comma-separated to run several against one server):
+
+- ``fixed`` (default): ShouldRateLimit on the fixed-window rules, 1 and 3 descriptors
+  (``--descriptors``);
+- ``burst``: ShouldRateLimit with one descriptor on a 3-tier burst node (5/1s active 1h;
+  50/1s active 5s, cooldown 15s; 500/1s active 1s, cooldown 60s; no hard or global limit),
+  keyed by a user among 10k, so nearly every request is granted in tier 1 and the per-tenant
+  state is that of a realistic population;
+- ``request``: ``ferryman.v1.Limiter/Request`` (copies=1) on the same node and users.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
@@ -50,9 +61,13 @@ import grpc
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
 DOMAIN = "bench"
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+LIMITER_METHOD = "/ferryman.v1.Limiter/Request"
+SCENARIOS = ("fixed", "burst", "request")
+BURST_KEY = "burst_user"  # the burst-tier node of the config
 HUGE = 1_000_000_000  # requests_per_unit: nothing ever goes over
 USERS = 10_000
 TENANTS = 100
@@ -79,6 +94,17 @@ descriptors:
       requests_per_unit: {HUGE}
 """
 
+# Added to the config only for --scenario burst|request, so the fixed runs see today's config.
+BURST_YAML = f"""\
+  # Burst tiers: a user gets 5/s, may burst to 50/s for 5 s (then 15 s of cooldown) and to
+  # 500/s for 1 s (then a minute of cooldown); no hard or global limit.
+  - key: {BURST_KEY}
+    burst_tiers:
+      - {{limit: 5, window: 1s, active: 1h, cooldown: 0}}
+      - {{limit: 50, window: 1s, active: 5s, cooldown: 15s}}
+      - {{limit: 500, window: 1s, active: 1s, cooldown: 60s}}
+"""
+
 
 # --------------------------------------------------------------------------- results
 
@@ -86,6 +112,7 @@ descriptors:
 @dataclass
 class Result:
     target: str  # the backend name ("memory") or "ceiling"
+    scenario: str  # fixed, burst or request
     descriptors: int
     concurrency: int
     channels: int
@@ -104,11 +131,11 @@ class Result:
     error_samples: list[str] = field(default_factory=list)
     per_second: list[int] = field(default_factory=list)  # completions in each measured second
     rps_runs: list[float] = field(default_factory=list)  # req/s of each repeat, in run order
+    server_rss_mb: float | None = None  # the server's resident memory after the run
 
     @property
     def label(self) -> str:
-        noun = "descriptor" if self.descriptors == 1 else "descriptors"
-        return f"{self.descriptors} {noun}"
+        return case_label(self.scenario, self.descriptors)
 
     def line(self) -> str:
         text = (
@@ -121,9 +148,20 @@ class Result:
             text += f"  (runs {min(self.rps_runs):.0f}-{max(self.rps_runs):.0f})"
         if self.server_cpu is not None and self.client_cpu is not None:
             text += f"  cpu server {self.server_cpu:4.0%} client {self.client_cpu:4.0%}"
+        if self.server_rss_mb is not None:
+            text += f"  rss {self.server_rss_mb:.0f} MB"
         if self.errors or self.not_ok:
             text += f"  ERRORS {self.errors} not-OK {self.not_ok}"
         return text
+
+
+def case_label(scenario: str, descriptors: int) -> str:
+    if scenario == "burst":
+        return "burst RLS"
+    if scenario == "request":
+        return "burst Request"
+    noun = "descriptor" if descriptors == 1 else "descriptors"
+    return f"{descriptors} {noun}"
 
 
 def percentile(ordered: Sequence[int], fraction: float) -> float:
@@ -137,11 +175,31 @@ def percentile(ordered: Sequence[int], fraction: float) -> float:
 # --------------------------------------------------------------------------- client role
 
 
-def build_requests(descriptors: int, count: int, seed: int) -> list[bytes]:
-    """Serialized RateLimitRequests whose values vary (users among USERS, and so on)."""
+def build_requests(scenario: str, descriptors: int, count: int, seed: int) -> list[bytes]:
+    """Serialized requests whose values vary (users among USERS, and so on): RateLimitRequests,
+    or for ``request`` ferryman.v1 RateRequests."""
     rng = random.Random(seed)
     Descriptor = ratelimit_pb2.RateLimitDescriptor
     Entry = Descriptor.Entry
+    if scenario == "request":
+        return [
+            limiter_pb2.RateRequest(
+                domain=DOMAIN,
+                descriptor=[limiter_pb2.Entry(key=BURST_KEY, value=f"u{rng.randrange(USERS)}")],
+                copies=1,
+            ).SerializeToString()
+            for _ in range(count)
+        ]
+    if scenario == "burst":
+        return [
+            rls_pb2.RateLimitRequest(
+                domain=DOMAIN,
+                descriptors=[
+                    Descriptor(entries=[Entry(key=BURST_KEY, value=f"u{rng.randrange(USERS)}")])
+                ],
+            ).SerializeToString()
+            for _ in range(count)
+        ]
     makers: list[Callable[[], tuple[str, str]]] = [
         lambda: ("user", f"u{rng.randrange(USERS)}"),
         lambda: ("tenant", f"t{rng.randrange(TENANTS)}"),
@@ -162,9 +220,29 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def _rls_ok(response: Any) -> bool:
+    return bool(response.overall_code == rls_pb2.RateLimitResponse.OK)
+
+
+def _granted(response: Any) -> bool:
+    return bool(response.granted >= 1)
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of ``pid`` in MB from /proc (None where there is no /proc)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 async def run_load(
     target: str,
     *,
+    scenario: str,
     descriptors: int,
     concurrency: int,
     channels: int,
@@ -173,16 +251,21 @@ async def run_load(
     seed: int,
     server_pid: int | None = None,
 ) -> dict[str, Any]:
-    ok_code = rls_pb2.RateLimitResponse.OK
-    parse = rls_pb2.RateLimitResponse.FromString
-    pool = build_requests(descriptors, POOL, seed)
+    method = LIMITER_METHOD if scenario == "request" else METHOD
+    parse: Callable[[bytes], Any] = (
+        limiter_pb2.RateResponse.FromString
+        if scenario == "request"
+        else rls_pb2.RateLimitResponse.FromString
+    )
+    is_ok: Callable[[Any], bool] = _granted if scenario == "request" else _rls_ok
+    pool = build_requests(scenario, descriptors, POOL, seed)
     # A local subchannel pool gives each channel its own TCP connection.
     opened = [
         grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(channels)
     ]
     calls = [
-        ch.unary_unary(METHOD, request_serializer=_identity, response_deserializer=parse)
+        ch.unary_unary(method, request_serializer=_identity, response_deserializer=parse)
         for ch in opened
     ]
     try:
@@ -221,7 +304,7 @@ async def run_load(
                 if measure_from <= start and end <= measure_to:
                     record(end - start)
                     per_second[min(last_second, (end - measure_from) // 1_000_000_000)] += 1
-                    if response.overall_code != ok_code:
+                    if not is_ok(response):
                         counts["not_ok"] += 1
 
         cpu: dict[str, float] = {}
@@ -258,6 +341,7 @@ async def run_load(
         "client_cpu": cpu.get("client"),
         "server_cpu": cpu.get("server"),
         "per_second": per_second,
+        "server_rss_mb": None if server_pid is None else rss_mb(server_pid),
     }
 
 
@@ -265,6 +349,7 @@ def client_main(args: argparse.Namespace) -> int:
     result = asyncio.run(
         run_load(
             args.target,
+            scenario=args.scenario,
             descriptors=args.descriptors,
             concurrency=args.concurrency,
             channels=args.channels,
@@ -283,7 +368,8 @@ def client_main(args: argparse.Namespace) -> int:
 
 
 async def serve_ceiling(port: int) -> None:
-    """A RateLimitService that answers OK at once, with one OK status per descriptor."""
+    """A RateLimitService that answers OK at once, with one OK status per descriptor, and a
+    ferryman.v1.Limiter that grants every Request at once."""
     Response = rls_pb2.RateLimitResponse
     canned = {
         n: Response(
@@ -300,8 +386,26 @@ async def serve_ceiling(port: int) -> None:
         ) -> rls_pb2.RateLimitResponse:
             return canned.get(len(request.descriptors), fallback)
 
+    # A reply shaped like ferryman's for a grant in tier 1, so both encode alike.
+    granted = limiter_pb2.RateResponse(
+        granted=1,
+        active_tier_index=1,
+        active_tier_limit=5,
+        active_tier_hits=1,
+        tenant_hits_last_second=1,
+        global_hits_last_second=1000,
+    )
+    granted.active_tier_window.seconds = 1
+
+    class NullLimiter(limiter_pb2_grpc.LimiterServicer):
+        async def Request(
+            self, request: limiter_pb2.RateRequest, context: Any
+        ) -> limiter_pb2.RateResponse:
+            return granted
+
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(NullServicer(), server)  # type: ignore[no-untyped-call]
+    limiter_pb2_grpc.add_LimiterServicer_to_server(NullLimiter(), server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     stop = asyncio.Event()
@@ -490,10 +594,12 @@ def start_ferryman(
     backend: str,
     cpus: frozenset[int] | None,
     extra_env: Mapping[str, str] | None = None,
+    *,
+    burst: bool = False,
 ) -> Server:
     config = workdir / "config"
     config.mkdir()
-    (config / "bench.yaml").write_text(CONFIG_YAML)
+    (config / "bench.yaml").write_text(CONFIG_YAML + (BURST_YAML if burst else ""))
     grpc_port, http_port, debug_port = free_port(), free_port(), free_port()
     log = workdir / "ferryman.log"
     env = dict(os.environ)
@@ -522,9 +628,9 @@ def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) 
 
 
 def run_client(
-    procs: Processes, server: Server, descriptors: int, args: argparse.Namespace
+    procs: Processes, server: Server, scenario: str, descriptors: int, args: argparse.Namespace
 ) -> Result:
-    argv = [sys.executable, __file__, "--role", "client"]
+    argv = [sys.executable, __file__, "--role", "client", "--scenario", scenario]
     argv += ["--target", f"127.0.0.1:{server.grpc_port}", "--descriptors", str(descriptors)]
     argv += ["--concurrency", str(args.concurrency), "--channels", str(args.channels)]
     argv += ["--warmup", str(args.warmup), "--seconds", str(args.seconds)]
@@ -541,6 +647,7 @@ def run_client(
         raise RuntimeError(f"{server.name} server exited with code {server.process.returncode}")
     return Result(
         target=server.name,
+        scenario=scenario,
         descriptors=descriptors,
         concurrency=args.concurrency,
         channels=args.channels,
@@ -585,6 +692,12 @@ def ferryman_findings(server: Server) -> tuple[list[str], list[str]]:
 
 def orchestrate(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.descriptors.split(",")]
+    # (scenario, descriptors per request): fixed runs each --descriptors count, burst one.
+    cases = [
+        (scenario, n)
+        for scenario in args.scenario
+        for n in (counts if scenario == "fixed" else [1])
+    ]
     procs = Processes()
     results: list[Result] = []
     problems: list[str] = []
@@ -595,7 +708,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    runs: dict[tuple[str, int], list[Result]] = {}
+    runs: dict[tuple[str, str, int], list[Result]] = {}
     with tempfile.TemporaryDirectory(prefix="ferryman-bench-") as tmp:
         workdir = Path(tmp)
         try:
@@ -605,31 +718,35 @@ def orchestrate(args: argparse.Namespace) -> int:
                 backend = args.backend
                 if backend == "redis":
                     backend = start_redis(procs, workdir)
-                ferryman = start_ferryman(procs, workdir, backend, server_cpus, args.env)
+                burst = any(scenario != "fixed" for scenario in args.scenario)
+                ferryman = start_ferryman(
+                    procs, workdir, backend, server_cpus, args.env, burst=burst
+                )
                 servers.append(ferryman)
             if not args.no_ceiling:
                 servers.append(start_ceiling(procs, workdir, server_cpus))
             # Interleaved, so that a slow spell of the machine hits both sides alike.
             for round_ in range(args.repeat):
-                for n in counts:
+                for scenario, n in cases:
                     for server in servers:
                         progress(
-                            f"[{round_ + 1}/{args.repeat}] {server.name}, {n} descriptor(s), "
+                            f"[{round_ + 1}/{args.repeat}] {server.name}, "
+                            f"{case_label(scenario, n)}, "
                             f"c={args.concurrency}, {args.warmup:g}+{args.seconds:g} s"
                         )
-                        result = run_client(procs, server, n, args)
-                        runs.setdefault((server.name, n), []).append(result)
+                        result = run_client(procs, server, scenario, n, args)
+                        runs.setdefault((server.name, scenario, n), []).append(result)
             if ferryman is not None:
                 problems, notes = ferryman_findings(ferryman)
         finally:
             procs.close()  # before the temporary directory goes
     results = [pick_median(group) for group in runs.values()]
-    results.sort(key=lambda r: (r.target == "ceiling", r.descriptors))
+    results.sort(key=lambda r: (r.target == "ceiling", SCENARIOS.index(r.scenario), r.descriptors))
 
-    best = {r.descriptors: r.rps for r in results if r.target == "ceiling"}
+    best = {(r.scenario, r.descriptors): r.rps for r in results if r.target == "ceiling"}
     for r in results:
-        if r.target != "ceiling" and best.get(r.descriptors):
-            r.ratio_to_ceiling = r.rps / best[r.descriptors]
+        if r.target != "ceiling" and best.get((r.scenario, r.descriptors)):
+            r.ratio_to_ceiling = r.rps / best[(r.scenario, r.descriptors)]
 
     if args.json:
         report = {
@@ -690,7 +807,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--descriptors",
         default="1,3",
-        help="comma-separated descriptors per request, one scenario each (default 1,3)",
+        help="comma-separated descriptors per request, one run each, for the fixed scenario "
+        "(default 1,3)",
+    )
+    parser.add_argument(
+        "--scenario",
+        default="fixed",
+        help="comma-separated: fixed (ShouldRateLimit on fixed-window rules, default), burst "
+        "(ShouldRateLimit on a 3-tier burst node, users among 10k), request "
+        "(ferryman.v1.Limiter/Request, copies=1, on the same node)",
     )
     parser.add_argument(
         "--repeat",
@@ -725,6 +850,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.role == "client":
         args.descriptors = int(args.descriptors)
+        if args.scenario not in SCENARIOS:
+            parser.error(f"--scenario {args.scenario!r}: the client runs one of {SCENARIOS}")
+    else:
+        scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+        unknown = [s for s in scenarios if s not in SCENARIOS]
+        if not scenarios or unknown:
+            parser.error(f"--scenario takes comma-separated names among {', '.join(SCENARIOS)}")
+        args.scenario = list(dict.fromkeys(scenarios))
     if args.seconds <= 0 or args.seconds > 600 or args.warmup < 0 or args.warmup > 60:
         parser.error("--seconds must be in (0, 600] and --warmup in [0, 60]")
     if args.concurrency < 1 or args.channels < 1 or args.repeat < 1:

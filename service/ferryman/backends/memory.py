@@ -126,7 +126,10 @@ class MemoryBackend:
                 commit(plan, state, glob)
                 expires = now + request.policy.horizon
                 tenants[request.tenant] = (state, expires)
-                heapq.heappush(self._burst_heap, (expires, request.node, request.tenant))
+                if entry is None:
+                    # One heap entry per tenant: the sweep moves it on if the tenant was
+                    # active since (so the heap tracks tenants, not grants).
+                    heapq.heappush(self._burst_heap, (expires, request.node, request.tenant))
             return outcome
 
     def _sweep_burst(self, now: float) -> None:
@@ -137,10 +140,14 @@ class MemoryBackend:
             if node is None:
                 continue
             entry = node[1].get(tenant)
-            if entry is not None and entry[1] <= now:
-                del node[1][tenant]
-                if not node[1] and not node[0].total:
-                    del self._nodes[node_key]
+            if entry is None:
+                continue
+            if entry[1] > now:
+                heapq.heappush(heap, (entry[1], node_key, tenant))
+                continue
+            del node[1][tenant]
+            if not node[1] and not node[0].total:
+                del self._nodes[node_key]
 
     def _ms(self, now: float | None) -> int:
         return round((self._clock.now() if now is None else now) * 1000)

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from ferryman.backends.base import Backend
@@ -48,6 +48,10 @@ class Session:
     holds: dict[HoldKey, int] = field(default_factory=dict)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
+    # One operation at a time per session, and none once it is closed: a call still running
+    # when the stream ends must finish (and be accounted) before the hold set is released.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
 
     @property
     def held(self) -> int:
@@ -124,6 +128,7 @@ class HoldManager:
             log.error("ending %d sessions: %s", len(self.sessions), reason)
         for session in self.sessions.values():
             session.holds.clear()
+            session.closed = True
             session.reason = reason
             session.ended.set()
         self.sessions.clear()
@@ -161,7 +166,12 @@ class HoldManager:
         """End a session and release everything it still holds (one call per hold)."""
         if self.sessions.pop(session.id, None) is None:
             return
+        session.closed = True
         self._stats.inc("ratelimit.service.holds.sessions_closed")
+        async with session.lock:
+            await self._release_all(session)
+
+    async def _release_all(self, session: Session) -> None:
         holds, session.holds = dict(session.holds), {}
         for (node, tenant, groups), copies in holds.items():
             try:
@@ -199,14 +209,18 @@ class HoldManager:
             session.holds[key] = held
         self._count(key[0], delta)
 
-    @contextlib.contextmanager
-    def _lease(self) -> Iterator[None]:
-        """A lapsed lease seen by any call ends every session."""
-        try:
-            yield
-        except LeaseLostError:
-            self._lose("this server's lease on the copy log lapsed; its holds were freed")
-            raise
+    @contextlib.asynccontextmanager
+    async def _operation(self, session: Session) -> AsyncIterator[None]:
+        """Run one operation of a session: serialized, refused once the session is closed;
+        a lapsed lease seen by the call ends every session."""
+        async with session.lock:
+            if session.closed:
+                raise SessionError("ferryman-session", f"session {session.id!r} has ended")
+            try:
+                yield
+            except LeaseLostError:
+                self._lose("this server's lease on the copy log lapsed; its holds were freed")
+                raise
 
     # -- operations ---------------------------------------------------------------------
 
@@ -224,13 +238,14 @@ class HoldManager:
         tenant = _tenant(entries)
         groups = policy.groups_of(tenant)
         node = self._engine.copies_node(rule)
-        with self._lease():
+        async with self._operation(session):
             outcome = await self._backend.reserve(
                 node, tenant, policy, groups, copies, min_copies, self.server_id, self.lease_ms,
                 self._now(),
             )  # fmt: skip
-        if outcome.granted:
-            self._hold(session, (node, tenant, tuple(g.name for g in groups)), outcome.granted)
+            if outcome.granted:
+                key = (node, tenant, tuple(g.name for g in groups))
+                self._hold(session, key, outcome.granted)
         return Reservation(policy, groups, outcome)
 
     def _held(self, session: Session, key: HoldKey, copies: int) -> None:
@@ -252,12 +267,12 @@ class HoldManager:
     ) -> None:
         rule = self._engine.resolve(domain, entries, "copies")[-1]
         key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
-        self._held(session, key, copies)
-        with self._lease():
+        async with self._operation(session):
+            self._held(session, key, copies)
             await self._backend.release(
                 key[0], key[1], key[2], copies, self.server_id, self.lease_ms, self._now()
             )
-        self._hold(session, key, -copies)
+            self._hold(session, key, -copies)
 
     async def transfer(
         self,
@@ -270,16 +285,16 @@ class HoldManager:
     ) -> str:
         rule = self._engine.resolve(domain, entries, "copies")[-1]
         key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
-        self._held(session, key, copies)
         secret = uuid.uuid4().hex
         payload = json.dumps([domain, [list(e) for e in entries], secret], separators=(",", ":"))
         transfer_id = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
-        with self._lease():
+        async with self._operation(session):
+            self._held(session, key, copies)
             await self._backend.transfer(
                 key[0], key[1], key[2], copies, ttl, secret, self.server_id, self.lease_ms,
                 self._now(),
             )  # fmt: skip
-        self._hold(session, key, -copies)
+            self._hold(session, key, -copies)
         self._stats.inc("ratelimit.service.holds.transfers_staged")
         return transfer_id
 
@@ -294,12 +309,12 @@ class HoldManager:
             raise NotFoundError("transfer_id", "unknown or expired transfer") from None
         rule = self._engine.resolve(str(domain), entries, "copies")[-1]
         node = self._engine.copies_node(rule)
-        with self._lease():
+        async with self._operation(session):
             seized = await self._backend.seize(
                 node, str(secret), self.server_id, self.lease_ms, self._now()
             )
-        copies, groups = seized.copies, seized.groups
-        self._hold(session, (node, _tenant(entries), groups), copies)
+            copies, groups = seized.copies, seized.groups
+            self._hold(session, (node, _tenant(entries), groups), copies)
         self._stats.inc("ratelimit.service.holds.transfers_seized")
         return str(domain), entries, groups, copies
 
