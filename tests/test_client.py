@@ -561,7 +561,13 @@ def test_examples_run_against_a_real_server(
         shutil.copy(source, config_dir.path / source.name)
     server = make_server(real_clock=True)
     target = f"127.0.0.1:{server.service.grpc_port}"
-    assert {"grpc_interceptor.py", "request_rate.py", "should_rate_limit.py"} <= set(EXAMPLES)
+    assert {
+        "grpc_interceptor.py",
+        "hold_copy.py",
+        "request_rate.py",
+        "should_rate_limit.py",
+        "transfer.py",
+    } <= set(EXAMPLES)
     # In parallel: each waits on the real clock for about a second.
     runs = {
         name: subprocess.Popen(
@@ -580,3 +586,17 @@ def test_examples_run_against_a_real_server(
     assert "message 6: OVER_LIMIT" in outputs["should_rate_limit.py"][0]
     assert "success=True granted 1" in outputs["request_rate.py"][0]
     assert "call 6: refused" in outputs["grpc_interceptor.py"][0]
+    held = outputs["hold_copy.py"][0]
+    assert "released 1 early, holding 2" in held
+    assert "afterwards all 4 copies are free again: success=True" in held
+    assert "multi-resource: success=True copies=2 (held [2], hits 2)" in held
+    transfer = outputs["transfer.py"][0].splitlines()
+    assert transfer == [
+        "process 1: holds 4 copies",
+        "process 1: staged 3 for process 2, has 1",
+        transfer[2],
+        "process 2: released 1, has 2 until its block ends",
+        "process 1: process 2 had 2 left and exited 0",
+        "process 1: still has 1",
+    ]
+    assert re.fullmatch(r"process 2: seized 3 copies of workers customer=example-\w+", transfer[2])

@@ -1,15 +1,17 @@
 """The Python client for ferryman: ``Client`` (blocking) and ``AsyncClient`` (asyncio).
 
-Both ask the service over gRPC: ``should_rate_limit`` (Envoy's API) and ``request_rate``
-(Charon burst tiers, retried with exponential backoff within ``max_wait``). An unreachable
+Both ask the service over gRPC: ``should_rate_limit`` (Envoy's API), ``request_rate``
+(Charon burst tiers, retried with exponential backoff within ``max_wait``), and held
+resources: ``hold_copy`` and ``seize_copy`` (context managers over a ``Hold`` that can be
+partly released or transferred to another process) and ``hold_resources`` (several
+resources at once, pseudo-atomically). Holds belong to the client's session, a stream the
+service watches: if the client dies, the service releases what it held. An unreachable
 or failing service gives degraded grants (``fail_open=True``, the default) or
 ServiceUnavailableError; a kill switch turns rejections into reported grants. The
 interceptors rate-limit a program's own outgoing gRPC calls through a client.
-
-Held resources (reserve, release, transfer, seize) will join these classes as methods.
 """
 
-from ferryman.client._async import AsyncClient
+from ferryman.client._async import AsyncClient, AsyncHold
 from ferryman.client._core import DEFAULT_TIMEOUT
 from ferryman.client._interceptor import (
     AsyncRateLimitInterceptor,
@@ -22,27 +24,37 @@ from ferryman.client._models import (
     Code,
     DescriptorLike,
     DescriptorStatus,
+    HoldGroup,
+    MultiHold,
     RateContext,
     RateLimit,
     RateLimitResult,
     RateResult,
+    ReserveContext,
+    Resource,
 )
-from ferryman.client._sync import Client
+from ferryman.client._sync import Client, Hold
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "AsyncClient",
+    "AsyncHold",
     "AsyncRateLimitInterceptor",
     "Client",
     "ClientStats",
     "Code",
     "DescriptorLike",
     "DescriptorStatus",
+    "Hold",
+    "HoldGroup",
+    "MultiHold",
     "RateContext",
     "RateLimit",
     "RateLimitInterceptor",
     "RateLimitResult",
     "RateResult",
+    "ReserveContext",
+    "Resource",
     "Route",
     "RouteFunction",
 ]

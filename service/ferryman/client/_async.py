@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -18,15 +19,104 @@ from ferryman.client._core import (
     Answer,
     ClientCore,
     Flow,
+    HoldState,
+    OpenSession,
     Request,
     Response,
+    SessionFailure,
+    SessionRef,
     Sleep,
 )
-from ferryman.client._models import ClientStats, DescriptorLike, RateLimitResult, RateResult
+from ferryman.client._holds import HoldView
+from ferryman.client._models import (
+    ClientStats,
+    DescriptorLike,
+    MultiHold,
+    RateLimitResult,
+    RateResult,
+    Resource,
+)
+from ferryman.client._sync import session_name
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "AsyncHold"]
 
 T = TypeVar("T")
+
+SessionEvent = limiter_pb2.SessionEvent
+SessionRequest = limiter_pb2.SessionRequest
+SessionCall = grpc.aio.StreamStreamCall[SessionRequest, SessionEvent]
+
+
+class _AsyncStream:
+    """One Session stream on the client's event loop, its events read by a task."""
+
+    def __init__(self, call: SessionCall, on_lost: Callable[[SessionRef], None]) -> None:
+        self.ref = SessionRef()
+        self._call = call
+        self._on_lost = on_lost
+        self._closing = False
+        self._reason = ""
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self, wait: float) -> SessionRef | grpc.RpcError:
+        try:
+            async with asyncio.timeout(wait):
+                await self._call.write(_protocol.open_request(session_name()))
+                event = await self._call.read()
+        except TimeoutError:
+            self._call.cancel()
+            return SessionFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer to the Session stream's open within {wait}s",
+            )
+        except grpc.RpcError as error:
+            self._call.cancel()
+            return error
+        if not isinstance(event, SessionEvent) or event.WhichOneof("event") != "opened":
+            self._call.cancel()
+            return SessionFailure(
+                grpc.StatusCode.UNAVAILABLE, "the session stream ended before it opened"
+            )
+        self.ref.id = event.opened.session_id
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="ferryman-session")
+        return self.ref
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                event = await self._call.read()
+                if not isinstance(event, SessionEvent):
+                    break  # EOF
+                if event.WhichOneof("event") == "closing":
+                    self._reason = event.closing.reason or "the service closed the session"
+        except grpc.RpcError as error:
+            details = error.details() if callable(getattr(error, "details", None)) else None
+            self._reason = self._reason or str(details or error)
+        except asyncio.CancelledError:
+            self._reason = self._reason or "cancelled"
+            raise
+        except Exception as error:  # never end a task with an unretrieved exception
+            self._reason = self._reason or repr(error)
+        finally:
+            if self.ref.end(self._reason or "the session stream ended") and not self._closing:
+                self._on_lost(self.ref)
+
+    async def stop(self, wait: float) -> None:
+        """Half-close the stream (the service then releases what the session holds), wait up
+        to ``wait`` seconds for the service to end it, then cancel it."""
+        self._closing = True
+        self.ref.end("closed by the client")
+        if wait > 0 and not self._call.done():
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._call.done_writing()
+                    if self._reader is not None:
+                        await asyncio.shield(self._reader)
+        self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
 
 
 class AsyncClient:
@@ -54,6 +144,11 @@ class AsyncClient:
         self._credentials = credentials
         self._channel: grpc.aio.Channel | None = None
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable[Request, Response]] = {}
+        self._session_method: (
+            grpc.aio.StreamStreamMultiCallable[SessionRequest, SessionEvent] | None
+        ) = None
+        self._stream: _AsyncStream | None = None
+        self._session_lock: asyncio.Lock | None = None
         self._closed = False
 
     @property
@@ -124,11 +219,108 @@ class AsyncClient:
                     limiter_pb2.RateResponse.FromString,
                 ),
             }
+            for method, request_type, response_type in _protocol.HOLD_METHODS:
+                self._methods[method] = channel.unary_unary(
+                    method, request_type.SerializeToString, response_type.FromString
+                )
+            self._session_method = channel.stream_stream(
+                _protocol.LIMITER_SESSION,
+                SessionRequest.SerializeToString,
+                SessionEvent.FromString,
+            )
             self._channel = channel
         return self._methods
 
-    async def _drive(self, flow: Flow[T]) -> T:
-        methods = self._open()
+    @contextlib.asynccontextmanager
+    async def hold_copy(
+        self,
+        domain: str,
+        descriptor: DescriptorLike,
+        copies: int = 1,
+        min_copies: int | None = None,
+        max_wait: float = 0,
+    ) -> AsyncIterator[AsyncHold]:
+        """Hold copies of a copy-limited node for an ``async with`` block.
+
+        See :meth:`ferryman.Client.hold_copy`; the hold is released on the way out, also
+        when the block raises or is cancelled.
+        """
+        state = await self._drive(
+            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait)
+        )
+        async with self._releasing([state]):
+            yield AsyncHold(self, state)
+
+    @contextlib.asynccontextmanager
+    async def seize_copy(self, transfer_id: str, min_copies: int = 1) -> AsyncIterator[AsyncHold]:
+        """Claim transferred copies for an ``async with`` block.
+
+        See :meth:`ferryman.Client.seize_copy`.
+        """
+        state = await self._drive(self._core.seize_flow(transfer_id, min_copies))
+        async with self._releasing([state]):
+            yield AsyncHold(self, state)
+
+    @contextlib.asynccontextmanager
+    async def hold_resources(
+        self,
+        resources: Sequence[Resource],
+        copies: int = 1,
+        min_copies: int | None = None,
+        max_wait: float = 0,
+    ) -> AsyncIterator[MultiHold[AsyncHold]]:
+        """Hold the same number of copies of several resources, pseudo-atomically.
+
+        See :meth:`ferryman.Client.hold_resources`.
+        """
+        held: list[HoldState] = []
+        async with self._releasing(held):
+            multi = await self._drive(
+                self._core.hold_resources_flow(resources, copies, min_copies, max_wait, held)
+            )
+            yield MultiHold(
+                multi.success,
+                multi.copies,
+                tuple(AsyncHold(self, s) for s in multi.holds),
+                multi.rate,
+                multi.waited,
+                multi.degraded,
+                multi.overridden,
+                multi.failed,
+            )
+
+    @contextlib.asynccontextmanager
+    async def _releasing(self, states: list[HoldState]) -> AsyncIterator[None]:
+        """Release what ``states`` still hold on the way out (quietly if the block raised)."""
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            await self._drive(self._core.release_all_flow(states, quiet=not ok), closing=True)
+
+    async def _open_session(self) -> SessionRef | grpc.RpcError:
+        """The open session, opening one if there is none or it ended."""
+        if self._session_lock is None:
+            self._session_lock = asyncio.Lock()
+        async with self._session_lock:
+            self._open()
+            stream = self._stream
+            if stream is not None and not stream.ref.ended:
+                return stream.ref
+            if stream is not None:
+                self._stream = None
+                await stream.stop(0)  # ended on our side (the service forgot it): cancel it
+            assert self._session_method is not None
+            stream = _AsyncStream(self._session_method(None), self._core.session_lost)
+            opened = await stream.open(self._core.timeout)
+            if isinstance(opened, SessionRef):
+                self._stream = stream
+                self._core.session_opened(opened)
+            return opened
+
+    async def _drive(self, flow: Flow[T], *, closing: bool = False) -> T:
+        methods = self._methods if closing else self._open()
         answer: Answer = None
         while True:
             try:
@@ -140,14 +332,28 @@ class AsyncClient:
                 await asyncio.sleep(step.seconds)
                 answer = None
                 continue
+            if isinstance(step, OpenSession):
+                answer = await self._open_session()
+                continue
+            metadata = (
+                None if step.session is None else ((_protocol.SESSION_METADATA, step.session.id),)
+            )
             try:
-                answer = await methods[step.method](step.request, timeout=self._core.timeout)
+                answer = await methods[step.method](
+                    step.request, timeout=self._core.timeout, metadata=metadata
+                )
             except grpc.RpcError as error:
                 answer = error
 
     async def aclose(self) -> None:
-        """Close the channel; calls made afterwards raise RuntimeError."""
+        """Close the session (the service releases what it still holds) and the channel.
+
+        Calls made afterwards raise RuntimeError; holds still open become no-ops.
+        """
         self._closed = True
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.stop(self._core.timeout)
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close(None)
@@ -167,3 +373,23 @@ class AsyncClient:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<ferryman.AsyncClient {self.target} {state}>"
+
+
+class AsyncHold(HoldView):
+    """Copies held for a block of :meth:`AsyncClient.hold_copy` or ``seize_copy``.
+
+    The same attributes as :class:`ferryman.Hold`; ``release`` and ``transfer`` are awaited.
+    """
+
+    def __init__(self, client: AsyncClient, state: HoldState) -> None:
+        super().__init__(state)
+        self._client = client
+
+    async def release(self, copies: int | None = None) -> None:
+        """Give back ``copies`` now (default: all that is left); see ``Hold.release``."""
+        flow = self._client._core.release_flow(self._state, copies, quiet=False)
+        await self._client._drive(flow, closing=True)
+
+    async def transfer(self, copies: int, ttl: float) -> str:
+        """Stage ``copies`` for another process; see ``Hold.transfer``."""
+        return await self._client._drive(self._client._core.transfer_flow(self._state, copies, ttl))

@@ -1,15 +1,21 @@
 """What the sync and async clients share: validation, policies and the retry flow, sans I/O.
 
-Each operation is a generator that yields the I/O it needs (a call to send, a sleep) and
-gets back the answer; ``Client`` drives it with blocking calls, ``AsyncClient`` with awaits.
+Each operation is a generator that yields the I/O it needs (a call to send, a sleep, the
+client's session) and gets back the answer; ``Client`` drives it with blocking calls,
+``AsyncClient`` with awaits. Holds are ``HoldState`` objects that the flows update in place;
+the drivers wrap them in ``Hold`` / ``AsyncHold``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 import math
 import random
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
@@ -26,21 +32,33 @@ from ferryman.client._models import (
     DescriptorLike,
     DescriptorStatus,
     Entries,
+    MultiHold,
     RateContext,
     RateLimitResult,
     RateResult,
+    ReserveContext,
+    Resource,
     normalize_descriptor,
 )
-from ferryman.errors import RequestError, ServiceUnavailableError
+from ferryman.errors import (
+    FerrymanError,
+    HoldError,
+    RequestError,
+    ServiceUnavailableError,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "Answer",
     "ClientCore",
     "Flow",
+    "HoldState",
+    "OpenSession",
     "Request",
     "Response",
     "Send",
+    "SessionFailure",
+    "SessionRef",
     "Sleep",
 ]
 
@@ -52,12 +70,65 @@ _UINT32 = 2**32 - 1
 DEFAULT_TIMEOUT = 1.0
 
 
+#: A transfer id that never reached the service: copies granted locally (degraded or by the
+#: kill switch) passed on to another process, which seizes them locally too.
+LOCAL_TRANSFER = "ferryman-local:"
+
+
+class SessionRef:
+    """A Session stream as the flows see it: its id, and whether (and why) it has ended.
+
+    The driver that owns the stream ends the ref when the stream ends; a flow ends it when
+    the service says it no longer knows the session. Once ended, a ref stays ended.
+    """
+
+    def __init__(self, session_id: str = "") -> None:
+        self.id = session_id
+        self.reason = ""
+        self._ended = threading.Event()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def end(self, reason: str) -> bool:
+        """End the ref; True for the call that ended it."""
+        with _END_LOCK:
+            if self._ended.is_set():
+                return False
+            self.reason = reason
+            self._ended.set()
+            return True
+
+
+_END_LOCK = threading.Lock()
+
+
+class SessionFailure(grpc.RpcError):
+    """A session that could not be opened (no answer in time, the stream ended at once)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
 @dataclass(frozen=True)
 class Send:
-    """Send ``request`` to ``method``; the flow gets back the response or the RpcError."""
+    """Send ``request`` to ``method``; the flow gets back the response or the RpcError.
+
+    With a ``session``, the call carries its id in the ``ferryman-session`` metadata.
+    """
 
     method: str
     request: Request
+    session: SessionRef | None = None
 
 
 @dataclass(frozen=True)
@@ -67,12 +138,82 @@ class Sleep:
     seconds: float
 
 
+@dataclass(frozen=True)
+class OpenSession:
+    """The client's open session (opened now if there is none, or it ended).
+
+    The flow gets back its SessionRef, or the RpcError that kept it from opening.
+    """
+
+
 T = TypeVar("T")
 
-Request = rls_pb2.RateLimitRequest | limiter_pb2.RateRequest
-Response = rls_pb2.RateLimitResponse | limiter_pb2.RateResponse
-Answer = Response | grpc.RpcError | None
-Flow = Generator[Send | Sleep, Answer, T]
+Request = (
+    rls_pb2.RateLimitRequest
+    | limiter_pb2.RateRequest
+    | limiter_pb2.ReserveRequest
+    | limiter_pb2.ReleaseRequest
+    | limiter_pb2.TransferRequest
+    | limiter_pb2.SeizeRequest
+)
+Response = (
+    rls_pb2.RateLimitResponse
+    | limiter_pb2.RateResponse
+    | limiter_pb2.ReserveResponse
+    | limiter_pb2.ReleaseResponse
+    | limiter_pb2.TransferResponse
+    | limiter_pb2.SeizeResponse
+)
+Answer = Response | SessionRef | grpc.RpcError | None
+Flow = Generator[Send | Sleep | OpenSession, Answer, T]
+
+
+class HoldState:
+    """A hold as the flows keep it; ``Hold`` and ``AsyncHold`` show it to the caller.
+
+    ``session`` is the session the copies are held by on the service; None when nothing is
+    held there (a rejection, a degraded or overridden grant). ``copies`` counts what the
+    caller still has; a release or transfer takes them off before its call and puts them
+    back if the call changed nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        domain: str,
+        entries: Entries,
+        success: bool,
+        copies: int,
+        waited: float,
+        attempts: int,
+        groups: tuple[str, ...] = (),
+        degraded: bool = False,
+        overridden: bool = False,
+        context: ReserveContext | None = None,
+        session: SessionRef | None = None,
+    ) -> None:
+        self.domain = domain
+        self.entries = entries
+        self.success = success
+        self.copies = copies
+        self.waited = waited
+        self.attempts = attempts
+        self.groups = groups
+        self.degraded = degraded
+        self.overridden = overridden
+        self.context = context
+        self.session = session
+        self.lost_copies = False
+
+    @property
+    def lost(self) -> bool:
+        """Whether the session holding these copies ended while the caller still had them."""
+        if self.lost_copies:
+            return True
+        return self.session is not None and self.session.ended and self.copies > 0
+
+    def describe(self) -> str:
+        return f"{self.domain} {_shown(self.entries)}"
 
 
 def _count(value: int, field: str, low: int) -> int:
@@ -81,6 +222,40 @@ def _count(value: int, field: str, low: int) -> int:
     if not low <= value <= _UINT32:
         raise RequestError(field, f"{value} is out of range [{low}, {_UINT32}]")
     return value
+
+
+def _seconds(value: float, field: str, *, positive: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        wanted = "seconds > 0" if positive else "seconds >= 0"
+        raise RequestError(field, f"expected {wanted}, got {value!r}")
+    return float(value)
+
+
+def _session_gone(error: grpc.RpcError) -> bool:
+    """The service does not know the session (it ended there, or this is another server)."""
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    return code is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _local_transfer_id(hold: HoldState, copies: int, degraded: bool) -> str:
+    payload = [hold.domain, [list(e) for e in hold.entries], copies, degraded, hold.overridden]
+    text = json.dumps(payload, separators=(",", ":")).encode()
+    return LOCAL_TRANSFER + base64.urlsafe_b64encode(text).decode().rstrip("=")
+
+
+def _parse_local_transfer_id(transfer_id: str) -> tuple[str, Entries, int, bool, bool]:
+    try:
+        raw = transfer_id[len(LOCAL_TRANSFER) :]
+        domain, entries, copies, degraded, overridden = json.loads(
+            base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        )
+        parsed = tuple((str(k), str(v)) for k, v in entries)
+        if not isinstance(copies, int) or copies < 1:
+            raise ValueError(copies)
+        return str(domain), parsed, copies, bool(degraded), bool(overridden)
+    except (ValueError, TypeError, binascii.Error):
+        raise RequestError("transfer_id", "malformed local transfer id") from None
 
 
 def _domain(domain: str) -> str:
@@ -240,6 +415,367 @@ class ClientCore:
                 return RateResult(False, 0, schedule.elapsed, attempts, context=context)
             self._counters.add("retries")
             yield Sleep(delay)
+
+    # Sessions: counted here, opened and watched by the drivers.
+
+    def session_opened(self, session: SessionRef) -> None:
+        self._counters.add("sessions")
+        log.debug("ferryman session %s opened at %s", session.id, self.target)
+
+    def session_lost(self, session: SessionRef) -> None:
+        """A session ended while in use: whatever was held through it is gone."""
+        self._counters.add("sessions_lost")
+        log.warning(
+            "ferryman session %s at %s ended (%s); the service released what it held, "
+            "holds taken through it are lost",
+            session.id,
+            self.target,
+            session.reason or "stream closed",
+        )
+
+    def _forget(self, session: SessionRef) -> None:
+        if session.end(f"the service no longer knows session {session.id}"):
+            self.session_lost(session)
+
+    # Holds: Limiter/Reserve, retried with backoff within max_wait.
+
+    def reserve_flow(
+        self,
+        domain: str,
+        descriptor: DescriptorLike,
+        copies: int,
+        min_copies: int | None,
+        max_wait: float,
+    ) -> Flow[HoldState]:
+        domain = _domain(domain)
+        entries = normalize_descriptor(descriptor)
+        copies = _count(copies, "copies", 1)
+        least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
+        if least > copies:
+            raise RequestError("min_copies", f"{least} is more than copies ({copies})")
+        max_wait = _seconds(max_wait, "max_wait")
+        request = _protocol.reserve_request(domain, entries, copies, least)
+        schedule = RetrySchedule(max_wait, draw=self._draw)
+        attempts = 0
+        context: ReserveContext | None = None
+        fresh = False  # a session opened again after the service forgot the first one
+
+        def done(
+            copies: int,
+            *,
+            groups: tuple[str, ...] = (),
+            degraded: bool = False,
+            overridden: bool = False,
+            session: SessionRef | None = None,
+        ) -> HoldState:
+            return HoldState(
+                domain=domain,
+                entries=entries,
+                success=copies > 0,
+                copies=copies,
+                waited=schedule.elapsed,
+                attempts=attempts,
+                groups=groups,
+                degraded=degraded,
+                overridden=overridden,
+                context=context,
+                session=session,
+            )
+
+        while True:
+            session = yield OpenSession()
+            if isinstance(session, grpc.RpcError):
+                self._fail(session, f"{least} copies of {domain} {_shown(entries)}")
+                self._counters.add("degraded")
+                return done(least, degraded=True)
+            assert isinstance(session, SessionRef)
+            attempts += 1
+            self._counters.add("calls")
+            answer = yield Send(_protocol.LIMITER_RESERVE, request, session)
+            if isinstance(answer, grpc.RpcError):
+                if _session_gone(answer) and not fresh:
+                    self._forget(session)
+                    fresh = True
+                    attempts -= 1
+                    continue
+                self._fail(answer, f"{least} copies of {domain} {_shown(entries)}")
+                self._counters.add("degraded")
+                return done(least, degraded=True)
+            assert isinstance(answer, limiter_pb2.ReserveResponse)
+            context = _protocol.reserve_context(answer)
+            if context.granted > 0:
+                self._counters.add("granted")
+                groups = tuple(g.name for g in context.groups)
+                return done(context.granted, groups=groups, session=session)
+            if self.kill_switch:
+                self._counters.add("overridden")
+                log.warning(
+                    "kill switch: rejection of %d copies of %s %s overridden, %d granted",
+                    copies,
+                    domain,
+                    _shown(entries),
+                    least,
+                )
+                return done(least, overridden=True)
+            delay = schedule.next_delay()
+            if delay is None:
+                self._counters.add("rejected")
+                return done(0)
+            self._counters.add("retries")
+            yield Sleep(delay)
+
+    def release_flow(self, hold: HoldState, copies: int | None, *, quiet: bool) -> Flow[None]:
+        """Give back ``copies`` (None: all the hold has left).
+
+        ``quiet`` (releasing on the way out of a block that raised): failures are logged,
+        never raised. Otherwise client errors raise, and so do outages when failing closed.
+        """
+        n = hold.copies if copies is None else _count(copies, "copies", 1)
+        if n == 0:
+            return
+        if n > hold.copies:
+            raise HoldError("copies", f"{n} is more than this hold has ({hold.copies})")
+        hold.copies -= n
+        session = hold.session
+        if session is None:
+            return  # nothing is held on the service
+        if session.ended:
+            hold.lost_copies = True
+            return  # the service released them when the session ended
+        self._counters.add("calls")
+        request = _protocol.release_request(hold.domain, hold.entries, n, hold.groups)
+        answer = yield Send(_protocol.LIMITER_RELEASE, request, session)
+        if not isinstance(answer, grpc.RpcError):
+            return
+        if _session_gone(answer):
+            self._forget(session)
+            hold.lost_copies = True
+            return
+        error = _protocol.translate(answer, self.target)
+        client_error = isinstance(error, RequestError)
+        if not quiet and (client_error or not self.fail_open):
+            hold.copies += n  # nothing changed (as far as the client can tell)
+            self._counters.add("errors")
+            raise error from answer
+        log.warning(
+            "could not release %d copies of %s (%s); %s",
+            n,
+            hold.describe(),
+            error,
+            "nothing was released"
+            if client_error
+            else f"they stay held until session {session.id} ends",
+        )
+
+    def transfer_flow(self, hold: HoldState, copies: int, ttl: float) -> Flow[str]:
+        """Stage ``copies`` for another session; the transfer id to hand over."""
+        n = _count(copies, "copies", 1)
+        ttl = _seconds(ttl, "ttl", positive=True)
+        if n > hold.copies:
+            raise HoldError("copies", f"{n} is more than this hold has ({hold.copies})")
+        session = hold.session
+        if session is None:  # degraded or overridden: the copies were granted locally
+            hold.copies -= n
+            return _local_transfer_id(hold, n, hold.degraded)
+        if session.ended:
+            hold.lost_copies = True
+            return self._transfer_locally(hold, n, f"session {session.id} ended")
+        hold.copies -= n
+        self._counters.add("calls")
+        request = _protocol.transfer_request(hold.domain, hold.entries, n, hold.groups, ttl)
+        answer = yield Send(_protocol.LIMITER_TRANSFER, request, session)
+        if isinstance(answer, grpc.RpcError):
+            hold.copies += n
+            if _session_gone(answer):
+                self._forget(session)
+                hold.lost_copies = True
+                return self._transfer_locally(hold, n, f"session {session.id} ended")
+            error = _protocol.translate(answer, self.target)
+            if isinstance(error, RequestError) or not self.fail_open:
+                self._counters.add("errors")
+                raise error from answer
+            return self._transfer_locally(
+                hold, n, f"{error}; they stay held until session {session.id} ends"
+            )
+        assert isinstance(answer, limiter_pb2.TransferResponse)
+        return str(answer.transfer_id)
+
+    def _transfer_locally(self, hold: HoldState, n: int, why: str) -> str:
+        """A transfer the service cannot take: degraded (fail open) or an error."""
+        if not self.fail_open:
+            self._counters.add("errors")
+            raise ServiceUnavailableError(self.target, "UNAVAILABLE", f"transfer: {why}")
+        log.warning(
+            "could not transfer %d copies of %s (%s); degraded mode, transferring them locally",
+            n,
+            hold.describe(),
+            why,
+        )
+        hold.copies -= n
+        return _local_transfer_id(hold, n, True)
+
+    def seize_flow(self, transfer_id: str, min_copies: int) -> Flow[HoldState]:
+        """Claim staged copies into this client's session."""
+        if not isinstance(transfer_id, str):
+            raise TypeError(f"transfer_id: expected a str, got {transfer_id!r}")
+        if not transfer_id:
+            raise RequestError("transfer_id", "must not be empty")
+        least = _count(min_copies, "min_copies", 1)
+        start = time.monotonic()
+        if transfer_id.startswith(LOCAL_TRANSFER):
+            domain, entries, copies, degraded, overridden = _parse_local_transfer_id(transfer_id)
+            self._counters.add("degraded" if degraded else "overridden")
+            return HoldState(
+                domain=domain,
+                entries=entries,
+                success=True,
+                copies=copies,
+                waited=0.0,
+                attempts=0,
+                degraded=degraded,
+                overridden=overridden and not degraded,
+            )
+        request = _protocol.seize_request(transfer_id)
+        attempts = 0
+        fresh = False
+        while True:
+            opened = yield OpenSession()
+            failure: grpc.RpcError
+            if isinstance(opened, grpc.RpcError):
+                failure = opened
+            else:
+                assert isinstance(opened, SessionRef)
+                session = opened
+                attempts += 1
+                self._counters.add("calls")
+                answer = yield Send(_protocol.LIMITER_SEIZE, request, session)
+                if not isinstance(answer, grpc.RpcError):
+                    break
+                if _session_gone(answer) and not fresh:
+                    self._forget(session)
+                    fresh = True
+                    continue
+                failure = answer
+            self._fail(failure, f"{least} copies of transfer {transfer_id}")
+            self._counters.add("degraded")
+            return HoldState(
+                domain="",
+                entries=(),
+                success=True,
+                copies=least,
+                waited=time.monotonic() - start,
+                attempts=attempts,
+                degraded=True,
+            )
+        assert isinstance(answer, limiter_pb2.SeizeResponse)
+        self._counters.add("granted")
+        return HoldState(
+            domain=answer.domain,
+            entries=tuple((e.key, e.value) for e in answer.descriptor),
+            success=True,
+            copies=answer.copies,
+            waited=time.monotonic() - start,
+            attempts=attempts,
+            groups=tuple(answer.groups),
+            session=session,
+        )
+
+    def release_all_flow(self, holds: Sequence[HoldState], *, quiet: bool) -> Flow[None]:
+        """Release what each hold has left, last first; the first error raised at the end."""
+        first: FerrymanError | None = None
+        for hold in reversed(holds):
+            try:
+                yield from self.release_flow(hold, None, quiet=quiet)
+            except FerrymanError as error:
+                first = first or error
+        if first is not None:
+            raise first
+
+    # Multi-resource holds (paper, 3.3).
+
+    def hold_resources_flow(
+        self,
+        resources: Sequence[Resource],
+        copies: int,
+        min_copies: int | None,
+        max_wait: float,
+        held: list[HoldState],
+    ) -> Flow[MultiHold[HoldState]]:
+        """Hold the same number of copies of every resource, pseudo-atomically.
+
+        Copy-limited resources first, in order, each asked for as many copies as the one
+        before got (the surplus of the earlier ones is released), then the rate-limited one
+        (if any) with what is left of ``max_wait``; the holds are trimmed to what it
+        granted. Each hold is appended to ``held`` as soon as it exists, so that the driver
+        releases it whatever happens; on a failure the flow releases them itself.
+        """
+        if isinstance(resources, str | bytes) or not isinstance(resources, Sequence):
+            raise TypeError("resources: expected a sequence of ferryman.Resource")
+        for i, r in enumerate(resources):
+            if not isinstance(r, Resource):
+                raise TypeError(f"resources[{i}]: expected a ferryman.Resource, got {r!r}")
+        if not resources:
+            raise ValueError("resources: expected at least one resource")
+        rated = [r for r in resources if r.rate_limited]
+        if len(rated) > 1:
+            raise ValueError(
+                f"resources: at most one may be rate-limited (hits cannot be given back), "
+                f"got {len(rated)}"
+            )
+        copies = _count(copies, "copies", 1)
+        least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
+        if least > copies:
+            raise RequestError("min_copies", f"{least} is more than copies ({copies})")
+        max_wait = _seconds(max_wait, "max_wait")
+        start = time.monotonic()
+
+        def left() -> float:
+            return max(0.0, max_wait - (time.monotonic() - start))
+
+        def failed(resource: Resource, rate: RateResult | None = None) -> MultiHold[HoldState]:
+            return MultiHold(False, 0, (), rate, time.monotonic() - start, failed=resource)
+
+        n = copies
+        for resource in resources:
+            if resource.rate_limited:
+                continue
+            hold = yield from self.reserve_flow(
+                resource.domain, resource.descriptor, n, least, left()
+            )
+            if not hold.success:
+                yield from self.release_all_flow(held, quiet=True)
+                held.clear()
+                return failed(resource)
+            held.append(hold)
+            if hold.copies < n:
+                n = hold.copies
+                for earlier in held[:-1]:
+                    if earlier.copies > n:
+                        yield from self.release_flow(earlier, earlier.copies - n, quiet=False)
+        rate: RateResult | None = None
+        if rated:
+            rate = yield from self.request_rate_flow(
+                rated[0].domain, rated[0].descriptor, n, least, left()
+            )
+            if not rate.success:
+                yield from self.release_all_flow(held, quiet=True)
+                held.clear()
+                return failed(rated[0], rate)
+            if rate.copies < n:
+                n = rate.copies
+                for hold in held:
+                    if hold.copies > n:
+                        yield from self.release_flow(hold, hold.copies - n, quiet=False)
+        parts: list[HoldState | RateResult] = [*held, *([rate] if rate else [])]
+        return MultiHold(
+            True,
+            n,
+            tuple(held),
+            rate,
+            time.monotonic() - start,
+            degraded=any(p.degraded for p in parts),
+            overridden=any(p.overridden for p in parts),
+        )
 
     def _fail(self, error: grpc.RpcError, what: str) -> None:
         """Raise for a client error or when failing closed; log the degraded answer otherwise."""

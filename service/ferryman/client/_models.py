@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from ferryman.errors import RequestError
 
@@ -14,10 +15,14 @@ __all__ = [
     "DescriptorLike",
     "DescriptorStatus",
     "Entries",
+    "HoldGroup",
+    "MultiHold",
     "RateContext",
     "RateLimit",
     "RateLimitResult",
     "RateResult",
+    "ReserveContext",
+    "Resource",
     "normalize_descriptor",
 ]
 
@@ -148,6 +153,71 @@ class RateResult:
 
 
 @dataclass(frozen=True)
+class HoldGroup:
+    """A group the tenant belonged to at reserve time: its limit and copies held in it."""
+
+    name: str
+    limit: int
+    held: int
+
+
+@dataclass(frozen=True)
+class ReserveContext:
+    """What the service said about a copy-limited node (``ferryman.v1.ReserveResponse``).
+
+    ``granted`` copies were taken by this reservation (0 on rejection). ``limit`` and
+    ``global_limit`` are the tenant's and the node's limits (None when unbounded);
+    ``tenant_held`` and ``global_held`` count the copies held after the call, and
+    ``groups`` the tenant's groups with their limits and counts.
+    """
+
+    granted: int
+    limit: int | None
+    global_limit: int | None
+    tenant_held: int
+    global_held: int
+    groups: tuple[HoldGroup, ...]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource of a multi-resource hold: a node named by domain and descriptor.
+
+    Copy-limited (held, released on exit) unless ``rate_limited`` (burst-tier hits, spent
+    for good); at most one resource of a multi-resource hold may be rate-limited.
+    """
+
+    domain: str
+    descriptor: DescriptorLike
+    rate_limited: bool = False
+
+
+H = TypeVar("H")
+
+
+@dataclass(frozen=True)
+class MultiHold(Generic[H]):
+    """What a multi-resource hold got: the same number of ``copies`` of every resource.
+
+    ``holds`` are the holds of the copy-limited resources, in the order given, each trimmed
+    to ``copies``; ``rate`` is the answer for the rate-limited resource (None without one).
+    On failure ``success`` is False, ``copies`` 0, ``holds`` empty (whatever was held is
+    already released) and ``failed`` names the resource that could not be had.
+    ``degraded`` / ``overridden``: some part was granted locally / by the kill switch.
+    ``waited`` is the time the whole acquisition took, in seconds.
+    """
+
+    success: bool
+    copies: int
+    holds: tuple[H, ...]
+    rate: RateResult | None
+    waited: float
+    degraded: bool = False
+    overridden: bool = False
+    failed: Resource | None = None
+
+
+@dataclass(frozen=True)
 class ClientStats:
     """What a client has done since it was created.
 
@@ -156,6 +226,8 @@ class ClientStats:
     (granted locally, the service having failed), ``overridden`` (rejections granted by
     the kill switch), ``errors`` (exceptions raised for the service's answer or failure).
     ``retries``: rejections followed by a backoff sleep and another attempt.
+    ``sessions``: Session streams opened for holds; ``sessions_lost``: those that ended
+    while the client was still using them (their holds are lost).
     """
 
     calls: int = 0
@@ -165,3 +237,5 @@ class ClientStats:
     degraded: int = 0
     overridden: int = 0
     errors: int = 0
+    sessions: int = 0
+    sessions_lost: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import grpc
@@ -14,26 +15,57 @@ from ferryman.client._models import (
     Code,
     DescriptorStatus,
     Entries,
+    HoldGroup,
     RateContext,
     RateLimit,
     RateLimitResult,
+    ReserveContext,
 )
 from ferryman.errors import NotFoundError, RequestError, ServiceUnavailableError
 
 __all__ = [
     "CLIENT_ERRORS",
+    "HOLD_METHODS",
+    "LIMITER_RELEASE",
     "LIMITER_REQUEST",
+    "LIMITER_RESERVE",
+    "LIMITER_SEIZE",
+    "LIMITER_SESSION",
+    "LIMITER_TRANSFER",
+    "SESSION_METADATA",
     "SHOULD_RATE_LIMIT",
     "channel_options",
+    "open_request",
     "rate_context",
     "rate_request",
+    "release_request",
+    "reserve_context",
+    "reserve_request",
     "rls_request",
     "rls_result",
+    "seize_request",
+    "transfer_request",
     "translate",
 ]
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 LIMITER_REQUEST = "/ferryman.v1.Limiter/Request"
+LIMITER_SESSION = "/ferryman.v1.Limiter/Session"
+LIMITER_RESERVE = "/ferryman.v1.Limiter/Reserve"
+LIMITER_RELEASE = "/ferryman.v1.Limiter/Release"
+LIMITER_TRANSFER = "/ferryman.v1.Limiter/Transfer"
+LIMITER_SEIZE = "/ferryman.v1.Limiter/Seize"
+
+#: The unary calls of held resources: (method, request type, response type).
+HOLD_METHODS = (
+    (LIMITER_RESERVE, limiter_pb2.ReserveRequest, limiter_pb2.ReserveResponse),
+    (LIMITER_RELEASE, limiter_pb2.ReleaseRequest, limiter_pb2.ReleaseResponse),
+    (LIMITER_TRANSFER, limiter_pb2.TransferRequest, limiter_pb2.TransferResponse),
+    (LIMITER_SEIZE, limiter_pb2.SeizeRequest, limiter_pb2.SeizeResponse),
+)
+
+#: The metadata entry that names the session of a Reserve, Release, Transfer or Seize.
+SESSION_METADATA = "ferryman-session"
 
 # The caller's mistakes: raised whatever fail_open says. Every other status is the
 # service failing, which a fail-open client answers in degraded mode (paper, 4.3).
@@ -149,4 +181,55 @@ def rate_context(response: limiter_pb2.RateResponse) -> RateContext:
         limited_by_hard_limit=response.limited_by_hard_limit,
         limited_by_global_limit=response.limited_by_global_limit,
         retry_after=_seconds(response.HasField("retry_after"), retry.seconds, retry.nanos),
+    )
+
+
+def _entries(entries: Entries) -> list[limiter_pb2.Entry]:
+    return [limiter_pb2.Entry(key=k, value=v) for k, v in entries]
+
+
+def open_request(client_name: str) -> limiter_pb2.SessionRequest:
+    return limiter_pb2.SessionRequest(open=limiter_pb2.SessionRequest.Open(client_name=client_name))
+
+
+def reserve_request(
+    domain: str, entries: Entries, copies: int, min_copies: int
+) -> limiter_pb2.ReserveRequest:
+    return limiter_pb2.ReserveRequest(
+        domain=domain, descriptor=_entries(entries), copies=copies, min_copies=min_copies
+    )
+
+
+def release_request(
+    domain: str, entries: Entries, copies: int, groups: Sequence[str]
+) -> limiter_pb2.ReleaseRequest:
+    return limiter_pb2.ReleaseRequest(
+        domain=domain, descriptor=_entries(entries), copies=copies, groups=list(groups)
+    )
+
+
+def transfer_request(
+    domain: str, entries: Entries, copies: int, groups: Sequence[str], ttl: float
+) -> limiter_pb2.TransferRequest:
+    request = limiter_pb2.TransferRequest(
+        domain=domain, descriptor=_entries(entries), copies=copies, groups=list(groups)
+    )
+    whole = math.floor(ttl)
+    request.ttl.seconds = whole
+    request.ttl.nanos = min(999_999_999, round((ttl - whole) * 1e9))
+    return request
+
+
+def seize_request(transfer_id: str) -> limiter_pb2.SeizeRequest:
+    return limiter_pb2.SeizeRequest(transfer_id=transfer_id)
+
+
+def reserve_context(response: limiter_pb2.ReserveResponse) -> ReserveContext:
+    return ReserveContext(
+        granted=response.granted,
+        limit=response.limit if response.HasField("limit") else None,
+        global_limit=response.global_limit if response.HasField("global_limit") else None,
+        tenant_held=response.tenant_held,
+        global_held=response.global_held,
+        groups=tuple(HoldGroup(g.name, g.limit, g.held) for g in response.groups),
     )

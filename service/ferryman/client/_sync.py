@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
+import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from types import TracebackType
 from typing import TypeVar
 
@@ -17,15 +23,109 @@ from ferryman.client._core import (
     Answer,
     ClientCore,
     Flow,
+    HoldState,
+    OpenSession,
     Request,
     Response,
+    SessionFailure,
+    SessionRef,
     Sleep,
 )
-from ferryman.client._models import ClientStats, DescriptorLike, RateLimitResult, RateResult
+from ferryman.client._holds import HoldView
+from ferryman.client._models import (
+    ClientStats,
+    DescriptorLike,
+    MultiHold,
+    RateLimitResult,
+    RateResult,
+    Resource,
+)
 
-__all__ = ["Client"]
+__all__ = ["Client", "Hold"]
 
 T = TypeVar("T")
+
+SessionEvent = limiter_pb2.SessionEvent
+SessionRequest = limiter_pb2.SessionRequest
+
+
+def session_name() -> str:
+    """How a session introduces itself to the service (shown in its logs and /status)."""
+    from ferryman import __version__
+
+    return f"ferryman-python/{__version__} {socket.gethostname()} pid {os.getpid()}"
+
+
+class _Stream:
+    """One Session stream: requests through a queue, events read by a daemon thread."""
+
+    def __init__(
+        self,
+        method: grpc.StreamStreamMultiCallable[SessionRequest, SessionEvent],
+        on_lost: Callable[[SessionRef], None],
+    ) -> None:
+        self.ref = SessionRef()
+        self._on_lost = on_lost
+        self._closing = False
+        self._reason = ""
+        self._out: queue.SimpleQueue[SessionRequest | None] = queue.SimpleQueue()
+        self._out.put(_protocol.open_request(session_name()))
+        self._opened: Future[str] = Future()
+        self._call = method(iter(self._out.get, None))
+        self._reader = threading.Thread(target=self._read, name="ferryman-session", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        failure: BaseException | None = None
+        try:
+            for event in self._call:
+                kind = event.WhichOneof("event")
+                if kind == "opened" and not self._opened.done():
+                    self.ref.id = event.opened.session_id
+                    self._opened.set_result(self.ref.id)
+                elif kind == "closing":
+                    self._reason = event.closing.reason or "the service closed the session"
+        except grpc.RpcError as error:
+            failure = error
+            details = error.details() if callable(getattr(error, "details", None)) else None
+            self._reason = self._reason or details or str(error)
+        except Exception as error:  # never die loudly in a daemon thread
+            failure = error
+            self._reason = self._reason or repr(error)
+        finally:
+            self._out.put(None)  # let grpc's request consumer finish
+            if not self._opened.done():
+                if not isinstance(failure, grpc.RpcError):
+                    failure = SessionFailure(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the session stream ended before it opened ({self._reason or 'EOF'})",
+                    )
+                self._opened.set_exception(failure)
+            if self.ref.end(self._reason or "the session stream ended") and not self._closing:
+                self._on_lost(self.ref)
+
+    def wait_opened(self, timeout: float) -> SessionRef | grpc.RpcError:
+        try:
+            self._opened.result(timeout)
+        except TimeoutError:
+            self.stop(0)
+            return SessionFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer to the Session stream's open within {timeout}s",
+            )
+        except grpc.RpcError as error:
+            return error
+        return self.ref
+
+    def stop(self, wait: float) -> None:
+        """End the stream: half-close it (the service then releases what the session holds),
+        wait up to ``wait`` seconds for the service to end it, then cancel it."""
+        self._closing = True
+        self.ref.end("closed by the client")
+        self._out.put(None)
+        if wait > 0:
+            self._reader.join(wait)
+        self._call.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
 
 
 class Client:
@@ -75,6 +175,19 @@ class Client:
                 limiter_pb2.RateResponse.FromString,
             ),
         }
+        for method, request_type, response_type in _protocol.HOLD_METHODS:
+            self._methods[method] = self._channel.unary_unary(
+                method, request_type.SerializeToString, response_type.FromString
+            )
+        self._session_method: grpc.StreamStreamMultiCallable[SessionRequest, SessionEvent] = (
+            self._channel.stream_stream(
+                _protocol.LIMITER_SESSION,
+                SessionRequest.SerializeToString,
+                SessionEvent.FromString,
+            )
+        )
+        self._stream: _Stream | None = None
+        self._session_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -132,8 +245,121 @@ class Client:
             self._core.request_rate_flow(domain, descriptor, copies, min_copies, max_wait)
         )
 
-    def _drive(self, flow: Flow[T]) -> T:
-        if self._closed:
+    @contextlib.contextmanager
+    def hold_copy(
+        self,
+        domain: str,
+        descriptor: DescriptorLike,
+        copies: int = 1,
+        min_copies: int | None = None,
+        max_wait: float = 0,
+    ) -> Iterator[Hold]:
+        """Hold ``copies`` (at least ``min_copies``) of a copy-limited node for a block.
+
+        A context manager: the hold it gives is released on the way out of the block, also
+        when the block raises. A rejection is retried with the backoff of
+        :meth:`request_rate` for up to ``max_wait`` seconds; check ``hold.success``::
+
+            with client.hold_copy("workers", {"customer": "acme"}, copies=3) as hold:
+                if hold.success:
+                    render(hold.copies)
+
+        Copies are held by the client's session (a stream opened on first use and closed
+        with the client): if the client dies, the service releases them. When the service
+        cannot be reached or fails, a fail-open client grants ``min_copies`` locally
+        (``hold.degraded``, nothing to release); with the kill switch a rejection grants
+        ``min_copies`` (``hold.overridden``, nothing held).
+        """
+        state = self._drive(
+            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait)
+        )
+        with self._releasing([state]):
+            yield Hold(self, state)
+
+    @contextlib.contextmanager
+    def seize_copy(self, transfer_id: str, min_copies: int = 1) -> Iterator[Hold]:
+        """Claim copies another client staged with ``Hold.transfer``, for a block.
+
+        The seized hold works as one from :meth:`hold_copy` and is released on the way out.
+        An unknown, expired or already seized ``transfer_id`` raises NotFoundError. When the
+        service cannot be reached, a fail-open client grants ``min_copies`` locally
+        (``degraded``), since only the service knows how many copies were staged.
+        """
+        state = self._drive(self._core.seize_flow(transfer_id, min_copies))
+        with self._releasing([state]):
+            yield Hold(self, state)
+
+    @contextlib.contextmanager
+    def hold_resources(
+        self,
+        resources: Sequence[Resource],
+        copies: int = 1,
+        min_copies: int | None = None,
+        max_wait: float = 0,
+    ) -> Iterator[MultiHold[Hold]]:
+        """Hold the same number of copies of several resources, pseudo-atomically (paper 3.3).
+
+        Copy-limited resources are reserved first, in order, each for as many copies as the
+        one before got (the surplus of the earlier ones is released at once); the one
+        rate-limited resource (``Resource(..., rate_limited=True)``; more than one is a
+        ValueError) is asked last with what is left of ``max_wait``, and the holds are
+        trimmed to the hits it granted. The block gets a :class:`MultiHold` with the final
+        ``copies`` (between ``min_copies`` and ``copies``) and the holds; every hold is
+        released on the way out. If any resource cannot be had, whatever was held is
+        released before the block runs and ``success`` is False::
+
+            resources = [Resource("workers", {"customer": "acme"}),
+                         Resource("cookbook", {"simple_user": "acme"}, rate_limited=True)]
+            with client.hold_resources(resources, copies=4, min_copies=1, max_wait=5) as got:
+                if got.success:
+                    process(got.copies)
+        """
+        held: list[HoldState] = []
+        with self._releasing(held):
+            multi = self._drive(
+                self._core.hold_resources_flow(resources, copies, min_copies, max_wait, held)
+            )
+            yield MultiHold(
+                multi.success,
+                multi.copies,
+                tuple(Hold(self, s) for s in multi.holds),
+                multi.rate,
+                multi.waited,
+                multi.degraded,
+                multi.overridden,
+                multi.failed,
+            )
+
+    @contextlib.contextmanager
+    def _releasing(self, states: list[HoldState]) -> Iterator[None]:
+        """Release what ``states`` still hold on the way out (quietly if the block raised)."""
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._drive(self._core.release_all_flow(states, quiet=not ok), closing=True)
+
+    def _open_session(self) -> SessionRef | grpc.RpcError:
+        """The open session, opening one if there is none or it ended."""
+        with self._session_lock:
+            if self._closed:
+                raise RuntimeError("this ferryman.Client is closed")
+            stream = self._stream
+            if stream is not None and not stream.ref.ended:
+                return stream.ref
+            if stream is not None:
+                stream.stop(0)  # ended on our side (the service forgot it): cancel it
+                self._stream = None
+            stream = _Stream(self._session_method, self._core.session_lost)
+            opened = stream.wait_opened(self._core.timeout)
+            if isinstance(opened, SessionRef):
+                self._stream = stream
+                self._core.session_opened(opened)
+            return opened
+
+    def _drive(self, flow: Flow[T], *, closing: bool = False) -> T:
+        if self._closed and not closing:
             raise RuntimeError("this ferryman.Client is closed")
         answer: Answer = None
         while True:
@@ -146,16 +372,32 @@ class Client:
                 time.sleep(step.seconds)
                 answer = None
                 continue
+            if isinstance(step, OpenSession):
+                answer = self._open_session()
+                continue
+            metadata = (
+                None if step.session is None else ((_protocol.SESSION_METADATA, step.session.id),)
+            )
             try:
-                answer = self._methods[step.method](step.request, timeout=self._core.timeout)
+                answer = self._methods[step.method](
+                    step.request, timeout=self._core.timeout, metadata=metadata
+                )
             except grpc.RpcError as error:
                 answer = error
 
     def close(self) -> None:
-        """Close the channel; calls made afterwards raise RuntimeError."""
-        if not self._closed:
+        """Close the session (the service releases what it still holds) and the channel.
+
+        Calls made afterwards raise RuntimeError; holds still open become no-ops.
+        """
+        with self._session_lock:
+            if self._closed:
+                return
             self._closed = True
-            self._channel.close()
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.stop(self._core.timeout)
+        self._channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -171,3 +413,39 @@ class Client:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<ferryman.Client {self.target} {state}>"
+
+
+class Hold(HoldView):
+    """Copies held for a block of :meth:`Client.hold_copy` or :meth:`Client.seize_copy`.
+
+    Attributes (read-only): ``success``, ``copies`` (what the caller has now), ``groups``,
+    ``waited``, ``attempts``, ``degraded``, ``overridden``, ``lost``, ``held``, ``context``
+    (the service's limits and counts), ``domain``, ``descriptor``. Use a hold from one
+    thread at a time.
+    """
+
+    def __init__(self, client: Client, state: HoldState) -> None:
+        super().__init__(state)
+        self._client = client
+
+    def release(self, copies: int | None = None) -> None:
+        """Give back ``copies`` now (default: all that is left); the rest stays held.
+
+        More than the hold has raises HoldError. When the service cannot be reached, a
+        fail-open client logs it (the copies stay counted until the session ends); a
+        fail-closed one raises ServiceUnavailableError and keeps the copies. After the
+        client closed (or the session ended: ``lost``) this only counts the copies off.
+        """
+        # Allowed after the client closed: its session ended, so nothing is left to send.
+        flow = self._client._core.release_flow(self._state, copies, quiet=False)
+        self._client._drive(flow, closing=True)
+
+    def transfer(self, copies: int, ttl: float) -> str:
+        """Stage ``copies`` for another process; the transfer id to hand it.
+
+        The copies stay counted but leave this hold; the receiver claims them with
+        ``seize_copy(transfer_id)`` within ``ttl`` seconds, or the service releases them.
+        Copies granted locally (degraded, overridden, or a lost session when failing open)
+        get a local transfer id that the receiver seizes locally, with the same flags.
+        """
+        return self._client._drive(self._client._core.transfer_flow(self._state, copies, ttl))
