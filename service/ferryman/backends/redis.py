@@ -537,19 +537,9 @@ class RedisBackend:
         lease_ms: int,
         now: float | None = None,
     ) -> ReserveOutcome:
-        args: list[Any] = [
-            tenant,
-            copies,
-            min_copies,
-            -1 if policy.limit is None else policy.limit,
-            -1 if policy.global_limit is None else policy.global_limit,
-            len(groups),
-        ]
-        for group in groups:
-            args.extend((group.name, group.limit))
+        args = _reserve_args(tenant, policy, groups, copies, min_copies)
         out = await self._copies(node, "reserve", server, lease_ms, now, args)
-        held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
-        return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
+        return _reserve_outcome(out, groups)
 
     async def release(
         self,
@@ -606,20 +596,10 @@ class RedisBackend:
         server: str,
         now: float | None = None,
     ) -> ReserveOutcome:
-        args: list[Any] = [
-            tenant,
-            copies,
-            copies,
-            -1 if policy.limit is None else policy.limit,
-            -1 if policy.global_limit is None else policy.global_limit,
-            len(groups),
-        ]
-        for group in groups:
-            args.extend((group.name, group.limit))
+        args = _reserve_args(tenant, policy, groups, copies, copies)
         args.extend((hold_id, round(policy.hold_ttl * 1000)))
         out = await self._copies(node, "ereserve", server, 0, now, args, tenant=tenant)
-        held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
-        return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
+        return _reserve_outcome(out, groups)
 
     async def envoy_release(
         self, node: str, tenant: str, copies: int, server: str, now: float | None = None
@@ -637,6 +617,28 @@ class RedisBackend:
         return await _apply_only_over(
             ops, current, lambda chosen: self.fixed_window(chosen, stop_when_over=False)
         )
+
+
+def _reserve_args(
+    tenant: str, policy: CopyPolicy, groups: tuple[CopyGroup, ...], copies: int, min_copies: int
+) -> list[Any]:
+    """The ARGV tail of copies.lua's reserve and ereserve."""
+    args: list[Any] = [
+        tenant,
+        copies,
+        min_copies,
+        -1 if policy.limit is None else policy.limit,
+        -1 if policy.global_limit is None else policy.global_limit,
+        len(groups),
+    ]
+    for group in groups:
+        args.extend((group.name, group.limit))
+    return args
+
+
+def _reserve_outcome(out: list[Any], groups: tuple[CopyGroup, ...]) -> ReserveOutcome:
+    held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
+    return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
 
 
 def _over(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
