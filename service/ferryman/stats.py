@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = [
     "CALL",
     "CONFIG_LOAD_ERROR",
     "CONFIG_LOAD_SUCCESS",
     "GLOBAL_SHADOW_MODE",
+    "HOLDS_BY_GROUP",
+    "HOLDS_BY_NODE",
     "LOCAL_CACHE_HITS",
     "RATE_LIMIT",
     "RULE_STATS",
     "SERVICE",
     "STATS_OVERFLOW",
     "TOTAL_REQUESTS",
+    "TRANSFERS_EXPIRED",
+    "Reading",
     "RuleSeries",
     "Stats",
 ]
@@ -29,6 +33,10 @@ GLOBAL_SHADOW_MODE = "ratelimit.service.global_shadow_mode"
 STATS_OVERFLOW = "ratelimit.service.stats_overflow"
 LOCAL_CACHE_HITS = "ratelimit.service.local_cache_hits"
 TOTAL_REQUESTS = "ratelimit_server.ShouldRateLimit.total_requests"
+TRANSFERS_EXPIRED = "ratelimit.service.holds.transfers_expired"
+# Gauges read at collection (Stats.reader): copies held by this server's sessions.
+HOLDS_BY_NODE = "ratelimit.service.holds.copies_held_by_node"
+HOLDS_BY_GROUP = "ratelimit.service.holds.copies_held_by_group"
 
 # The per-rule stats of the reference, plus the per-domain one that shares their prefix.
 RULE_STATS = (
@@ -40,10 +48,14 @@ RULE_STATS = (
     "over_limit_with_local_cache",
     "domain_not_found",
     "burst",
+    "tier_hits",
 )
 
-# (stat, path, value): path is (domain, level1, level2, ...), or None for the overflow series.
-RuleSeries = tuple[str, tuple[str, ...] | None, int]
+# (stat, path, labels, value): path is (domain, level1, level2, ...), or None for the overflow
+# series; labels are the series' own extra labels (a burst tier's ``tier``), as pairs.
+RuleSeries = tuple[str, tuple[str, ...] | None, tuple[tuple[str, str], ...], int]
+# One gauge reading: (labels, value).
+Reading = tuple[dict[str, str], int]
 
 
 class Stats:
@@ -59,9 +71,11 @@ class Stats:
     def __init__(self, max_series: int = 10_000) -> None:
         self._values: dict[str, int] = {}
         # Every rule series by name, with its stat and its parts (for exporters' labels).
-        self._rules: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+        self._rules: dict[str, tuple[str, tuple[str, ...] | None, tuple[tuple[str, str], ...]]] = {}
         self.max_series = max_series
         self._lock = threading.Lock()
+        # Live values read at collection (gauges), by name: what another component holds now.
+        self._readers: dict[str, Callable[[], list[Reading]]] = {}
 
     def inc(self, name: str, amount: int = 1) -> None:
         """Add to a fixed-name counter (never folded: its names are few and known)."""
@@ -70,27 +84,38 @@ class Stats:
         with self._lock:
             self._values[name] = self._values.get(name, 0) + amount
 
-    def rule(self, key: str, stat: str, amount: int, path: tuple[str, ...] | None = None) -> None:
+    def rule(
+        self,
+        key: str,
+        stat: str,
+        amount: int,
+        path: tuple[str, ...] | None = None,
+        labels: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         """Add to ``ratelimit.service.rate_limit.<key>.<stat>``.
 
         ``path`` is ``key`` in parts, ``(domain, level1, ...)``; it is stored once, when the
         series appears, so that exporters can label it even when a part contains a dot.
-        Without it the key is split at its dots.
+        Without it the key is split at its dots. ``labels`` are extra (name, value) labels
+        whose values come from configuration (a burst tier's index): each pair adds
+        ``.<name>_<value>`` before the stat in the name; the overflow series drops them.
         """
         if amount == 0:
             return
-        name = f"{RATE_LIMIT}.{key}.{stat}"
+        extra = "".join(f".{k}_{v}" for k, v in labels)
+        name = f"{RATE_LIMIT}.{key}{extra}.{stat}"
         with self._lock:
             values = self._values
             if name in values:
                 values[name] += amount
             elif len(self._rules) < self.max_series:
                 values[name] = amount
-                self._rules[name] = (stat, tuple(key.split(".")) if path is None else path)
+                parts = tuple(key.split(".")) if path is None else path
+                self._rules[name] = (stat, parts, labels)
             else:
                 overflow = f"{RATE_LIMIT}.overflow.{stat}"
                 if overflow not in values:
-                    self._rules[overflow] = (stat, None)
+                    self._rules[overflow] = (stat, None, ())
                 values[overflow] = values.get(overflow, 0) + amount
                 values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
 
@@ -101,10 +126,24 @@ class Stats:
             return len(self._rules)
 
     def rule_series(self) -> list[RuleSeries]:
-        """Every per-rule series as (stat, path, value), at one instant."""
+        """Every per-rule series as (stat, path, labels, value), at one instant."""
         with self._lock:
             values = self._values
-            return [(stat, path, values[name]) for name, (stat, path) in self._rules.items()]
+            return [
+                (stat, path, labels, values[name])
+                for name, (stat, path, labels) in self._rules.items()
+            ]
+
+    def reader(self, name: str, read: Callable[[], list[Reading]]) -> None:
+        """Register ``read`` as the source of the gauge ``name`` (the last one wins)."""
+        with self._lock:
+            self._readers[name] = read
+
+    def read(self, name: str) -> list[Reading]:
+        """The readings of the gauge ``name`` now, at most ``max_series`` of them."""
+        with self._lock:
+            read = self._readers.get(name)
+        return read()[: self.max_series] if read is not None else []
 
     def get(self, name: str) -> int:
         with self._lock:

@@ -62,10 +62,13 @@ from ferryman.stats import (
     CONFIG_LOAD_ERROR,
     CONFIG_LOAD_SUCCESS,
     GLOBAL_SHADOW_MODE,
+    HOLDS_BY_GROUP,
+    HOLDS_BY_NODE,
     LOCAL_CACHE_HITS,
     RULE_STATS,
     STATS_OVERFLOW,
     TOTAL_REQUESTS,
+    TRANSFERS_EXPIRED,
     Stats,
 )
 
@@ -113,6 +116,7 @@ _RULE_HELP = {
     "over_limit_with_local_cache": "Over-limit hits answered from the local over-limit cache.",
     "domain_not_found": "Requests for a domain that no configuration defines.",
     "burst": "Requests on a burst-tier node that entered a higher tier.",
+    "tier_hits": "Hits granted on a burst-tier node, by the tier the tenant was in after them.",
 }
 # (name, stat, help): the service-wide counters read from Stats.
 _FIXED_COUNTERS = (
@@ -135,6 +139,11 @@ _FIXED_COUNTERS = (
         "ratelimit_service_holds_transfers_seized",
         "ratelimit.service.holds.transfers_seized",
         "Staged copies claimed by a session.",
+    ),
+    (
+        "ratelimit_service_holds_transfers_expired",
+        TRANSFERS_EXPIRED,
+        "Staged copies nobody claimed within the transfer's ttl (given back to the pools).",
     ),
     (
         "ratelimit_service_holds_lease_lost",
@@ -308,7 +317,9 @@ class _RuleView:
         self._lock = threading.Lock()
         self._by_stat: dict[str, list[Observation]] = {}
         self._served: set[str] = set(RULE_STATS)
-        self._attributes: dict[tuple[str, ...] | None, dict[str, str]] = {}
+        self._attributes: dict[
+            tuple[tuple[str, ...] | None, tuple[tuple[str, str], ...]], dict[str, str]
+        ] = {}
 
     def callback(self, stat: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -326,10 +337,10 @@ class _RuleView:
     def _read(self) -> None:
         grouped: dict[str, list[Observation]] = {}
         cache = self._attributes
-        for stat, path, value in self._stats.rule_series():
-            attributes = cache.get(path)
+        for stat, path, labels, value in self._stats.rule_series():
+            attributes = cache.get((path, labels))
             if attributes is None:
-                attributes = cache[path] = _path_attributes(path)
+                attributes = cache[path, labels] = {**_path_attributes(path), **dict(labels)}
             grouped.setdefault(stat, []).append(Observation(value, attributes))
         self._by_stat = grouped
         self._served = set()
@@ -350,6 +361,15 @@ def _counter_callback(
 ) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(stats.get(name), attributes)]
+
+    return observe
+
+
+def _reading_callback(
+    stats: Stats, name: str
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, labels) for labels, value in stats.read(name)]
 
     return observe
 
@@ -473,6 +493,17 @@ class Telemetry:
                 callbacks=[view.callback(stat)],
                 description=_RULE_HELP[stat],
             )
+        # Before the counters: reading the holds also adds the transfers expired since.
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_copies_held_by_node",
+            callbacks=[_reading_callback(stats, HOLDS_BY_NODE)],
+            description="Copies held by this server's sessions, per copy-limited node.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_copies_held_by_group",
+            callbacks=[_reading_callback(stats, HOLDS_BY_GROUP)],
+            description="Copies held by this server's sessions, per node and copy group.",
+        )
         for name, stat_name, description in _FIXED_COUNTERS:
             meter.create_observable_counter(
                 name, callbacks=[_counter_callback(stats, stat_name)], description=description

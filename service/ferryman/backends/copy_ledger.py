@@ -56,6 +56,9 @@ class CopyLedger:
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
+        # Transfers that lapsed unclaimed, all nodes together (copies.lua reports the same
+        # count per call, which the Redis backend adds up under the same name).
+        self.transfers_expired = 0
 
     def _node(
         self, node: str, server: str, lease_ms: int, now_ms: int, serving: bool = True
@@ -80,6 +83,7 @@ class CopyLedger:
                 for f in _fields(transfer.tenant, transfer.groups):
                     self._add(state.counts, f, -transfer.copies)
                 del state.transfers[tid]
+                self.transfers_expired += 1
         for hid, (expiry, *_rest) in list(state.envoy.items()):
             if expiry < now_ms:
                 self._drop_envoy(state, hid, None)

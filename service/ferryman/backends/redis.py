@@ -194,6 +194,8 @@ class RedisBackend:
         self._burst_sha: str | None = None
         self._copies_source = _script("copies.lua")
         self._copies_sha: str | None = None
+        # Transfers that copies.lua expired during this backend's calls (lapsed unclaimed).
+        self.transfers_expired = 0
         self._client: Any = None
         self._sentinel: Sentinel | None = None
         self._source = _script("fixed_window.lua")
@@ -521,6 +523,8 @@ class RedisBackend:
             [op, server, lease_ms, tag, when, *args],
         )
         out = [x.decode() if isinstance(x, bytes) else x for x in reply]
+        # The last element: transfers this call expired (copies.lua reports it in every reply).
+        self.transfers_expired += int(out.pop())
         if out[0] == "lease_lost":
             raise LeaseLostError(f"the lease of server {server} lapsed; its holds were freed")
         return out
@@ -705,7 +709,7 @@ class RoutedBackend:
     # Held copies live on the main Redis only.
     def __getattr__(self, name: str) -> Any:
         if name in ("reserve", "release", "transfer", "seize", "renew", "envoy_reserve",
-                    "envoy_release"):  # fmt: skip
+                    "envoy_release", "transfers_expired"):  # fmt: skip
             return getattr(self._main, name)
         raise AttributeError(name)
 

@@ -512,11 +512,14 @@ class RateLimitEngine:
         return BurstRequest(node, tenant, rule.burst, copies, min_copies)
 
     def _count_burst(
-        self, key: str, labels: tuple[str, ...], hits: int, granted: int, shadow: bool
+        self, key: str, labels: tuple[str, ...], hits: int, outcome: BurstOutcome, shadow: bool
     ) -> None:
         stats = self._stats
+        granted = outcome.granted
         stats.rule(key, "total_hits", hits, labels)
         stats.rule(key, "within_limit", granted, labels)
+        # Tiers come from configuration: one series per tier at most.
+        stats.rule(key, "tier_hits", granted, labels, (("tier", str(outcome.tier_index)),))
         if granted < hits:
             stats.rule(key, "over_limit", hits - granted, labels)
             if shadow:
@@ -524,7 +527,7 @@ class RateLimitEngine:
 
     def _burst_status(self, b: _BurstItem, outcome: BurstOutcome, over: bool) -> Status:
         """The Envoy view of a burst decision: the current tier as the limit."""
-        self._count_burst(b.stats_key, b.stats_path, b.hits, outcome.granted, b.rule.shadow_mode)
+        self._count_burst(b.stats_key, b.stats_path, b.hits, outcome, b.rule.shadow_mode)
         if outcome.burst:
             self._stats.rule(b.stats_key, "burst", 1, b.stats_path)
         policy = b.policy
@@ -602,7 +605,7 @@ class RateLimitEngine:
             self._stats.inc(f"{CALL}.degraded")
             outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
             return rule.burst, outcome
-        self._count_burst(key, parts, copies, outcome.granted, False)
+        self._count_burst(key, parts, copies, outcome, False)
         if outcome.burst:
             self._stats.rule(key, "burst", 1, parts)
         return rule.burst, outcome

@@ -26,7 +26,7 @@ from ferryman.clock import Clock
 from ferryman.errors import BackendError, HoldError, LeaseLostError, NotFoundError, RequestError
 from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 from ferryman.limits.engine import RateLimitEngine
-from ferryman.stats import Stats
+from ferryman.stats import HOLDS_BY_GROUP, HOLDS_BY_NODE, TRANSFERS_EXPIRED, Reading, Stats
 
 __all__ = ["HoldManager", "Session", "SessionError"]
 
@@ -92,6 +92,10 @@ class HoldManager:
         self._renewer: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._renewed_at = time.monotonic()
+        # Transfers the backend has expired so far (its running total), as last added to Stats.
+        self._expired_seen = self._backend_expired()
+        stats.reader(HOLDS_BY_NODE, self._by_node)
+        stats.reader(HOLDS_BY_GROUP, self._by_group)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -115,6 +119,7 @@ class HoldManager:
                 for node in [n for n, held in self._nodes.items() if held > 0]:
                     await self._backend.renew(node, self.server_id, self.lease_ms, self._now())
                 self._renewed_at = time.monotonic()
+                self._count_expired()
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
             except BackendError as exc:
@@ -187,6 +192,7 @@ class HoldManager:
                 # so retrying forever is not needed; say what happened.
                 log.warning("could not release %d copies of %s for %s: %s", copies, node,
                             tenant, exc)  # fmt: skip
+        self._count_expired()
 
     def spawn_close(self, session: Session) -> None:
         """Close a session in the background (from a stream that is being cancelled)."""
@@ -221,6 +227,8 @@ class HoldManager:
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
                 raise
+            finally:
+                self._count_expired()
 
     # -- operations ---------------------------------------------------------------------
 
@@ -317,6 +325,35 @@ class HoldManager:
             self._hold(session, (node, _tenant(entries), groups), copies)
         self._stats.inc("ratelimit.service.holds.transfers_seized")
         return str(domain), entries, groups, copies
+
+    def _backend_expired(self) -> int:
+        """The backend's running count of transfers it expired (the memory backend keeps it
+        in its ledger, Redis counts what copies.lua reports); 0 for a backend without one."""
+        source = getattr(self._backend, "ledger", self._backend)
+        return int(getattr(source, "transfers_expired", 0))
+
+    def _count_expired(self) -> None:
+        """Add the transfers expired since the last look to Stats. Expiry happens at the
+        start of the next operation on the node, whoever makes it (a session, Envoy, the
+        lease renewal), so this runs after each of ours and at collection."""
+        total = self._backend_expired()
+        if total > self._expired_seen:
+            self._stats.inc(TRANSFERS_EXPIRED, total - self._expired_seen)
+        self._expired_seen = total
+
+    def _by_node(self) -> list[Reading]:
+        self._count_expired()
+        return [({"node": node}, held) for node, held in sorted(self._nodes.items())]
+
+    def _by_group(self) -> list[Reading]:
+        """Copies held per (node, group) by this server's sessions; nodes and groups come
+        from configuration, so the set is bounded."""
+        held: dict[tuple[str, str], int] = {}
+        for session in list(self.sessions.values()):
+            for (node, _tenant, groups), copies in list(session.holds.items()):
+                for group in groups:
+                    held[node, group] = held.get((node, group), 0) + copies
+        return [({"node": n, "group": g}, c) for (n, g), c in sorted(held.items())]
 
     @property
     def copies_held(self) -> int:

@@ -29,7 +29,9 @@
 --           for Envoy that expires by itself -> like reserve
 -- erelease: ARGV[6] tenant, [7] copies -> {"ok", released} (oldest holds first; holds that
 --           already expired are not released twice)
--- Any call returns {"lease_lost"} when this server's lease had lapsed: its holds are gone.
+-- Any call returns {"lease_lost", 0} when this server's lease had lapsed: its holds are gone.
+-- Every other reply ends with one more element: how many transfers this call expired (the
+-- ones nobody seized in time), e.g. reserve -> {"ok", granted, ..., expired}.
 local K_COUNTS, K_LEASES, K_MINE, K_XQ, K_XREC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_DEAD = KEYS[6]
 local K_EQ, K_EH, K_ET = KEYS[7], KEYS[8], KEYS[9]
@@ -74,11 +76,12 @@ for i = 1, #leases, 2 do
 end
 redis.call('ZREMRANGEBYSCORE', K_DEAD, '-inf', now - 86400000)
 if serving and (lost or redis.call('ZSCORE', K_DEAD, me) ~= false) then
-  return {'lease_lost'}
+  return {'lease_lost', 0}
 end
 
 -- Transfers nobody seized in time go back to the pools.
 local expired = redis.call('ZRANGEBYSCORE', K_XQ, '-inf', '(' .. now)
+local n_expired = #expired
 for _, id in ipairs(expired) do
   local rec = tag .. ':x:' .. id
   local copies = tonumber(redis.call('HGET', rec, 'copies') or '0')
@@ -129,112 +132,120 @@ local function held(field)
   return tonumber(redis.call('HGET', K_COUNTS, field) or '0')
 end
 
-if op == 'renew' then
-  return {'ok'}
-end
-
-if op == 'erelease' then
-  local want = tonumber(ARGV[7])
-  local released = 0
-  while released < want do
-    local id = redis.call('LPOP', K_ET)
-    if not id then break end
-    if redis.call('HEXISTS', K_EH, id) == 1 then
-      local n = drop_envoy_hold(id, want - released)
-      released = released + n
-      if redis.call('HEXISTS', K_EH, id) == 1 then redis.call('LPUSH', K_ET, id) end
-    end
-  end
-  return {'ok', released}
-end
-
-if op == 'reserve' or op == 'ereserve' then
-  local tenant, copies, min_copies = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-  local tlimit, glimit, g = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-  local room = copies
-  local th = held('d:' .. tenant)
-  if tlimit >= 0 then room = math.min(room, tlimit - th) end
-  local names = {}
-  for i = 1, g do
-    local name, limit = ARGV[10 + 2 * i], tonumber(ARGV[11 + 2 * i])
-    names[i] = name
-    room = math.min(room, limit - held('g:' .. name))
-  end
-  local all = held('all')
-  if glimit >= 0 then room = math.min(room, glimit - all) end
-  local granted = 0
-  if room >= math.max(min_copies, 1) then granted = room end
-  if granted > 0 and op == 'reserve' then
-    add('d:' .. tenant, granted)
-    mine('d:' .. tenant, granted)
-    add('all', granted)
-    mine('all', granted)
-    for i = 1, g do
-      add('g:' .. names[i], granted)
-      mine('g:' .. names[i], granted)
-    end
-  elseif granted > 0 then
-    local id, hold_ttl = ARGV[12 + 2 * g], tonumber(ARGV[13 + 2 * g])
-    add('d:' .. tenant, granted)
-    add('all', granted)
-    for i = 1, g do add('g:' .. names[i], granted) end
-    local rec = {tenant, tostring(granted)}
-    for i = 1, g do rec[#rec + 1] = names[i] end
-    redis.call('HSET', K_EH, id, table.concat(rec, '\n'))
-    redis.call('ZADD', K_EQ, now + hold_ttl, id)
-    -- Forget ids at the head of the tenant's list whose holds are gone, then queue this one.
-    while true do
-      local head = redis.call('LINDEX', K_ET, 0)
-      if not head or redis.call('HEXISTS', K_EH, head) == 1 then break end
-      redis.call('LPOP', K_ET)
-    end
-    redis.call('RPUSH', K_ET, id)
-  end
-  local out = {'ok', granted, held('d:' .. tenant), held('all')}
-  for i = 1, g do out[#out + 1] = held('g:' .. names[i]) end
-  return out
-end
-
-if op == 'release' or op == 'transfer' then
-  local tenant, copies, g = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-  local fields = {'d:' .. tenant, 'all'}
-  local names = {}
-  for i = 1, g do
-    names[i] = ARGV[8 + i]
-    fields[#fields + 1] = 'g:' .. names[i]
-  end
-  for _, f in ipairs(fields) do
-    local have = tonumber(redis.call('HGET', K_MINE, f) or '0')
-    if have < copies then return {'over', have} end
-  end
-  for _, f in ipairs(fields) do mine(f, -copies) end
-  if op == 'release' then
-    for _, f in ipairs(fields) do add(f, -copies) end
+-- The operation itself; nil for an unknown one.
+local function dispatch()
+  if op == 'renew' then
     return {'ok'}
   end
-  local xttl, id = tonumber(ARGV[9 + g]), ARGV[10 + g]
-  redis.call('HSET', K_XREC, 'tenant', tenant, 'copies', copies, 'groups', table.concat(names, '\n'))
-  redis.call('PEXPIRE', K_XREC, xttl + ttl)
-  redis.call('ZADD', K_XQ, now + xttl, id)
-  return {'ok', id}
-end
 
-if op == 'seize' then
-  local id = ARGV[6]
-  if redis.call('ZSCORE', K_XQ, id) == false then return {'missing'} end
-  local tenant = redis.call('HGET', K_XREC, 'tenant')
-  local copies = tonumber(redis.call('HGET', K_XREC, 'copies') or '0')
-  local groups = redis.call('HGET', K_XREC, 'groups') or ''
-  redis.call('DEL', K_XREC)
-  redis.call('ZREM', K_XQ, id)
-  mine('d:' .. tenant, copies)
-  mine('all', copies)
-  local out = {'ok', tenant, copies}
-  for name in string.gmatch(groups, '[^\n]+') do
-    mine('g:' .. name, copies)
-    out[#out + 1] = name
+  if op == 'erelease' then
+    local want = tonumber(ARGV[7])
+    local released = 0
+    while released < want do
+      local id = redis.call('LPOP', K_ET)
+      if not id then break end
+      if redis.call('HEXISTS', K_EH, id) == 1 then
+        local n = drop_envoy_hold(id, want - released)
+        released = released + n
+        if redis.call('HEXISTS', K_EH, id) == 1 then redis.call('LPUSH', K_ET, id) end
+      end
+    end
+    return {'ok', released}
   end
-  return out
+
+  if op == 'reserve' or op == 'ereserve' then
+    local tenant, copies, min_copies = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+    local tlimit, glimit, g = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+    local room = copies
+    local th = held('d:' .. tenant)
+    if tlimit >= 0 then room = math.min(room, tlimit - th) end
+    local names = {}
+    for i = 1, g do
+      local name, limit = ARGV[10 + 2 * i], tonumber(ARGV[11 + 2 * i])
+      names[i] = name
+      room = math.min(room, limit - held('g:' .. name))
+    end
+    local all = held('all')
+    if glimit >= 0 then room = math.min(room, glimit - all) end
+    local granted = 0
+    if room >= math.max(min_copies, 1) then granted = room end
+    if granted > 0 and op == 'reserve' then
+      add('d:' .. tenant, granted)
+      mine('d:' .. tenant, granted)
+      add('all', granted)
+      mine('all', granted)
+      for i = 1, g do
+        add('g:' .. names[i], granted)
+        mine('g:' .. names[i], granted)
+      end
+    elseif granted > 0 then
+      local id, hold_ttl = ARGV[12 + 2 * g], tonumber(ARGV[13 + 2 * g])
+      add('d:' .. tenant, granted)
+      add('all', granted)
+      for i = 1, g do add('g:' .. names[i], granted) end
+      local rec = {tenant, tostring(granted)}
+      for i = 1, g do rec[#rec + 1] = names[i] end
+      redis.call('HSET', K_EH, id, table.concat(rec, '\n'))
+      redis.call('ZADD', K_EQ, now + hold_ttl, id)
+      -- Forget ids at the head of the tenant's list whose holds are gone, then queue this one.
+      while true do
+        local head = redis.call('LINDEX', K_ET, 0)
+        if not head or redis.call('HEXISTS', K_EH, head) == 1 then break end
+        redis.call('LPOP', K_ET)
+      end
+      redis.call('RPUSH', K_ET, id)
+    end
+    local out = {'ok', granted, held('d:' .. tenant), held('all')}
+    for i = 1, g do out[#out + 1] = held('g:' .. names[i]) end
+    return out
+  end
+
+  if op == 'release' or op == 'transfer' then
+    local tenant, copies, g = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+    local fields = {'d:' .. tenant, 'all'}
+    local names = {}
+    for i = 1, g do
+      names[i] = ARGV[8 + i]
+      fields[#fields + 1] = 'g:' .. names[i]
+    end
+    for _, f in ipairs(fields) do
+      local have = tonumber(redis.call('HGET', K_MINE, f) or '0')
+      if have < copies then return {'over', have} end
+    end
+    for _, f in ipairs(fields) do mine(f, -copies) end
+    if op == 'release' then
+      for _, f in ipairs(fields) do add(f, -copies) end
+      return {'ok'}
+    end
+    local xttl, id = tonumber(ARGV[9 + g]), ARGV[10 + g]
+    redis.call('HSET', K_XREC, 'tenant', tenant, 'copies', copies, 'groups', table.concat(names, '\n'))
+    redis.call('PEXPIRE', K_XREC, xttl + ttl)
+    redis.call('ZADD', K_XQ, now + xttl, id)
+    return {'ok', id}
+  end
+
+  if op == 'seize' then
+    local id = ARGV[6]
+    if redis.call('ZSCORE', K_XQ, id) == false then return {'missing'} end
+    local tenant = redis.call('HGET', K_XREC, 'tenant')
+    local copies = tonumber(redis.call('HGET', K_XREC, 'copies') or '0')
+    local groups = redis.call('HGET', K_XREC, 'groups') or ''
+    redis.call('DEL', K_XREC)
+    redis.call('ZREM', K_XQ, id)
+    mine('d:' .. tenant, copies)
+    mine('all', copies)
+    local out = {'ok', tenant, copies}
+    for name in string.gmatch(groups, '[^\n]+') do
+      mine('g:' .. name, copies)
+      out[#out + 1] = name
+    end
+    return out
+  end
+
+  return nil
 end
 
-return redis.error_reply('unknown operation ' .. tostring(op))
+local reply = dispatch()
+if reply == nil then return redis.error_reply('unknown operation ' .. tostring(op)) end
+reply[#reply + 1] = n_expired
+return reply

@@ -1,0 +1,113 @@
+"""Burst tiers, held copies per node and group, and expired transfers, scraped from /metrics."""
+
+from __future__ import annotations
+
+import pytest
+from test_telemetry_features import CONFIG as BURST_CONFIG
+
+from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.clock import ManualClock
+
+from conftest import ConfigDir, Server, ServerFactory, codes
+from test_holds import CONFIG as HOLDS_CONFIG
+from test_holds import Holder
+from test_telemetry import PROMETHEUS, samples, scrape, wait_for
+
+pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis"], indirect=True)
+
+
+def _node(server: Server) -> str:
+    return f"{server.settings.cache_key_prefix}ferryman_copies_jobs.tenant"
+
+
+def test_granted_hits_are_counted_by_the_tier_they_ended_in(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Limiter/Request and ShouldRateLimit both count granted hits under the tenant's tier."""
+    config_dir.write("d.yaml", BURST_CONFIG.replace("domain: d", "domain: jobs"))
+    server = make_server(**PROMETHEUS)
+    stub = limiter_pb2_grpc.LimiterStub(server.channel)
+    request = limiter_pb2.RateRequest(
+        domain="jobs", descriptor=[limiter_pb2.Entry(key="user", value="u")], copies=1
+    )
+    replies = [stub.Request(request, timeout=5) for _ in range(4)]
+    assert [r.active_tier_index for r in replies] == [1, 1, 2, 2]
+    # Three hits at once from another tenant: two in tier 1, then a burst into tier 2.
+    bulk = limiter_pb2.RateRequest(
+        domain="jobs", descriptor=[limiter_pb2.Entry(key="user", value="v")], copies=3
+    )
+    assert stub.Request(bulk, timeout=5).granted == 3
+    # ShouldRateLimit: a fresh tenant's first hit is in tier 1.
+    assert codes(server.ask("jobs", [("user", "w")])) == ["OK"]
+    # Asking for more than tier 2 allows with min_copies grants nothing: no tier hit.
+    greedy = limiter_pb2.RateRequest(
+        domain="jobs",
+        descriptor=[limiter_pb2.Entry(key="user", value="u")],
+        copies=50,
+        min_copies=50,
+    )
+    assert stub.Request(greedy, timeout=5).granted == 0
+
+    values = samples(scrape(server))
+    prefix = 'ratelimit_service_rate_limit_tier_hits{domain="jobs",key1="user"'
+    assert {k: v for k, v in values.items() if k.startswith(prefix)} == {
+        f'{prefix},tier="1"}}': "3",  # u: 2, w: 1
+        f'{prefix},tier="2"}}': "5",  # u: 2, v: 3 (all under the tier they ended in)
+    }
+    assert values['ratelimit_service_rate_limit_total_hits{domain="jobs",key1="user"}'] == "58"
+
+
+def test_copies_held_per_node_and_group(config_dir: ConfigDir, make_server: ServerFactory) -> None:
+    """Gauges sum what this server's sessions hold, per node and per (node, group)."""
+    config_dir.write("jobs.yaml", HOLDS_CONFIG)
+    server = make_server(**PROMETHEUS)
+    first, second = Holder(server, "first"), Holder(server, "second")
+    assert first.reserve("acme", 4).granted == 4  # vip, everyone
+    assert second.reserve("trial-3", 2).granted == 2  # probation, everyone
+    assert second.reserve("acme", 1).granted == 1
+    node = _node(server)
+    values = samples(scrape(server))
+    assert values["ratelimit_service_holds_copies_held"] == "7"
+    assert values[f'ratelimit_service_holds_copies_held_by_node{{node="{node}"}}'] == "7"
+    by_group = {
+        k: v for k, v in values.items() if k.startswith("ratelimit_service_holds_copies_held_by_g")
+    }
+    assert by_group == {
+        f'ratelimit_service_holds_copies_held_by_group{{node="{node}",group="everyone"}}': "7",
+        f'ratelimit_service_holds_copies_held_by_group{{node="{node}",group="probation"}}': "2",
+        f'ratelimit_service_holds_copies_held_by_group{{node="{node}",group="vip"}}': "5",
+    }
+    first.release("acme", 4, ["vip", "everyone"])
+    second.close()
+    wait_for(lambda: samples(scrape(server))["ratelimit_service_holds_copies_held"] == "0")
+    values = samples(scrape(server))
+    assert not [k for k in values if k.startswith("ratelimit_service_holds_copies_held_by_")]
+    first.close()
+
+
+def test_transfers_that_lapse_unclaimed_are_counted(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """A transfer past its ttl is expired by the next operation on the node, and counted once;
+    a seized one is not."""
+    config_dir.write("jobs.yaml", HOLDS_CONFIG)
+    server = make_server(**PROMETHEUS)
+    sender, receiver = Holder(server, "sender"), Holder(server, "receiver")
+    sender.reserve("acme", 6)
+    sender.transfer("acme", 2, ["vip", "everyone"], ttl=2)
+    sender.transfer("acme", 1, ["vip", "everyone"], ttl=2)
+    kept = sender.transfer("acme", 1, ["vip", "everyone"], ttl=60)
+    values = samples(scrape(server))
+    assert values["ratelimit_service_holds_transfers_staged"] == "3"
+    assert values["ratelimit_service_holds_transfers_expired"] == "0"
+    clock.advance(2.5)
+    assert receiver.reserve("acme", 1).tenant_held == 4  # 6 - 3 expired + 1
+    assert receiver.seize(kept).copies == 1
+    values = samples(scrape(server))
+    assert values["ratelimit_service_holds_transfers_expired"] == "2"
+    assert values["ratelimit_service_holds_transfers_seized"] == "1"
+    clock.advance(3)  # past the first ttls again, within the lease: nothing more to expire
+    receiver.reserve("acme", 1)
+    assert samples(scrape(server))["ratelimit_service_holds_transfers_expired"] == "2"
+    sender.close()
+    receiver.close()
