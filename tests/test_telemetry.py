@@ -101,6 +101,7 @@ class FailingBackend:
     """A backend that is always down: every call raises BackendError."""
 
     name = "failing"
+    transfers_expired = 0
 
     async def fixed_window(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool

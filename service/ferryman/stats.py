@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 __all__ = [
     "CALL",
     "CONFIG_LOAD_ERROR",
     "CONFIG_LOAD_SUCCESS",
     "GLOBAL_SHADOW_MODE",
-    "HOLDS_BY_GROUP",
-    "HOLDS_BY_NODE",
     "LOCAL_CACHE_HITS",
     "RATE_LIMIT",
     "RULE_STATS",
     "SERVICE",
     "STATS_OVERFLOW",
     "TOTAL_REQUESTS",
-    "TRANSFERS_EXPIRED",
-    "Reading",
     "RuleSeries",
     "Stats",
 ]
@@ -33,10 +29,6 @@ GLOBAL_SHADOW_MODE = "ratelimit.service.global_shadow_mode"
 STATS_OVERFLOW = "ratelimit.service.stats_overflow"
 LOCAL_CACHE_HITS = "ratelimit.service.local_cache_hits"
 TOTAL_REQUESTS = "ratelimit_server.ShouldRateLimit.total_requests"
-TRANSFERS_EXPIRED = "ratelimit.service.holds.transfers_expired"
-# Gauges read at collection (Stats.reader): copies held by this server's sessions.
-HOLDS_BY_NODE = "ratelimit.service.holds.copies_held_by_node"
-HOLDS_BY_GROUP = "ratelimit.service.holds.copies_held_by_group"
 
 # The per-rule stats of the reference, plus the per-domain one that shares their prefix.
 RULE_STATS = (
@@ -54,8 +46,6 @@ RULE_STATS = (
 # (stat, path, labels, value): path is (domain, level1, level2, ...), or None for the overflow
 # series; labels are the series' own extra labels (a burst tier's ``tier``), as pairs.
 RuleSeries = tuple[str, tuple[str, ...] | None, tuple[tuple[str, str], ...], int]
-# One gauge reading: (labels, value).
-Reading = tuple[dict[str, str], int]
 
 
 class Stats:
@@ -75,7 +65,6 @@ class Stats:
         self.max_series = max_series
         self._lock = threading.Lock()
         # Live values read at collection (gauges), by name: what another component holds now.
-        self._readers: dict[str, Callable[[], list[Reading]]] = {}
 
     def inc(self, name: str, amount: int = 1) -> None:
         """Add to a fixed-name counter (never folded: its names are few and known)."""
@@ -133,17 +122,6 @@ class Stats:
                 (stat, path, labels, values[name])
                 for name, (stat, path, labels) in self._rules.items()
             ]
-
-    def reader(self, name: str, read: Callable[[], list[Reading]]) -> None:
-        """Register ``read`` as the source of the gauge ``name`` (the last one wins)."""
-        with self._lock:
-            self._readers[name] = read
-
-    def read(self, name: str) -> list[Reading]:
-        """The readings of the gauge ``name`` now, at most ``max_series`` of them."""
-        with self._lock:
-            read = self._readers.get(name)
-        return read()[: self.max_series] if read is not None else []
 
     def get(self, name: str) -> int:
         with self._lock:

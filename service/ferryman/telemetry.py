@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from time import perf_counter
+from typing import Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, Observation
@@ -62,13 +63,10 @@ from ferryman.stats import (
     CONFIG_LOAD_ERROR,
     CONFIG_LOAD_SUCCESS,
     GLOBAL_SHADOW_MODE,
-    HOLDS_BY_GROUP,
-    HOLDS_BY_NODE,
     LOCAL_CACHE_HITS,
     RULE_STATS,
     STATS_OVERFLOW,
     TOTAL_REQUESTS,
-    TRANSFERS_EXPIRED,
     Stats,
 )
 
@@ -139,11 +137,6 @@ _FIXED_COUNTERS = (
         "ratelimit_service_holds_transfers_seized",
         "ratelimit.service.holds.transfers_seized",
         "Staged copies claimed by a session.",
-    ),
-    (
-        "ratelimit_service_holds_transfers_expired",
-        TRANSFERS_EXPIRED,
-        "Staged copies nobody claimed within the transfer's ttl (given back to the pools).",
     ),
     (
         "ratelimit_service_holds_lease_lost",
@@ -365,16 +358,22 @@ def _counter_callback(
     return observe
 
 
-def _reading_callback(
-    stats: Stats, name: str
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def observe(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, labels) for labels, value in stats.read(name)]
-
-    return observe
-
-
 # --------------------------------------------------------------------------- Telemetry
+
+
+class HoldsView(Protocol):
+    """What the held-resource instruments read (the server's HoldManager)."""
+
+    @property
+    def transfers_expired(self) -> int: ...
+
+    def session_count(self) -> int: ...
+
+    def copies_count(self) -> int: ...
+
+    def by_node(self) -> list[tuple[dict[str, str], int]]: ...
+
+    def by_group(self) -> list[tuple[dict[str, str], int]]: ...
 
 
 class Telemetry:
@@ -464,11 +463,40 @@ class Telemetry:
             parts.append(f"tracing {self.settings.tracing_sampling_rate:g} ({where})")
         return ", ".join(parts) or "metrics and tracing off"
 
-    def observe_holds(self, sessions: Callable[[], int], copies: Callable[[], int]) -> None:
-        """Gauges for held resources: open sessions and copies held through this server."""
+    def observe_holds(self, holds: HoldsView, max_series: int) -> None:
+        """Instruments for held resources: sessions, copies held (in all, per node, per node
+        and group; nodes and groups come from configuration, and at most ``max_series``
+        readings are reported), and transfers that lapsed unclaimed."""
         if self.meter_provider is None:
             return
         meter = self.meter_provider.get_meter(SCOPE, __version__)
+        sessions = holds.session_count
+        copies = holds.copies_count
+
+        def readings(
+            read: Callable[[], list[tuple[dict[str, str], int]]],
+        ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def observe(options: CallbackOptions) -> Iterable[Observation]:
+                return [Observation(value, labels) for labels, value in read()[:max_series]]
+
+            return observe
+
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_copies_held_by_node",
+            callbacks=[readings(holds.by_node)],
+            description="Copies held by this server's sessions, per copy-limited node.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_holds_copies_held_by_group",
+            callbacks=[readings(holds.by_group)],
+            description="Copies held by this server's sessions, per node and copy group.",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_holds_transfers_expired",
+            callbacks=[lambda options: [Observation(holds.transfers_expired)]],
+            description="Staged copies nobody claimed within the transfer's ttl (given back "
+            "to the pools).",
+        )
         meter.create_observable_gauge(
             "ratelimit_service_holds_sessions_open",
             callbacks=[lambda options: [Observation(sessions())]],
@@ -493,17 +521,6 @@ class Telemetry:
                 callbacks=[view.callback(stat)],
                 description=_RULE_HELP[stat],
             )
-        # Before the counters: reading the holds also adds the transfers expired since.
-        meter.create_observable_gauge(
-            "ratelimit_service_holds_copies_held_by_node",
-            callbacks=[_reading_callback(stats, HOLDS_BY_NODE)],
-            description="Copies held by this server's sessions, per copy-limited node.",
-        )
-        meter.create_observable_gauge(
-            "ratelimit_service_holds_copies_held_by_group",
-            callbacks=[_reading_callback(stats, HOLDS_BY_GROUP)],
-            description="Copies held by this server's sessions, per node and copy group.",
-        )
         for name, stat_name, description in _FIXED_COUNTERS:
             meter.create_observable_counter(
                 name, callbacks=[_counter_callback(stats, stat_name)], description=description

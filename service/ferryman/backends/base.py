@@ -52,6 +52,11 @@ class Backend(Protocol):
 
     name: str
 
+    @property
+    def transfers_expired(self) -> int:
+        """Transfers this process has seen lapse unclaimed (a running total, for metrics)."""
+        ...
+
     async def fixed_window(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
     ) -> list[CounterResult]:

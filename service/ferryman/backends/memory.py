@@ -102,6 +102,10 @@ class MemoryBackend:
             return results
 
     @property
+    def transfers_expired(self) -> int:
+        return self.ledger.transfers_expired
+
+    @property
     def burst_tenants(self) -> int:
         """How many (node, tenant) burst states are held."""
         return sum(len(tenants) for _, tenants in self._nodes.values())

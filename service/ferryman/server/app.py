@@ -150,8 +150,7 @@ class Service:
             self.stats,
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
-        holds = self.holds
-        self.telemetry.observe_holds(lambda: len(holds.sessions), lambda: holds.copies_held)
+        self.telemetry.observe_holds(self.holds, self.stats.max_series)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0

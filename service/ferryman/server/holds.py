@@ -26,7 +26,7 @@ from ferryman.clock import Clock
 from ferryman.errors import BackendError, HoldError, LeaseLostError, NotFoundError, RequestError
 from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 from ferryman.limits.engine import RateLimitEngine
-from ferryman.stats import HOLDS_BY_GROUP, HOLDS_BY_NODE, TRANSFERS_EXPIRED, Reading, Stats
+from ferryman.stats import Stats
 
 __all__ = ["HoldManager", "Session", "SessionError"]
 
@@ -92,10 +92,6 @@ class HoldManager:
         self._renewer: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._renewed_at = time.monotonic()
-        # Transfers the backend has expired so far (its running total), as last added to Stats.
-        self._expired_seen = self._backend_expired()
-        stats.reader(HOLDS_BY_NODE, self._by_node)
-        stats.reader(HOLDS_BY_GROUP, self._by_group)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -119,7 +115,6 @@ class HoldManager:
                 for node in [n for n, held in self._nodes.items() if held > 0]:
                     await self._backend.renew(node, self.server_id, self.lease_ms, self._now())
                 self._renewed_at = time.monotonic()
-                self._count_expired()
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
             except BackendError as exc:
@@ -192,7 +187,6 @@ class HoldManager:
                 # so retrying forever is not needed; say what happened.
                 log.warning("could not release %d copies of %s for %s: %s", copies, node,
                             tenant, exc)  # fmt: skip
-        self._count_expired()
 
     def spawn_close(self, session: Session) -> None:
         """Close a session in the background (from a stream that is being cancelled)."""
@@ -227,8 +221,6 @@ class HoldManager:
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
                 raise
-            finally:
-                self._count_expired()
 
     # -- operations ---------------------------------------------------------------------
 
@@ -326,26 +318,17 @@ class HoldManager:
         self._stats.inc("ratelimit.service.holds.transfers_seized")
         return str(domain), entries, groups, copies
 
-    def _backend_expired(self) -> int:
-        """The backend's running count of transfers it expired (the memory backend keeps it
-        in its ledger, Redis counts what copies.lua reports); 0 for a backend without one."""
-        source = getattr(self._backend, "ledger", self._backend)
-        return int(getattr(source, "transfers_expired", 0))
+    @property
+    def transfers_expired(self) -> int:
+        """Transfers that lapsed unclaimed in operations made through this server's backend
+        (expiry happens at the start of the next operation on the node, whoever makes it)."""
+        return self._backend.transfers_expired
 
-    def _count_expired(self) -> None:
-        """Add the transfers expired since the last look to Stats. Expiry happens at the
-        start of the next operation on the node, whoever makes it (a session, Envoy, the
-        lease renewal), so this runs after each of ours and at collection."""
-        total = self._backend_expired()
-        if total > self._expired_seen:
-            self._stats.inc(TRANSFERS_EXPIRED, total - self._expired_seen)
-        self._expired_seen = total
-
-    def _by_node(self) -> list[Reading]:
-        self._count_expired()
+    def by_node(self) -> list[tuple[dict[str, str], int]]:
+        """Copies held per node by this server's sessions, as (labels, value)."""
         return [({"node": node}, held) for node, held in sorted(self._nodes.items())]
 
-    def _by_group(self) -> list[Reading]:
+    def by_group(self) -> list[tuple[dict[str, str], int]]:
         """Copies held per (node, group) by this server's sessions; nodes and groups come
         from configuration, so the set is bounded."""
         held: dict[tuple[str, str], int] = {}
@@ -354,6 +337,12 @@ class HoldManager:
                 for group in groups:
                     held[node, group] = held.get((node, group), 0) + copies
         return [({"node": n, "group": g}, c) for (n, g), c in sorted(held.items())]
+
+    def session_count(self) -> int:
+        return len(self.sessions)
+
+    def copies_count(self) -> int:
+        return self.copies_held
 
     @property
     def copies_held(self) -> int:
