@@ -12,6 +12,7 @@ import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.errors import BackendError, NotFoundError, RequestError
+from ferryman.limits.burst import BurstOutcome, BurstPolicy
 from ferryman.limits.engine import RateLimitEngine
 from ferryman.server.holds import HoldManager, Session, SessionError
 from ferryman.stats import Stats
@@ -210,7 +211,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         min_copies = request.min_copies if request.HasField("min_copies") else copies
         entries = tuple((e.key, e.value) for e in request.descriptor)
 
-        async def work() -> tuple[Any, Any]:
+        async def work() -> tuple[BurstPolicy, BurstOutcome]:
             if min_copies > copies:
                 raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
             return await self._engine.request_rate(request.domain, entries, copies, min_copies)
