@@ -27,6 +27,7 @@ from ferryman.backends.redis import (
     parse_backend_url,
     target_from_env_style,
 )
+from ferryman.backends.redis_pipe import PipelinedRedis
 from ferryman.clock import ManualClock
 from ferryman.errors import BackendError, SettingsError
 from ferryman.limits.local_cache import OverLimitCache
@@ -787,3 +788,141 @@ def test_more_concurrent_requests_than_the_pool_size_wait_for_a_connection(
             await backend.close()
 
     assert asyncio.run(scenario()) == [20, 20, 20]
+
+
+# --------------------------------------------------------------------------- batching
+
+
+class _Writes:
+    """Counts the writes a PipelinedRedis connection makes (each is one batch)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def wrap(self, client: PipelinedRedis) -> None:
+        for channel in client._channels:
+            assert channel is not None and channel.transport is not None
+            transport = channel.transport
+            write = transport.write
+
+            def counted(data: Any, write: Any = write) -> None:
+                self.sizes.append(bytes(data).count(b"*2\r\n$4\r\nECHO\r\n"))
+                write(data)
+
+            transport.write = counted  # type: ignore[method-assign]
+
+
+def _pipelined(server: RedisProcess, **batching: Any) -> PipelinedRedis:
+    host, port = server.url.removeprefix("redis://").split(":")
+    return PipelinedRedis(1, 5.0, host=host, port=int(port), **batching)
+
+
+def test_commands_of_one_loop_turn_go_out_in_one_write(redis_server: RedisProcess) -> None:
+    """Without a window, everything queued in one event-loop turn is one write."""
+
+    async def scenario() -> tuple[list[int], list[bytes]]:
+        client = _pipelined(redis_server)
+        try:
+            await client.ping()
+            writes = _Writes()
+            writes.wrap(client)
+            replies = await asyncio.gather(*(client.execute("ECHO", str(i)) for i in range(20)))
+            return writes.sizes, replies
+        finally:
+            await client.aclose()
+
+    sizes, replies = asyncio.run(scenario())
+    assert replies == [str(i).encode() for i in range(20)]
+    assert sizes == [20]
+
+
+def test_a_busy_connection_waits_for_the_pipeline_window(redis_server: RedisProcess) -> None:
+    """REDIS_PIPELINE_WINDOW: a command queued just after a write waits for the window to
+    pass and goes out together with the ones queued meanwhile; an idle connection writes at
+    once."""
+    window = 0.3
+
+    async def scenario() -> tuple[float, float, list[int]]:
+        client = _pipelined(redis_server, window=window)
+        try:
+            await client.ping()
+            await asyncio.sleep(window * 1.5)  # idle for more than a window
+            writes = _Writes()
+            writes.wrap(client)
+            start = time.monotonic()
+            await client.execute("ECHO", "first")
+            first = time.monotonic() - start
+            later = [asyncio.ensure_future(client.execute("ECHO", str(i))) for i in range(3)]
+            await asyncio.sleep(0.01)
+            later += [asyncio.ensure_future(client.execute("ECHO", str(i))) for i in range(3, 5)]
+            await asyncio.gather(*later)
+            return first, time.monotonic() - start, writes.sizes
+        finally:
+            await client.aclose()
+
+    first, total, sizes = asyncio.run(scenario())
+    assert first < window / 2  # the idle connection did not wait
+    assert total >= window * 0.9  # the next batch waited for the window to pass
+    assert sizes == [1, 5]  # ...and the five commands queued meanwhile went out together
+
+
+def test_pipeline_limit_writes_a_full_batch_before_the_window(
+    redis_server: RedisProcess,
+) -> None:
+    """REDIS_PIPELINE_LIMIT: a batch that reaches the limit is written at once."""
+
+    async def scenario() -> tuple[float, list[int]]:
+        client = _pipelined(redis_server, window=30.0, limit=4)
+        try:
+            await client.ping()  # the connection just wrote: the next batch would wait 30 s
+            writes = _Writes()
+            writes.wrap(client)
+            start = time.monotonic()
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(client.execute("ECHO", str(i)) for i in range(8)))
+            return time.monotonic() - start, writes.sizes
+        finally:
+            await client.aclose()
+
+    elapsed, sizes = asyncio.run(scenario())
+    assert sizes == [4, 4]
+    assert elapsed < 5
+
+
+def test_pipeline_settings_reach_the_connections() -> None:
+    """REDIS_PIPELINE_WINDOW/LIMIT (and the per-second pair) end up on the targets."""
+    clock = ManualClock(EPOCH)
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": "main:1",
+        "REDIS_PIPELINE_WINDOW": "150us",
+        "REDIS_PIPELINE_LIMIT": "8",
+    }
+    single = make_backend(Settings.from_env(env), clock)
+    assert isinstance(single, RedisBackend)
+    assert (single.target.pipeline_window, single.target.pipeline_limit) == (0.00015, 8)
+    client = single._connect()
+    assert isinstance(client, PipelinedRedis)
+    assert (client._window, client._limit) == (0.00015, 8)
+    routed = make_backend(
+        Settings.from_env(
+            {
+                **env,
+                "REDIS_PERSECOND": "true",
+                "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+                "REDIS_PERSECOND_URL": "fast:2",
+                "REDIS_PERSECOND_PIPELINE_WINDOW": "2ms",
+            }
+        ),
+        clock,
+    )
+    assert isinstance(routed, RoutedBackend)
+    assert routed._main.target.pipeline_window == 0.00015
+    fast = routed._per_second.target
+    assert (fast.pipeline_window, fast.pipeline_limit) == (0.002, 0)
+    url = make_backend(Settings.from_env({"REDIS_PIPELINE_WINDOW": "1ms"}), clock)
+    assert isinstance(url, MemoryBackend)  # no Redis asked for: the setting is simply unused
+    by_url = make_backend(Settings(backend="redis://h:1", redis_pipeline_window=0.001), clock)
+    assert isinstance(by_url, RedisBackend)
+    assert by_url.target.pipeline_window == 0.001

@@ -66,6 +66,8 @@ def test_reference_variables_are_read() -> None:
         ("SHADOW_MODE", "maybe"),
         ("NEAR_LIMIT_RATIO", "1.5"),
         ("REDIS_TIMEOUT", "soon"),
+        ("REDIS_PIPELINE_WINDOW", "150 microseconds"),
+        ("REDIS_PIPELINE_LIMIT", "-1"),
         ("BACKEND_TYPE", "memcache"),
         ("LOG_FORMAT", "xml"),
     ],

@@ -16,8 +16,17 @@ from ferryman.errors import SettingsError
 
 __all__ = ["Settings", "default_config_dir", "split_address"]
 
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ms|us|s|m|h|)")
-_DURATION_UNITS = {"ms": 0.001, "us": 0.000001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h|)")
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "": 1.0,
+}
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 _RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
@@ -124,6 +133,8 @@ class Settings:
     redis_tls: bool = False
     redis_pool_size: int = 10
     redis_timeout: float = 10.0
+    redis_pipeline_window: float = 0.0
+    redis_pipeline_limit: int = 0
     redis_persecond: bool = False
     redis_persecond_url: str = "/var/run/nutcracker/ratelimitpersecond.sock"
     redis_persecond_socket_type: str = "unix"
@@ -131,6 +142,8 @@ class Settings:
     redis_persecond_type: str = "single"
     redis_persecond_auth: str = ""
     redis_persecond_pool_size: int = 10
+    redis_persecond_pipeline_window: float = 0.0
+    redis_persecond_pipeline_limit: int = 0
     cache_key_prefix: str = ""
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
@@ -221,6 +234,8 @@ class Settings:
             redis_tls=_bool(env, "REDIS_TLS", d.redis_tls),
             redis_pool_size=_int(env, "REDIS_POOL_SIZE", d.redis_pool_size, minimum=1),
             redis_timeout=_duration(env, "REDIS_TIMEOUT", d.redis_timeout),
+            redis_pipeline_window=_duration(env, "REDIS_PIPELINE_WINDOW", d.redis_pipeline_window),
+            redis_pipeline_limit=_int(env, "REDIS_PIPELINE_LIMIT", d.redis_pipeline_limit),
             redis_persecond=_bool(env, "REDIS_PERSECOND", d.redis_persecond),
             redis_persecond_url=env.get("REDIS_PERSECOND_URL", d.redis_persecond_url),
             redis_persecond_socket_type=env.get(
@@ -231,6 +246,12 @@ class Settings:
             redis_persecond_auth=env.get("REDIS_PERSECOND_AUTH", d.redis_persecond_auth),
             redis_persecond_pool_size=_int(
                 env, "REDIS_PERSECOND_POOL_SIZE", d.redis_persecond_pool_size, minimum=1
+            ),
+            redis_persecond_pipeline_window=_duration(
+                env, "REDIS_PERSECOND_PIPELINE_WINDOW", d.redis_persecond_pipeline_window
+            ),
+            redis_persecond_pipeline_limit=_int(
+                env, "REDIS_PERSECOND_PIPELINE_LIMIT", d.redis_persecond_pipeline_limit
             ),
             cache_key_prefix=env.get("CACHE_KEY_PREFIX", d.cache_key_prefix),
             expiration_jitter_max_seconds=_int(

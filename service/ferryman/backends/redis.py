@@ -64,6 +64,10 @@ class RedisTarget:
     db: int = 0
     pool_size: int = 10
     timeout: float = 10.0
+    # Batching on a single Redis (see redis_pipe): seconds between writes on a busy
+    # connection, and commands that fill a batch; 0 means off.
+    pipeline_window: float = 0.0
+    pipeline_limit: int = 0
 
     def describe(self) -> str:
         if self.unix_path:
@@ -242,6 +246,8 @@ class RedisBackend:
             return PipelinedRedis(
                 size,
                 timeout,
+                window=t.pipeline_window,
+                limit=t.pipeline_limit,
                 connection_class=aioredis.UnixDomainSocketConnection,
                 path=t.unix_path,
                 db=t.db,
@@ -251,6 +257,8 @@ class RedisBackend:
         return PipelinedRedis(
             size,
             timeout,
+            window=t.pipeline_window,
+            limit=t.pipeline_limit,
             connection_class=aioredis.SSLConnection if t.tls else aioredis.Connection,
             host=host,
             port=port,

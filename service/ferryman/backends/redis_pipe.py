@@ -1,11 +1,25 @@
-"""Pipelined commands over a few long-lived redis-py connections.
+"""Pipelined commands over a few long-lived Redis connections.
 
-Concurrent requests queue their commands; once per event-loop turn each connection writes
-everything queued in one system call, and a reader task per connection hands the replies
-back in order. Many requests thus share one connection and one write per batch instead of a
+Concurrent requests queue their commands; each connection writes everything queued in one
+system call per batch, and replies are parsed by hiredis in whatever chunks they arrive and
+handed back in order. Many requests thus share one connection and one write instead of a
 connection checkout and a round trip each, which is what bounds throughput on the request
-path. Time limits are kept by one sweeper per client rather than a timer per call: a
-connection whose oldest reply is overdue is closed and its callers get TimeoutError.
+path.
+
+redis-py opens each connection and does the handshake (TLS, AUTH, SELECT); the connection's
+transport then gets a small protocol of ours, so that a chunk of replies is parsed in the
+event loop's read callback itself, with no stream buffer and no reader task in between.
+
+Batches: by default a command is written at the end of the event-loop turn that queued it,
+together with every other command queued in that turn. A pipeline window (the reference's
+REDIS_PIPELINE_WINDOW) makes a busy connection write at most once per window: a command
+queued less than a window after the connection's last write waits for the rest of the
+window, so that under heavy concurrent load each write and each Redis wake-up carries many
+commands; a connection that has not written for a window writes at once. A pipeline limit
+(REDIS_PIPELINE_LIMIT) writes a batch as soon as it holds that many commands.
+
+Time limits are kept by one sweeper per client rather than a timer per call: a connection
+whose oldest reply is overdue is closed and its callers get TimeoutError.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-__all__ = ["PipelinedRedis"]
+__all__ = ["PipelinedRedis", "pack_command"]
 
 # A connection with this many replies outstanding is not keeping up: refuse more.
 MAX_IN_FLIGHT = 10_000
@@ -35,46 +49,166 @@ def _error(reply: rex.ResponseError) -> rex.ResponseError:
     return reply
 
 
-class _Channel:
-    """One connection, its unsent commands, and its callers waiting for replies in order."""
+def pack_command(args: tuple[Any, ...]) -> bytes:
+    """One command in RESP: an array of bulk strings (str as UTF-8, int and float as text)."""
+    out = [b"*%d\r\n" % len(args)]
+    append = out.append
+    for arg in args:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            data = b"%d" % arg
+        elif isinstance(arg, float):
+            data = repr(arg).encode()
+        else:
+            raise rex.DataError(f"cannot send {type(arg).__name__} to redis: {arg!r}")
+        append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
 
-    def __init__(self, conn: aioredis.Connection) -> None:
+
+class _Channel(asyncio.Protocol):
+    """One connection: its unsent commands and its callers waiting for replies in order."""
+
+    def __init__(self, conn: aioredis.Connection, window: float = 0.0, limit: int = 0) -> None:
         self.conn = conn
+        self.window = window  # seconds between writes on a busy connection (0: every turn)
+        self.limit = limit  # commands that make a batch full (0: no limit)
+        self.transport: asyncio.Transport | None = None
+        self.parser = hiredis.Reader(
+            protocolError=rex.InvalidResponse, replyError=rex.ResponseError
+        )
         self.waiters: deque[tuple[float, asyncio.Future[Any]]] = deque()
         self.pending: list[bytes] = []
         self.flush_scheduled = False
-        self.reader: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.last_write = float("-inf")
         self.closed = False
+
+    def attach(self) -> None:
+        """Take over the connection's transport once redis-py's handshake is done."""
+        writer, reader = self.conn._writer, self.conn._reader
+        if writer is None or reader is None:
+            raise rex.ConnectionError("connection closed")
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        # Nothing was asked after the handshake, so nothing can be buffered; be safe anyway.
+        leftover = bytes(getattr(reader, "_buffer", b""))
+        transport.set_protocol(self)
+        if leftover:
+            self.data_received(leftover)
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        parser = self.parser
+        waiters = self.waiters
+        parser.feed(data)
+        try:
+            while True:
+                reply = parser.gets()
+                if reply is False:
+                    break
+                if not waiters:
+                    continue
+                _, waiter = waiters.popleft()
+                if waiter.done():
+                    continue
+                if isinstance(reply, rex.ResponseError):
+                    waiter.set_exception(_error(reply))
+                else:
+                    waiter.set_result(reply)
+        except rex.RedisError as exc:
+            self.close(exc)
+
+    def eof_received(self) -> bool:
+        self.close(rex.ConnectionError("redis closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection lost: {exc}" if exc is not None else "redis closed the connection"
+        self.fail(rex.ConnectionError(reason))
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def queue(self, command: bytes, waiter: asyncio.Future[Any], deadline: float) -> None:
+        pending = self.pending
+        pending.append(command)
+        self.waiters.append((deadline, waiter))
+        if self.limit and len(pending) >= self.limit:
+            self.flush()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            loop = asyncio.get_running_loop()
+            wait = self.last_write + self.window - loop.time() if self.window else 0.0
+            if wait > 0:
+                self.timer = loop.call_later(wait, self.flush)
+            else:
+                loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.closed or not self.pending:
             return
         data, self.pending = self.pending, []
-        writer = self.conn._writer
-        if writer is None:
+        if self.window:
+            self.last_write = asyncio.get_running_loop().time()
+        transport = self.transport
+        if transport is None or transport.is_closing():
             self.fail(rex.ConnectionError("connection closed"))
             return
         try:
-            writer.writelines(data)
+            transport.write(b"".join(data))
         except Exception as exc:
-            self.fail(rex.ConnectionError(f"write failed: {exc}"))
+            self.close(rex.ConnectionError(f"write failed: {exc}"))
+
+    # -- ending ------------------------------------------------------------------------------
 
     def fail(self, exc: BaseException) -> None:
+        """Refuse new commands and give every waiting caller ``exc``."""
         self.closed = True
         self.pending.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         while self.waiters:
             _, waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(exc)
 
+    def close(self, exc: BaseException) -> None:
+        self.fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
+        # The connection object no longer owns the transport: it must not try to close it.
+        self.conn._reader = None
+        self.conn._writer = None
+
 
 class PipelinedRedis:
-    """A minimal command client (``execute``) on ``size`` pipelined connections."""
+    """A minimal command client (``execute``) on ``size`` pipelined connections.
 
-    def __init__(self, size: int, timeout: float, **connection_kwargs: Any) -> None:
+    ``window`` (seconds) and ``limit`` (commands) shape the batches, see the module's text.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        timeout: float,
+        *,
+        window: float = 0.0,
+        limit: int = 0,
+        **connection_kwargs: Any,
+    ) -> None:
         self._size = max(1, size)
         self._timeout = timeout
+        self._window = max(0.0, window)
+        self._limit = max(0, limit)
         self._connection_class: type[aioredis.Connection] = connection_kwargs.pop(
             "connection_class", aioredis.Connection
         )
@@ -86,60 +220,41 @@ class PipelinedRedis:
 
     async def _open(self, slot: int) -> _Channel:
         conn = self._connection_class(**self._kwargs)
-        async with asyncio.timeout(self._timeout):
-            await conn.connect()  # type: ignore[no-untyped-call]
-        channel = _Channel(conn)
-        channel.reader = asyncio.create_task(self._read(channel), name="ferryman-redis-reader")
+        try:
+            async with asyncio.timeout(self._timeout):
+                await conn.connect()  # type: ignore[no-untyped-call]
+            channel = _Channel(conn, self._window, self._limit)
+            channel.attach()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            raise
         self._channels[slot] = channel
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep(), name="ferryman-redis-sweeper")
         return channel
 
-    async def _channel(self) -> _Channel:
-        slot = next(self._next)
-        channel = self._channels[slot]
+    def _ready_channel(self) -> _Channel | None:
+        """An open connection, preferring one with nothing in flight, else the next in turn."""
+        channels = self._channels
+        for channel in channels:
+            if channel is not None and not channel.closed and not channel.waiters:
+                return channel
+        channel = channels[next(self._next)]
         if channel is not None and not channel.closed:
             return channel
+        return None
+
+    async def _channel(self) -> _Channel:
+        channel = self._ready_channel()
+        if channel is not None:
+            return channel
+        slot = next(i for i, c in enumerate(self._channels) if c is None or c.closed)
         opening = self._opening[slot]
         if opening is None or opening.done():
             opening = self._opening[slot] = asyncio.create_task(self._open(slot))
         # Shielded: a caller that gives up must not cancel a connect that others wait on.
         return await asyncio.shield(opening)
-
-    async def _read(self, channel: _Channel) -> None:
-        # Replies are parsed here with hiredis straight from the connection's stream, in
-        # whatever batches they arrive, rather than one read_response() coroutine per reply.
-        parser = hiredis.Reader(protocolError=rex.InvalidResponse, replyError=rex.ResponseError)
-        stream = channel.conn._reader
-        waiters = channel.waiters
-        try:
-            if stream is None:
-                raise rex.ConnectionError("connection closed")
-            while True:
-                data = await stream.read(65536)
-                if not data:
-                    raise rex.ConnectionError("redis closed the connection")
-                parser.feed(data)
-                while True:
-                    reply = parser.gets()
-                    if reply is False:
-                        break
-                    if not waiters:
-                        continue
-                    _, waiter = waiters.popleft()
-                    if waiter.done():
-                        continue
-                    if isinstance(reply, rex.ResponseError):
-                        waiter.set_exception(_error(reply))
-                    else:
-                        waiter.set_result(reply)
-        except asyncio.CancelledError:
-            channel.fail(rex.ConnectionError("connection closed"))
-            raise
-        except Exception as exc:
-            channel.fail(exc if isinstance(exc, rex.RedisError) else rex.ConnectionError(str(exc)))
-            with contextlib.suppress(Exception):
-                await channel.conn.disconnect(nowait=True)
 
     async def _sweep(self) -> None:
         interval = min(0.05, max(self._timeout / 10, 0.005))
@@ -151,9 +266,7 @@ class PipelinedRedis:
                     continue
                 if channel.waiters[0][0] <= now:
                     self._channels[i] = None
-                    await self._drop(
-                        channel, TimeoutError(f"redis did not answer within {self._timeout}s")
-                    )
+                    channel.close(TimeoutError(f"redis did not answer within {self._timeout}s"))
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply.
@@ -161,23 +274,14 @@ class PipelinedRedis:
         Server error replies raise ResponseError; no reply within the timeout raises
         TimeoutError (and closes that connection); a broken connection ConnectionError.
         """
-        channel = await self._channel()
+        channel = self._ready_channel()
+        if channel is None:
+            channel = await self._channel()
         if len(channel.waiters) >= MAX_IN_FLIGHT:
             raise rex.ConnectionError("redis is not keeping up")
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        channel.pending.extend(channel.conn.pack_command(*args))
-        channel.waiters.append((time.monotonic() + self._timeout, waiter))
-        if not channel.flush_scheduled:
-            channel.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(channel.flush)
+        channel.queue(pack_command(args), waiter, time.monotonic() + self._timeout)
         return await waiter
-
-    async def _drop(self, channel: _Channel, exc: BaseException) -> None:
-        channel.fail(exc)
-        if channel.reader is not None:
-            channel.reader.cancel()
-        with contextlib.suppress(Exception):
-            await channel.conn.disconnect(nowait=True)
 
     async def aclose(self) -> None:
         for task in self._opening:
@@ -185,16 +289,11 @@ class PipelinedRedis:
                 task.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        readers = []
+            await asyncio.wait({self._sweeper}, timeout=1.0)
         for i, channel in enumerate(self._channels):
             if channel is not None:
                 self._channels[i] = None
-                await self._drop(channel, rex.ConnectionError("client closed"))
-                if channel.reader is not None:
-                    readers.append(channel.reader)
-        tasks = [t for t in (*readers, self._sweeper) if t is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
+                channel.close(rex.ConnectionError("client closed"))
         # Let the closed transports finish closing while the loop still runs.
         await asyncio.sleep(0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import grpc
@@ -72,37 +73,48 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     )
 
     jitter = s.expiration_jitter_max_seconds
+    window, limit = s.redis_pipeline_window, s.redis_pipeline_limit
     if s.backend == "redis":
         main = RedisBackend(
-            target_from_env_style(
-                s.redis_type,
-                s.redis_url,
-                s.redis_socket_type,
-                s.redis_auth,
-                s.redis_tls,
-                s.redis_pool_size,
-                s.redis_timeout,
+            replace(
+                target_from_env_style(
+                    s.redis_type,
+                    s.redis_url,
+                    s.redis_socket_type,
+                    s.redis_auth,
+                    s.redis_tls,
+                    s.redis_pool_size,
+                    s.redis_timeout,
+                ),
+                pipeline_window=window,
+                pipeline_limit=limit,
             ),
             jitter_max=jitter,
         )
         if not s.redis_persecond:
             return main
         per_second = RedisBackend(
-            target_from_env_style(
-                s.redis_persecond_type,
-                s.redis_persecond_url,
-                s.redis_persecond_socket_type,
-                s.redis_persecond_auth,
-                s.redis_persecond_tls,
-                s.redis_persecond_pool_size,
-                s.redis_timeout,
+            replace(
+                target_from_env_style(
+                    s.redis_persecond_type,
+                    s.redis_persecond_url,
+                    s.redis_persecond_socket_type,
+                    s.redis_persecond_auth,
+                    s.redis_persecond_tls,
+                    s.redis_persecond_pool_size,
+                    s.redis_timeout,
+                ),
+                pipeline_window=s.redis_persecond_pipeline_window,
+                pipeline_limit=s.redis_persecond_pipeline_limit,
             ),
             jitter_max=jitter,
         )
         return RoutedBackend(main, per_second)
     if s.backend.startswith(("redis", "rediss", "unix")):
         target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
-        return RedisBackend(target, jitter_max=jitter)
+        return RedisBackend(
+            replace(target, pipeline_window=window, pipeline_limit=limit), jitter_max=jitter
+        )
     raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
 
 
