@@ -13,7 +13,7 @@ from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 __all__ = ["Backend", "BurstRequest", "CounterOp", "CounterResult"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CounterOp:
     """Add ``hits`` (negative: give back) to a fixed-window counter.
 
@@ -28,7 +28,7 @@ class CounterOp:
     ttl: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CounterResult:
     """The counter's value after the request and how many hits were actually stored."""
 

@@ -365,7 +365,9 @@ class RedisBackend:
 
     def _ttl(self, op: CounterOp) -> int:
         if self._jitter_max > 0:
-            return op.ttl + random.randrange(self._jitter_max)
+            return op.ttl + int(
+                random.random() * self._jitter_max
+            )  # [0, max), cheaper than randrange
         return op.ttl
 
     def _groups(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[_Group]:

@@ -40,7 +40,7 @@ class Code(enum.IntEnum):
     OVER_LIMIT = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DescriptorRequest:
     """One descriptor of a request: its entries, optional override, optional own hits."""
 
@@ -50,7 +50,7 @@ class DescriptorRequest:
     negative: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Status:
     code: Code
     limit: RateLimit | None = None
@@ -60,7 +60,7 @@ class Status:
     window: float | None = None  # a burst tier's exact window, for the response headers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     code: Code
     statuses: tuple[Status, ...]
@@ -176,7 +176,10 @@ def _stats_key(
             for (k, v), rule in zip(entries, path, strict=True)
         ]
         return domain + "." + ".".join(parts), (domain, *parts)
-    if not any(rule.value_to_metric for rule in path):
+    for rule in path:
+        if rule.value_to_metric:
+            break
+    else:
         return last.stats_key, last.stats_path
     parts = []
     for (k, v), rule in zip(entries, path, strict=True):
@@ -276,7 +279,9 @@ class RateLimitEngine:
             else:
                 path = _match(dom, desc.entries)
                 last = path[-1] if path is not None else None
-                if last is None or (last.rate_limit, last.burst, last.copies) == (None,) * 3:
+                if last is None or (
+                    last.rate_limit is None and last.burst is None and last.copies is None
+                ):
                     statuses[i] = Status(Code.OK)
                     continue
                 assert path is not None
@@ -371,8 +376,8 @@ class RateLimitEngine:
             results = (
                 await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
             )
-            outcomes = [await self._backend.burst(b.request, now) for b in bursts]
-            held = [await self._envoy_hold(h, now) for h in holds]
+            outcomes = [await self._backend.burst(b.request, now) for b in bursts] if bursts else []
+            held = [await self._envoy_hold(h, now) for h in holds] if holds else []
         except BackendError:
             if not opts.fail_open:
                 raise
@@ -405,10 +410,7 @@ class RateLimitEngine:
                 over, delta = classify(item.hits, rpu, before, after, ratio)
                 if over and local is not None and item.op is not None:
                     local.add(item.op.key, item.op.expires_at)
-            stats.rule(key, "total_hits", item.hits, labels)
-            stats.rule(key, "within_limit", delta.within, labels)
-            stats.rule(key, "near_limit", delta.near, labels)
-            stats.rule(key, "over_limit", delta.over, labels)
+            stats.rule_counts(key, labels, (item.hits, delta.within, delta.near, delta.over))
             if over and item.shadow:
                 stats.rule(key, "shadow_mode", item.hits, labels)
                 over = False

@@ -18,7 +18,7 @@ def reset_after(now: float, seconds: int) -> int:
     return seconds - int(now) % seconds
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StatDelta:
     within: int = 0
     near: int = 0

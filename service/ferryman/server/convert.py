@@ -40,7 +40,7 @@ def request_from_proto(
         hits = d.hits_addend.value if d.HasField("hits_addend") else None
         descriptors.append(
             DescriptorRequest(
-                tuple((e.key, e.value) for e in d.entries), limit, hits, d.is_negative_hits
+                tuple([(e.key, e.value) for e in d.entries]), limit, hits, d.is_negative_hits
             )
         )
     return request.domain, descriptors, request.hits_addend
@@ -53,18 +53,19 @@ def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
 
 
 def decision_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
-    Response = rls_pb2.RateLimitResponse
-    statuses = []
+    response = rls_pb2.RateLimitResponse(overall_code=_CODES[decision.code])
+    add = response.statuses.add  # built in place: no copy of each status into the list
     for s in decision.statuses:
-        status = Response.DescriptorStatus(code=_CODES[s.code], limit_remaining=s.remaining)
-        if s.limit is not None and s.limit.unit is not None:
-            status.current_limit.requests_per_unit = s.limit.requests_per_unit
-            status.current_limit.unit = _LIMIT_UNITS[s.limit.unit]
-            status.current_limit.name = s.limit.name
+        status = add(code=_CODES[s.code], limit_remaining=s.remaining)
+        limit = s.limit
+        if limit is not None and limit.unit is not None:
+            current = status.current_limit
+            current.requests_per_unit = limit.requests_per_unit
+            current.unit = _LIMIT_UNITS[limit.unit]
+            if limit.name:
+                current.name = limit.name
         if s.reset_after is not None:
             status.duration_until_reset.seconds = s.reset_after
-        statuses.append(status)
-    response = Response(overall_code=_CODES[decision.code], statuses=statuses)
     if decision.headers:
         response.response_headers_to_add.extend(
             base_pb2.HeaderValue(key=k, value=v) for k, v in decision.headers
