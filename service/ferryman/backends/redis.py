@@ -365,9 +365,8 @@ class RedisBackend:
 
     def _ttl(self, op: CounterOp) -> int:
         if self._jitter_max > 0:
-            return op.ttl + int(
-                random.random() * self._jitter_max
-            )  # [0, max), cheaper than randrange
+            # A whole number of seconds in [0, max): randrange does the same, more slowly.
+            return op.ttl + int(random.random() * self._jitter_max)
         return op.ttl
 
     def _groups(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[_Group]:
