@@ -48,19 +48,23 @@ end
 local out = {}
 for i = 1, n do
   local key, h = KEYS[i], hits[i]
-  local before = current(key)
-  local after = before
-  if not skip[i] and h ~= 0 then
-    if h > 0 then
-      after = redis.call('INCRBY', key, h)
-      if after == h then
-        redis.call('EXPIRE', key, ttls[i])
-      end
-    elseif before > 0 then
-      after = math.max(0, before + h)
-      redis.call('SET', key, after, 'KEEPTTL')
+  local before, after
+  if not skip[i] and h > 0 then
+    -- The common case needs no read: INCRBY's answer tells the value before it.
+    after = redis.call('INCRBY', key, h)
+    before = after - h
+    if after == h then
+      redis.call('EXPIRE', key, ttls[i])
     end
     values[key] = after
+  else
+    before = current(key)
+    after = before
+    if not skip[i] and h < 0 and before > 0 then
+      after = math.max(0, before + h)
+      redis.call('SET', key, after, 'KEEPTTL')
+      values[key] = after
+    end
   end
   out[2 * i - 1] = after
   out[2 * i] = after - before
