@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import subprocess
 import threading
@@ -27,7 +28,7 @@ from ferryman.backends.redis import (
     parse_backend_url,
     target_from_env_style,
 )
-from ferryman.backends.redis_pipe import PipelinedRedis
+from ferryman.backends.redis_pipe import PipelinedRedis, pack_command
 from ferryman.clock import ManualClock
 from ferryman.errors import BackendError, SettingsError
 from ferryman.limits.local_cache import OverLimitCache
@@ -926,3 +927,18 @@ def test_pipeline_settings_reach_the_connections() -> None:
     by_url = make_backend(Settings(backend="redis://h:1", redis_pipeline_window=0.001), clock)
     assert isinstance(by_url, RedisBackend)
     assert by_url.target.pipeline_window == 0.001
+
+
+def test_pack_command_encodes_what_redis_py_would() -> None:
+    """Commands are RESP arrays of bulk strings; str subclasses send their value; bools and
+    other objects are refused rather than sent as something surprising."""
+
+    class Color(enum.StrEnum):
+        RED = "red"
+
+    assert pack_command(("SET", b"k", 7, 1.5, Color.RED, "é")) == (
+        b"*6\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n7\r\n$3\r\n1.5\r\n$3\r\nred\r\n$2\r\n\xc3\xa9\r\n"
+    )
+    for bad in (True, None, object()):
+        with pytest.raises(redis.DataError):
+            pack_command(("SET", "k", bad))

@@ -54,16 +54,26 @@ def pack_command(args: tuple[Any, ...]) -> bytes:
     out = [b"*%d\r\n" % len(args)]
     append = out.append
     for arg in args:
-        if isinstance(arg, str):
+        kind = type(arg)
+        # Exact types first: the request path sends only str and int.
+        if kind is str:
             data = arg.encode()
-        elif isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, int) and not isinstance(arg, bool):
+        elif kind is int:
             data = b"%d" % arg
+        elif kind is bytes:
+            data = arg
+        elif isinstance(arg, bool):
+            raise rex.DataError(f"cannot send {kind.__name__} to redis: {arg!r}")
+        elif isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, int):
+            data = b"%d" % int(arg)
+        elif isinstance(arg, (bytes, bytearray, memoryview)):
+            data = bytes(arg)
         elif isinstance(arg, float):
             data = repr(arg).encode()
         else:
-            raise rex.DataError(f"cannot send {type(arg).__name__} to redis: {arg!r}")
+            raise rex.DataError(f"cannot send {kind.__name__} to redis: {arg!r}")
         append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
