@@ -27,6 +27,8 @@ Scenarios (``--scenario``, comma-separated to run several against one server):
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
 second; ``--repeat 3`` interleaves the runs of the two servers and reports the median.
+``--env NAME=VALUE`` passes settings to ferryman, e.g. ``--env REDIS_PIPELINE_WINDOW=2ms``
+to compare Redis batching at a given ``--concurrency``.
 This is a benchmark, not a test: pytest does not collect this directory.
 
 Internal roles (used by the script itself): ``--role client`` runs the load and prints JSON,

@@ -140,6 +140,7 @@ class _Channel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection lost: {exc}" if exc is not None else "redis closed the connection"
         self.fail(rex.ConnectionError(reason))
+        self._detach()
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -195,6 +196,9 @@ class _Channel(asyncio.Protocol):
         self.fail(exc)
         if self.transport is not None:
             self.transport.abort()
+        self._detach()
+
+    def _detach(self) -> None:
         # The connection object no longer owns the transport: it must not try to close it.
         self.conn._reader = None
         self.conn._writer = None
