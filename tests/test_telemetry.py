@@ -29,6 +29,7 @@ from ferryman.backends.base import CounterOp, CounterResult
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.errors import BackendError, SettingsError
 from ferryman.settings import Settings
+from ferryman.stats import FIXED_WINDOW_STATS, STATS_OVERFLOW, Stats
 from ferryman.telemetry import Telemetry
 
 from conftest import ConfigDir, Server, ServerFactory, codes, overall
@@ -652,3 +653,18 @@ def test_concurrent_scrapes_and_traffic_stay_consistent(
         thread.join(10)
     assert seen == sorted(seen)
     assert samples(scrape(server))[series] == "60"
+
+
+def test_rule_counts_adds_what_four_rule_calls_would_overflow_included() -> None:
+    """The fixed-window hot path's batched update equals four ``rule`` calls, series cap and
+    overflow counting included."""
+    batched, single = Stats(max_series=5), Stats(max_series=5)
+    for i, counts in enumerate([(3, 2, 1, 0), (1, 0, 0, 1), (2, 2, 0, 0), (4, 1, 1, 2)]):
+        key = f"dom.user_{i % 3}"
+        path = ("dom", f"user_{i % 3}")
+        batched.rule_counts(key, path, counts)
+        for stat, amount in zip(FIXED_WINDOW_STATS, counts, strict=True):
+            single.rule(key, stat, amount, path)
+    assert batched.snapshot() == single.snapshot()
+    assert batched.rule_series() == single.rule_series()
+    assert batched.get(STATS_OVERFLOW) > 0

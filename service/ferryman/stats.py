@@ -99,19 +99,32 @@ class Stats:
         extra = "".join(f".{k}_{v}" for k, v in labels)
         name = f"{RATE_LIMIT}.{key}{extra}.{stat}"
         with self._lock:
-            values = self._values
-            if name in values:
-                values[name] += amount
-            elif len(self._rules) < self.max_series:
-                values[name] = amount
-                parts = tuple(key.split(".")) if path is None else path
-                self._rules[name] = (stat, parts, labels)
+            if name in self._values:
+                self._values[name] += amount
             else:
-                overflow = f"{RATE_LIMIT}.overflow.{stat}"
-                if overflow not in values:
-                    self._rules[overflow] = (stat, None, ())
-                values[overflow] = values.get(overflow, 0) + amount
-                values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
+                parts = tuple(key.split(".")) if path is None else path
+                self._new_series(name, stat, amount, parts, labels)
+
+    def _new_series(
+        self,
+        name: str,
+        stat: str,
+        amount: int,
+        path: tuple[str, ...],
+        labels: tuple[tuple[str, str], ...],
+    ) -> None:
+        """Start the series ``name`` at ``amount``, or fold it into the overflow series when
+        ``max_series`` exist already. The caller holds the lock."""
+        values = self._values
+        if len(self._rules) < self.max_series:
+            values[name] = amount
+            self._rules[name] = (stat, path, labels)
+        else:
+            overflow = f"{RATE_LIMIT}.overflow.{stat}"
+            if overflow not in values:
+                self._rules[overflow] = (stat, None, ())
+            values[overflow] = values.get(overflow, 0) + amount
+            values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
 
     def rule_counts(self, key: str, path: tuple[str, ...], counts: tuple[int, ...]) -> None:
         """Add ``counts`` to the fixed-window stats of ``key`` in the order of
@@ -129,15 +142,8 @@ class Stats:
                     continue
                 if name in values:
                     values[name] += amount
-                elif len(self._rules) < self.max_series:
-                    values[name] = amount
-                    self._rules[name] = (stat, path, ())
                 else:
-                    overflow = f"{RATE_LIMIT}.overflow.{stat}"
-                    if overflow not in values:
-                        self._rules[overflow] = (stat, None, ())
-                    values[overflow] = values.get(overflow, 0) + amount
-                    values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
+                    self._new_series(name, stat, amount, path, ())
 
     @property
     def series(self) -> int:
