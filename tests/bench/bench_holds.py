@@ -49,19 +49,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import grpc
+
+# The process helpers of the RLS benchmark next to this script.
+from bench_rls import free_port, http_ok, port_open, wait_ready
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
@@ -301,30 +301,6 @@ async def run_hold(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            status: int = response.status
-            return status == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
 def _child_setup() -> Callable[[], None] | None:
     """What a child runs before exec: get SIGTERM when this script dies (Linux)."""
     if sys.platform != "linux":
@@ -385,20 +361,6 @@ class Processes:
         for child in list(self.children):
             with contextlib.suppress(Exception):
                 self.stop(child)
-
-
-def wait_ready(
-    child: subprocess.Popen[Any], ready: Callable[[], bool], what: str, log: Path
-) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            detail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{what} exited with code {child.returncode}\n{detail}")
-        if ready():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} not ready after {START_TIMEOUT:.0f} s")
 
 
 class Stack:
