@@ -36,7 +36,7 @@ from ferryman.server.app import make_backend
 from ferryman.settings import Settings
 
 from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
-from redis_procs import RedisCluster, RedisProcess, free_port, require_binary
+from redis_procs import RedisCluster, RedisProcess, free_port, require_binary, stop_process
 
 DAY = 86400
 JITTER = 300
@@ -440,12 +440,7 @@ class SentinelProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)
             self.proc = None
 
 
