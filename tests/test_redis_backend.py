@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,18 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100}
   - key: c
     rate_limit: {unit: day, requests_per_unit: 100}
+"""
+
+MIXED = """
+domain: mx
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tiers
+    burst_tiers:
+      - {limit: 100, window: 1s, active: 1h}
+  - key: seats
+    copies: {limit: 100, hold_ttl: 30s}
 """
 
 LOCAL = """
@@ -211,6 +224,38 @@ class CommandLog:
         self._monitor.__exit__()
         self._client.close()
         return self.commands
+
+
+def test_a_request_mixing_kinds_sends_its_scripts_in_one_write(
+    config_dir: ConfigDir, make_server: ServerFactory, own_redis: RedisProcess
+) -> None:
+    """A fixed window, burst tiers and held copies in one request: three scripts, and all
+    three leave in one write, one round trip, not one after another."""
+    config_dir.write("mx.yaml", MIXED)
+    backend = RedisBackend(parse_backend_url(own_redis.url, timeout=5.0))
+    server = make_server(backend=backend, cache_key_prefix=unique_prefix())
+    request = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
+    # Warm-up, with calls at once so that every pooled connection opens: a command takes an
+    # idle connection when it can, so only the request's own grouping keeps its scripts on one.
+    with ThreadPoolExecutor(8) as pool:
+        warm = list(pool.map(lambda _: codes(server.ask("mx", *request)), range(16)))
+    assert warm == [["OK"] * 3] * 16
+    with own_redis.client() as client:
+        client.config_resetstat()
+        before = backend.writes
+        assert before is not None
+        for i in range(8):
+            response = server.ask("mx", *request)
+            assert codes(response) == ["OK"] * 3
+            assert response.statuses[0].limit_remaining == 100 - 17 - i
+            assert response.statuses[2].limit_remaining == 100 - 17 - i  # holds are kept
+        writes = backend.writes
+        stats: dict[str, Any] = client.info("commandstats")
+    assert writes is not None
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    assert calls["evalsha"] == 8 * 3
+    # The health monitor's PINGs use the same client: each may add a write of its own.
+    assert 8 <= writes - before <= 8 + calls.get("ping", 0)
 
 
 def test_each_request_is_one_evalsha_and_nothing_else_from_the_client(

@@ -21,7 +21,7 @@ import redis
 
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 
-from conftest import ConfigDir, Server, ServerFactory, overall
+from conftest import ConfigDir, Server, ServerFactory, codes, overall
 from redis_procs import RedisProcess, free_port
 
 CONFIG = """
@@ -30,6 +30,19 @@ descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 3}
 """
+
+MIXED = """
+domain: mx
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tiers
+    burst_tiers:
+      - {limit: 100, window: 1s, active: 1h}
+  - key: seats
+    copies: {limit: 100, hold_ttl: 30s}
+"""
+MIXED_REQUEST = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
 
 TIMEOUT = 0.5  # the backend timeout every test uses
 MARGIN = 1.0  # slack on top of it for scheduling, gRPC and the test's own threads
@@ -263,3 +276,27 @@ def test_fail_open_answers_ok_and_counts_degraded_while_redis_is_down(
         assert outcome.seconds < TIMEOUT + MARGIN
         assert server.stat(f"{CALL}.degraded") == n
     assert server.stat(f"{CALL}.redis_error") == 0
+
+
+@pytest.mark.parametrize("fail_open", [False, True], ids=["fail-closed", "fail-open"])
+def test_a_request_mixing_kinds_fails_as_one_when_redis_is_down(
+    config_dir: ConfigDir, redis_factory: RedisFactory, make_server: ServerFactory, fail_open: bool
+) -> None:
+    """A fixed window, burst tiers and held copies started together: with Redis killed the
+    request gets one answer within the timeout, UNAVAILABLE or (fail-open) OK, counted once."""
+    config_dir.write("mx.yaml", MIXED)
+    proc = redis_factory().start()
+    server = make_server(backend=backend(proc.url), fail_open=fail_open)
+    assert codes(server.ask("mx", *MIXED_REQUEST)) == ["OK"] * 3
+    proc.kill()
+    for n in range(1, 4):
+        started = time.monotonic()
+        if fail_open:
+            assert codes(server.ask("mx", *MIXED_REQUEST)) == ["OK"] * 3
+        else:
+            with pytest.raises(grpc.RpcError) as failed:
+                server.ask("mx", *MIXED_REQUEST)
+            assert failed.value.code() == UNAVAILABLE
+        assert time.monotonic() - started < TIMEOUT + MARGIN
+        counted = f"{CALL}.degraded" if fail_open else f"{CALL}.redis_error"
+        assert server.stat(counted) == n

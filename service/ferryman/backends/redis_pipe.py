@@ -11,12 +11,16 @@ transport then gets a small protocol of ours, so that a chunk of replies is pars
 event loop's read callback itself, with no stream buffer and no reader task in between.
 
 Batches: by default a command is written at the end of the event-loop turn that queued it,
-together with every other command queued in that turn. A pipeline window (the reference's
-REDIS_PIPELINE_WINDOW) makes a busy connection write at most once per window: a command
-queued less than a window after the connection's last write waits for the rest of the
-window, so that under heavy concurrent load each write and each Redis wake-up carries many
-commands; a connection that has not written for a window writes at once. A pipeline limit
-(REDIS_PIPELINE_LIMIT) writes a batch as soon as it holds that many commands.
+together with every other command queued on its connection in that turn, so the scripts
+that one request starts at once (a request mixing fixed windows, burst tiers and held
+copies) leave in one write, one round trip.
+
+A pipeline window (the reference's REDIS_PIPELINE_WINDOW) makes a busy connection write at
+most once per window: a command queued less than a window after the connection's last
+write waits for the rest of the window, so that under heavy concurrent load each write and
+each Redis wake-up carries many commands; a connection that has not written for a window
+writes at once. A pipeline limit (REDIS_PIPELINE_LIMIT) writes a batch as soon as it holds
+that many commands.
 
 Time limits are kept by one sweeper per client rather than a timer per call: a connection
 whose oldest reply is overdue is closed and its callers get TimeoutError.
@@ -29,7 +33,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
@@ -93,6 +97,7 @@ class _Channel(asyncio.Protocol):
         self.pending: list[bytes] = []
         self.flush_scheduled = False
         self.timer: asyncio.TimerHandle | None = None
+        self.writes = 0  # batches written
         self.last_write = float("-inf")
         self.closed = False
 
@@ -101,8 +106,8 @@ class _Channel(asyncio.Protocol):
         writer, reader = self.conn._writer, self.conn._reader
         if writer is None or reader is None:
             raise rex.ConnectionError("connection closed")
-        transport = writer.transport
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        transport = cast(asyncio.Transport, writer.transport)
         self.transport = transport
         # Nothing was asked after the handshake, so nothing can be buffered; be safe anyway.
         leftover = bytes(getattr(reader, "_buffer", b""))
@@ -173,6 +178,7 @@ class _Channel(asyncio.Protocol):
         if transport is None or transport.is_closing():
             self.fail(rex.ConnectionError("connection closed"))
             return
+        self.writes += 1
         try:
             transport.write(b"".join(data))
         except Exception as exc:
@@ -248,6 +254,11 @@ class PipelinedRedis:
             self._sweeper = asyncio.create_task(self._sweep(), name="ferryman-redis-sweeper")
         return channel
 
+    @property
+    def writes(self) -> int:
+        """Batches written on the open connections (each is one round trip)."""
+        return sum(c.writes for c in self._channels if c is not None)
+
     def _ready_channel(self) -> _Channel | None:
         """An open connection, preferring one with nothing in flight, else the next in turn."""
         channels = self._channels
@@ -260,9 +271,8 @@ class PipelinedRedis:
         return None
 
     async def _channel(self) -> _Channel:
-        channel = self._ready_channel()
-        if channel is not None:
-            return channel
+        """Open the first free slot's connection (or wait for the one being opened there):
+        called when the connection in turn is not open."""
         slot = next(i for i, c in enumerate(self._channels) if c is None or c.closed)
         opening = self._opening[slot]
         if opening is None or opening.done():

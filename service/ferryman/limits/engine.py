@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -373,11 +374,16 @@ class RateLimitEngine:
 
         ops = [item.op for item in planned if item.op is not None and not item.cached]
         try:
-            results = (
-                await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
-            )
-            outcomes = [await self._backend.burst(b.request, now) for b in bursts] if bursts else []
-            held = [await self._envoy_hold(h, now) for h in holds] if holds else []
+            if (ops and (bursts or holds)) or len(bursts) + len(holds) > 1:
+                results, outcomes, held = await self._all_at_once(
+                    ops, bursts, holds, now, opts.stop_when_over
+                )
+            else:
+                results = (
+                    await self._fixed_window(ops, stop_when_over=opts.stop_when_over) if ops else []
+                )
+                outcomes = [await self._backend.burst(b.request, now) for b in bursts]
+                held = [await self._envoy_hold(h, now) for h in holds]
         except BackendError:
             if not opts.fail_open:
                 raise
@@ -476,6 +482,32 @@ class RateLimitEngine:
             for name, value in metadata.items():
                 meta.setdefault(name, value)
         return Decision(code, tuple(final), headers, meta)
+
+    async def _all_at_once(
+        self,
+        ops: list[CounterOp],
+        bursts: list[_BurstItem],
+        holds: list[_CopyItem],
+        now: float,
+        stop_when_over: bool,
+    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status]]:
+        """The backend calls of a request that mixes kinds (or has several burst or held
+        descriptors), started together: a pipelined Redis sends them in one write, so the
+        request still costs one round trip. They run in descriptor order, as one by one."""
+        calls: list[Awaitable[Any]] = []
+        if ops:
+            calls.append(self._fixed_window(ops, stop_when_over=stop_when_over))
+        calls.extend(self._backend.burst(b.request, now) for b in bursts)
+        calls.extend(self._envoy_hold(h, now) for h in holds)
+        replies: list[Any] = list(await asyncio.gather(*calls, return_exceptions=True))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        first = 1 if ops else 0
+        results: list[CounterResult] = replies[0] if ops else []
+        outcomes: list[BurstOutcome] = replies[first : first + len(bursts)]
+        held: list[Status] = replies[first + len(bursts) :]
+        return results, outcomes, held
 
     async def _envoy_hold(self, h: _CopyItem, now: float) -> Status:
         """Take (or give back) an Envoy hold on a copy-limited node, as a descriptor status."""
