@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 MAX_REMAINING = 2**32 - 1
+_UNKNOWN: Any = object()  # a rule not looked at yet, in RateLimitEngine._plain
 
 
 class Code(enum.IntEnum):
@@ -114,6 +115,47 @@ class _Planned:
     op: CounterOp | None = None
     cached: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plain:
+    """A fixed-window rule whose stats key and counter key take nothing from the request
+    but its entries (no detailed_metric, value_to_metric or share_threshold on its path):
+    what all its descriptors share, worked out once per rule and config."""
+
+    limit: RateLimit
+    seconds: int
+    stats_key: str
+    stats_path: tuple[str, ...]
+    shadow: bool
+    quota: bool
+    metadata: Mapping[str, Any]
+    head: str  # the counter key's start, <prefix><domain>_
+
+    @staticmethod
+    def of(domain: str, path: Sequence[Rule], opts: EngineOptions) -> _Plain | None:
+        rule = path[-1]
+        limit = rule.rate_limit
+        if (
+            limit is None
+            or limit.unlimited
+            or limit.unit is None
+            or rule.copies is not None
+            or rule.burst is not None
+            or rule.detailed_metric
+            or any(r.value_to_metric or r.share_threshold for r in path)
+        ):
+            return None
+        return _Plain(
+            limit,
+            limit.unit.seconds,
+            rule.stats_key,
+            rule.stats_path,
+            rule.shadow_mode,
+            rule.quota_mode or opts.quota_mode,
+            rule.metadata,
+            f"{opts.cache_key_prefix}{domain}_",
+        )
 
 
 @dataclass(slots=True)
@@ -229,6 +271,9 @@ class RateLimitEngine:
             if self.options.local_cache_bytes > 0
             else None
         )
+        # Rule -> its _Plain (None: not plain), for the config and options they came from.
+        self._plain: dict[Rule, _Plain | None] = {}
+        self._plain_for: tuple[Config | None, EngineOptions | None] = (None, None)
 
     @staticmethod
     def validate(domain: str, descriptors: Sequence[DescriptorRequest]) -> None:
@@ -258,6 +303,10 @@ class RateLimitEngine:
             stats.rule(domain, "domain_not_found", 1, (domain,))
             return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
 
+        if self._plain_for[0] is not config or self._plain_for[1] is not opts:
+            self._plain.clear()
+            self._plain_for = (config, opts)
+        plains = self._plain
         request_hits = hits_addend or 1
         statuses: list[Status | None] = [None] * len(descriptors)
         planned: list[_Planned] = []
@@ -280,75 +329,98 @@ class RateLimitEngine:
             else:
                 path = _match(dom, desc.entries)
                 last = path[-1] if path is not None else None
-                if last is None or (
+                plain = plains.get(last, _UNKNOWN) if last is not None else None
+                if plain is _UNKNOWN:
+                    assert path is not None and last is not None
+                    plain = plains[last] = _Plain.of(domain, path, opts)
+                if isinstance(plain, _Plain):
+                    # The common case, without the general path's per-request work.
+                    if plain.limit.replaces:
+                        replaced.update(plain.limit.replaces)
+                    item = _Planned(
+                        i,
+                        plain.limit,
+                        plain.seconds,
+                        plain.stats_key,
+                        plain.stats_path,
+                        hits,
+                        plain.shadow,
+                        plain.quota,
+                        last,
+                        metadata=plain.metadata,
+                    )
+                    cache_base = plain.head + "".join([f"{k}_{v}_" for k, v in desc.entries])
+                elif last is None or (
                     last.rate_limit is None and last.burst is None and last.copies is None
                 ):
                     statuses[i] = Status(Code.OK)
                     continue
-                assert path is not None
-                rule = path[-1]
-                if rule.copies is not None:
-                    # Concurrency through Envoy: hits hold copies, negative hits (sent when
-                    # the stream ends) give them back.
-                    key, parts = _stats_key(domain, desc.entries, path)
-                    tenant = "_".join(v for _, v in desc.entries)
-                    holds.append(
-                        _CopyItem(
-                            i,
-                            rule,
-                            self.copies_node(rule),
-                            tenant,
-                            key,
-                            parts,
-                            hits,
-                            rule.quota_mode or opts.quota_mode,
+                else:
+                    assert path is not None
+                    rule = path[-1]
+                    if rule.copies is not None:
+                        # Concurrency through Envoy: hits hold copies, negative hits (sent when
+                        # the stream ends) give them back.
+                        key, parts = _stats_key(domain, desc.entries, path)
+                        tenant = "_".join(v for _, v in desc.entries)
+                        holds.append(
+                            _CopyItem(
+                                i,
+                                rule,
+                                self.copies_node(rule),
+                                tenant,
+                                key,
+                                parts,
+                                hits,
+                                rule.quota_mode or opts.quota_mode,
+                            )
                         )
-                    )
-                    continue
-                if rule.burst is not None:
-                    if hits < 0:
-                        # Burst tiers record grants only; nothing to give back.
-                        statuses[i] = Status(Code.OK)
                         continue
-                    replaced.update(rule.replaces)
-                    key, parts = _stats_key(domain, desc.entries, path)
-                    bursts.append(
-                        _BurstItem(
-                            i,
-                            rule,
-                            rule.burst,
-                            self._burst_request(rule, desc.entries, hits, hits),
-                            key,
-                            parts,
-                            hits,
-                            rule.quota_mode or opts.quota_mode,
+                    if rule.burst is not None:
+                        if hits < 0:
+                            # Burst tiers record grants only; nothing to give back.
+                            statuses[i] = Status(Code.OK)
+                            continue
+                        replaced.update(rule.replaces)
+                        key, parts = _stats_key(domain, desc.entries, path)
+                        bursts.append(
+                            _BurstItem(
+                                i,
+                                rule,
+                                rule.burst,
+                                self._burst_request(rule, desc.entries, hits, hits),
+                                key,
+                                parts,
+                                hits,
+                                rule.quota_mode or opts.quota_mode,
+                            )
                         )
+                        continue
+                    limit = rule.rate_limit
+                    assert limit is not None
+                    if limit.unlimited:
+                        statuses[i] = Status(Code.OK, remaining=MAX_REMAINING)
+                        continue
+                    replaced.update(limit.replaces)
+                    key, parts = _stats_key(domain, desc.entries, path)
+                    item = _Planned(
+                        i,
+                        limit,
+                        0,
+                        key,
+                        parts,
+                        hits,
+                        rule.shadow_mode,
+                        rule.quota_mode or opts.quota_mode,
+                        rule,
+                        metadata=rule.metadata,
                     )
-                    continue
-                limit = rule.rate_limit
-                assert limit is not None
-                if limit.unlimited:
-                    statuses[i] = Status(Code.OK, remaining=MAX_REMAINING)
-                    continue
-                replaced.update(limit.replaces)
-                key, parts = _stats_key(domain, desc.entries, path)
-                item = _Planned(
-                    i,
-                    limit,
-                    0,
-                    key,
-                    parts,
-                    hits,
-                    rule.shadow_mode,
-                    rule.quota_mode or opts.quota_mode,
-                    rule,
-                    metadata=rule.metadata,
-                )
-                cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, path)
-            assert item.limit.unit is not None
-            seconds = item.limit.unit.seconds
+                    cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, path)
+            seconds = item.seconds
+            if not seconds:
+                assert item.limit.unit is not None
+                seconds = item.seconds = item.limit.unit.seconds
             start = window_start(now, seconds)
-            item.seconds = seconds
             item.op = CounterOp(
                 cache_base + str(start),
                 hits,
