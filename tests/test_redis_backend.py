@@ -979,6 +979,10 @@ def test_pack_command_encodes_what_redis_py_would() -> None:
     assert pack_command(("SET", b"k", 7, 1.5, Color.RED, "é")) == (
         b"*6\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n7\r\n$3\r\n1.5\r\n$3\r\nred\r\n$2\r\n\xc3\xa9\r\n"
     )
+    assert pack_command(("EVALSHA", "ab", 2, "k1", "k€", -3, 10**20, 0.25)) == (
+        b"*8\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n2\r\n$2\r\nk1\r\n$4\r\nk\xe2\x82\xac\r\n"
+        b"$2\r\n-3\r\n$21\r\n100000000000000000000\r\n$4\r\n0.25\r\n"
+    )
     for bad in (True, None, object()):
         with pytest.raises(redis.DataError):
             pack_command(("SET", "k", bad))

@@ -659,12 +659,15 @@ def test_rule_counts_adds_what_four_rule_calls_would_overflow_included() -> None
     """The fixed-window hot path's batched update equals four ``rule`` calls, series cap and
     overflow counting included."""
     batched, single = Stats(max_series=5), Stats(max_series=5)
+    rows = []
     for i, counts in enumerate([(3, 2, 1, 0), (1, 0, 0, 1), (2, 2, 0, 0), (4, 1, 1, 2)]):
         key = f"dom.user_{i % 3}"
         path = ("dom", f"user_{i % 3}")
-        batched.rule_counts(key, path, counts)
+        rows.append((key, path, counts))
         for stat, amount in zip(FIXED_WINDOW_STATS, counts, strict=True):
             single.rule(key, stat, amount, path)
+    batched.rule_counts(rows[:1])
+    batched.rule_counts(rows[1:])
     assert batched.snapshot() == single.snapshot()
     assert batched.rule_series() == single.rule_series()
     assert batched.get(STATS_OVERFLOW) > 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 __all__ = [
     "CALL",
@@ -126,24 +126,27 @@ class Stats:
             values[overflow] = values.get(overflow, 0) + amount
             values[STATS_OVERFLOW] = values.get(STATS_OVERFLOW, 0) + 1
 
-    def rule_counts(self, key: str, path: tuple[str, ...], counts: tuple[int, ...]) -> None:
-        """Add ``counts`` to the fixed-window stats of ``key`` in the order of
-        ``FIXED_WINDOW_STATS`` (total_hits, within_limit, near_limit, over_limit), at once:
-        the hot path's four ``rule`` calls under one lock, with the names built once."""
-        names = self._names.get(key)
-        if names is None:
-            names = tuple(f"{RATE_LIMIT}.{key}.{stat}" for stat in FIXED_WINDOW_STATS)
-            if len(self._names) < self.max_series:
-                self._names[key] = names
+    def rule_counts(self, rows: Sequence[tuple[str, tuple[str, ...], tuple[int, ...]]]) -> None:
+        """For each (key, path, counts), add counts to the fixed-window stats of key in the
+        order of ``FIXED_WINDOW_STATS`` (total_hits, within_limit, near_limit, over_limit):
+        the hot path's ``rule`` calls for all the counters of a request under one lock, with
+        the names built once per key."""
+        known = self._names
         values = self._values
         with self._lock:
-            for name, stat, amount in zip(names, FIXED_WINDOW_STATS, counts, strict=True):
-                if not amount:
-                    continue
-                if name in values:
-                    values[name] += amount
-                else:
-                    self._new_series(name, stat, amount, path, ())
+            for key, path, counts in rows:
+                names = known.get(key)
+                if names is None:
+                    names = tuple(f"{RATE_LIMIT}.{key}.{stat}" for stat in FIXED_WINDOW_STATS)
+                    if len(known) < self.max_series:
+                        known[key] = names
+                for name, stat, amount in zip(names, FIXED_WINDOW_STATS, counts, strict=True):
+                    if not amount:
+                        continue
+                    if name in values:
+                        values[name] += amount
+                    else:
+                        self._new_series(name, stat, amount, path, ())
 
     @property
     def series(self) -> int:

@@ -38,6 +38,7 @@ from typing import Any, cast
 import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
+from hiredis import pack_command as _hiredis_pack
 
 __all__ = ["PipelinedRedis", "pack_command"]
 
@@ -54,7 +55,18 @@ def _error(reply: rex.ResponseError) -> rex.ResponseError:
 
 
 def pack_command(args: tuple[Any, ...]) -> bytes:
-    """One command in RESP: an array of bulk strings (str as UTF-8, int and float as text)."""
+    """One command in RESP: an array of bulk strings (str as UTF-8, int and float as text).
+
+    hiredis packs exact str, int, float and bytes in C; anything else (subclasses such as
+    enums, refused bools and objects) goes through the Python packer below."""
+    try:
+        packed: bytes = _hiredis_pack(args)
+        return packed
+    except TypeError:
+        return _pack(args)
+
+
+def _pack(args: tuple[Any, ...]) -> bytes:
     out = [b"*%d\r\n" % len(args)]
     append = out.append
     for arg in args:

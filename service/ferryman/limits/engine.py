@@ -15,7 +15,7 @@ from ferryman.clock import Clock
 from ferryman.config.model import UNIT_SECONDS, Config, Domain, RateLimit, Rule, Unit
 from ferryman.errors import BackendError, NotFoundError, RequestError
 from ferryman.limits.burst import BurstOutcome, BurstPolicy
-from ferryman.limits.fixed_window import StatDelta, classify, reset_after, window_start
+from ferryman.limits.fixed_window import classify, reset_after, window_start
 from ferryman.limits.local_cache import OverLimitCache
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, LOCAL_CACHE_HITS, Stats
 
@@ -466,6 +466,7 @@ class RateLimitEngine:
         ratio = opts.near_limit_ratio
         quota_total = quota_over = 0
         over_hard = False
+        counts: list[tuple[str, tuple[str, ...], tuple[int, ...]]] = []
         metadata: dict[str, Any] = {}
         for item in planned:
             limit = item.limit
@@ -473,22 +474,27 @@ class RateLimitEngine:
             reset = reset_after(now, item.seconds)
             key = item.stats_key
             labels = item.stats_path
+            hits = item.hits
             if item.cached:
-                over, delta = True, StatDelta(over=item.hits)
+                over = True
+                counts.append((key, labels, (hits, 0, 0, hits)))
                 stats.inc(LOCAL_CACHE_HITS)
-                stats.rule(key, "over_limit_with_local_cache", item.hits, labels)
+                stats.rule(key, "over_limit_with_local_cache", hits, labels)
             else:
                 result = next(result_iter)
                 after = result.after
-                if item.hits < 0:
+                if hits < 0:
                     remaining = max(0, rpu - after)
                     statuses[item.index] = Status(Code.OK, limit, remaining, reset, item.quota)
                     continue
-                before = after - result.applied
-                over, delta = classify(item.hits, rpu, before, after, ratio)
-                if over and local is not None and item.op is not None:
-                    local.add(item.op.key, item.op.expires_at)
-            stats.rule_counts(key, labels, (item.hits, delta.within, delta.near, delta.over))
+                if after <= rpu * ratio and after <= rpu:  # within, not near: the common case
+                    over = False
+                    counts.append((key, labels, (hits, hits, 0, 0)))
+                else:
+                    over, delta = classify(hits, rpu, after - result.applied, after, ratio)
+                    counts.append((key, labels, (hits, delta.within, delta.near, delta.over)))
+                    if over and local is not None and item.op is not None:
+                        local.add(item.op.key, item.op.expires_at)
             if over and item.shadow:
                 stats.rule(key, "shadow_mode", item.hits, labels)
                 over = False
@@ -506,6 +512,8 @@ class RateLimitEngine:
                 for name, value in item.metadata.items():
                     metadata.setdefault(name, value)
 
+        if counts:
+            stats.rule_counts(counts)
         for h, status in zip(holds, held, strict=True):
             statuses[h.index] = status
             if status.code is Code.OVER_LIMIT:
