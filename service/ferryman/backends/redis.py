@@ -415,26 +415,45 @@ class RedisBackend:
             )
         return [int(x) for x in result]
 
+    async def _fixed_window_script(self, client: PipelinedRedis, command: list[Any]) -> Any:
+        """Run ``command`` (EVALSHA of fixed_window.lua, the SHA at [1]), loading the script
+        first and again after a NOSCRIPT (Redis restarted or failed over)."""
+        if self._sha is None:
+            self._sha = command[1] = await client.script_load(self._source)
+        try:
+            return await client.execute(*command)
+        except rex.NoScriptError:
+            self._sha = command[1] = await client.script_load(self._source)
+            return await client.execute(*command)
+
     async def fixed_window(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
     ) -> list[CounterResult]:
-        if self._client is None:
+        client = self._client
+        if client is None:
             raise BackendError("redis backend is not started")
+        if self._pipelined:
+            # The hot path, a single Redis: one script call built in place; the pipelined
+            # client keeps the time limit.
+            command: list[Any] = ["EVALSHA", self._sha, len(ops)]
+            command.extend([op.key for op in ops])
+            command.append("1" if stop_when_over else "0")
+            for op in ops:
+                command.extend((op.hits, op.limit, self._ttl(op)))
+            try:
+                reply = await self._fixed_window_script(client, command)
+            except (rex.RedisError, OSError) as exc:
+                raise self._backend_error(exc) from exc
+            self._healthy = True
+            return [CounterResult(reply[j], reply[j + 1]) for j in range(0, 2 * len(ops), 2)]
         groups = self._groups(ops, stop_when_over)
         if stop_when_over and len(groups) > 1:
             return await self._stop_when_over_across_slots(ops)
-        if len(groups) == 1 and self._pipelined:
-            # The hot path: one script call; the pipelined client keeps the time limit.
-            try:
+        async with self._errors():
+            if len(groups) == 1:
                 replies = [await self._evalsha(groups[0])]
-            except (rex.RedisError, OSError) as exc:
-                raise self._backend_error(exc) from exc
-        else:
-            async with self._errors():
-                if len(groups) == 1:
-                    replies = [await self._evalsha(groups[0])]
-                else:
-                    replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
+            else:
+                replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
         self._healthy = True
         out: list[CounterResult | None] = [None] * len(ops)
         for group, reply in zip(groups, replies, strict=True):

@@ -310,9 +310,11 @@ class PipelinedRedis:
         Server error replies raise ResponseError; no reply within the timeout raises
         TimeoutError (and closes that connection); a broken connection ConnectionError.
         """
-        channel = self._ready_channel()
-        if channel is None:
-            channel = await self._channel()
+        channel = self._channels[0] if self._size == 1 else None
+        if channel is None or channel.closed:
+            channel = self._ready_channel()
+            if channel is None:
+                channel = await self._channel()
         if len(channel.waiters) >= MAX_IN_FLIGHT:
             raise rex.ConnectionError("redis is not keeping up")
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
