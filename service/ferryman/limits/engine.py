@@ -327,12 +327,17 @@ class RateLimitEngine:
                 )
                 cache_base = _cache_key(opts.cache_key_prefix, domain, desc.entries, None)
             else:
-                path = _match(dom, desc.entries)
-                last = path[-1] if path is not None else None
+                entries = desc.entries
+                path: list[Rule] | None
+                if len(entries) == 1:  # the path is the matched rule: no list needed yet
+                    last, path = dom.root.match(*entries[0]), None
+                else:
+                    path = _match(dom, entries)
+                    last = path[-1] if path is not None else None
                 plain = plains.get(last, _UNKNOWN) if last is not None else None
                 if plain is _UNKNOWN:
-                    assert path is not None and last is not None
-                    plain = plains[last] = _Plain.of(domain, path, opts)
+                    assert last is not None
+                    plain = plains[last] = _Plain.of(domain, path or [last], opts)
                 if isinstance(plain, _Plain):
                     # The common case, without the general path's per-request work.
                     if plain.limit.replaces:
@@ -356,8 +361,9 @@ class RateLimitEngine:
                     statuses[i] = Status(Code.OK)
                     continue
                 else:
-                    assert path is not None
-                    rule = path[-1]
+                    assert last is not None
+                    path = path or [last]
+                    rule = last
                     if rule.copies is not None:
                         # Concurrency through Envoy: hits hold copies, negative hits (sent when
                         # the stream ends) give them back.
