@@ -624,12 +624,20 @@ def test_target_from_env_style(
 
 
 @pytest.mark.parametrize(
-    ("kind", "url"),
-    [("single", "no-port"), ("single", "h:x"), ("sentinel", "mymaster"), ("ring", "h:1")],
+    ("kind", "url", "message"),
+    [
+        ("single", "no-port", "is not host:port"),
+        ("single", "h:x", "has no numeric port"),
+        ("single", "redis://h:6379", "is a URL"),
+        ("cluster", "h:1,redis://h:2", "is a URL"),
+        ("sentinel", "mymaster", "mastername,host:port"),
+        ("ring", "h:1", "must be single, sentinel or cluster"),
+    ],
 )
-def test_target_from_env_style_rejects_bad_values(kind: str, url: str) -> None:
-    """A REDIS_URL without a numeric port, a sentinel without nodes, or a bad type is an error."""
-    with pytest.raises(SettingsError):
+def test_target_from_env_style_rejects_bad_values(kind: str, url: str, message: str) -> None:
+    """A REDIS_URL without a numeric port or given as a URL, a sentinel without nodes, or a
+    bad type is an error that says which."""
+    with pytest.raises(SettingsError, match=message):
         target_from_env_style(kind, url, "tcp", "", False, 10, 10.0)
 
 

@@ -81,6 +81,11 @@ class RedisTarget:
 
 
 def _address(text: str, what: str) -> tuple[str, int]:
+    if "://" in text:
+        raise SettingsError(
+            f"{what}: {text!r} is a URL; {what} is host:port as in the reference "
+            "(a URL goes to --backend)"
+        )
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
         raise SettingsError(f"{what}: {text!r} is not host:port")
