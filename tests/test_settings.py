@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import ferryman.settings as settings_module
 from ferryman.errors import SettingsError
-from ferryman.settings import Settings
+from ferryman.settings import Settings, default_config_dir
 
 
 def test_defaults_match_the_reference_ports_and_memory_backend() -> None:
@@ -76,3 +77,23 @@ def test_invalid_values_are_rejected_naming_the_variable(name: str, value: str) 
     """A bad value raises SettingsError that names the variable."""
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+def test_default_config_dir_is_descriptors_here_then_the_checkout_then_here_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """./descriptors when it exists; else the source checkout's (an editable install); else
+    ./descriptors all the same, so that the error names the place a user would look."""
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    module = tmp_path / "checkout" / "service" / "ferryman" / "settings.py"
+    monkeypatch.setattr(settings_module, "__file__", str(module))
+    checkout = tmp_path / "checkout" / "descriptors"
+    checkout.mkdir(parents=True)
+    assert default_config_dir() == checkout
+    (run / "descriptors").mkdir()
+    assert default_config_dir() == run / "descriptors"
+    (run / "descriptors").rmdir()
+    checkout.rmdir()  # installed from a wheel: no checkout
+    assert default_config_dir() == run / "descriptors"

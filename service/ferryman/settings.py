@@ -103,7 +103,9 @@ def default_config_dir() -> Path:
     here = Path.cwd() / "descriptors"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[2] / "descriptors"
+    checkout = Path(__file__).resolve().parents[2] / "descriptors"  # an editable install's
+    # Installed from a wheel there is no checkout: name the place a user would look.
+    return checkout if checkout.is_dir() else here
 
 
 @dataclass(frozen=True)
