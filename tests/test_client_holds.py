@@ -383,6 +383,38 @@ def test_a_killed_client_process_loses_its_holds(target: str, other: ferryman.Cl
         child.communicate(timeout=10)
 
 
+@pytest.mark.parametrize("keepalive", [1.0, 0.0], ids=["keepalive", "no-keepalive"])
+def test_a_frozen_client_process_loses_its_holds_after_the_keepalive(
+    config_dir: ConfigDir, make_server: ServerFactory, keepalive: float
+) -> None:
+    """SIGSTOP: the client's host still acknowledges TCP, but nothing answers HTTP/2 pings,
+    as when a host dies without closing its connections. The server's keepalive notices and
+    ends the session; without keepalive the copies stay held."""
+    config_dir.write("holds.yaml", CONFIG)
+    server = make_server(
+        real_clock=True, grpc_keepalive_time=keepalive, grpc_keepalive_timeout=keepalive
+    )
+    target = target_of(server)
+    child = subprocess.Popen(
+        [sys.executable, "-c", DOOMED, target, "t11"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with ferryman.Client(target, timeout=5) as other:
+            assert child.stdout is not None
+            assert child.stdout.readline().split() == ["held", "4"]
+            assert probe(other, "t11") == 4
+            os.kill(child.pid, signal.SIGSTOP)
+            if keepalive:
+                wait_for("the release", lambda: probe(other, "t11") == 0, timeout=30)
+            else:
+                time.sleep(5)  # several keepalive periods of the other case
+                assert probe(other, "t11") == 4
+    finally:
+        child.kill()
+        os.kill(child.pid, signal.SIGCONT)
+        child.communicate(timeout=10)
+
+
 def test_a_session_the_server_ends_marks_holds_lost_and_a_new_one_opens(
     config_dir: ConfigDir, make_server: ServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:

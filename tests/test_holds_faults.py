@@ -29,6 +29,7 @@ import grpc
 import pytest
 import redis
 
+import ferryman
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
 from redis_procs import RedisProcess
@@ -329,6 +330,25 @@ def test_killed_client_process_copies_come_back(procs: Processes, db: redis.Redi
     assert observer.close() == []
     _wait_for("empty counts", lambda: not _counts(db), timeout=3)
     assert _leftovers(db) == []
+
+
+def test_a_frozen_server_ends_the_clients_session_after_the_keepalive(procs: Processes) -> None:
+    """SIGSTOP the server: its host still acknowledges TCP, but nothing answers HTTP/2 pings,
+    as when a host dies silently. The client's keepalive closes the connection: the session
+    is lost and the hold says so, rather than being believed held."""
+    a = procs.ferryman("a")
+    client = ferryman.Client(f"127.0.0.1:{a.port}", timeout=2, keepalive=1)
+    try:
+        with client.hold_copy("jobs", {"tenant": "t1"}, copies=2) as hold:
+            assert hold.success and hold.copies == 2 and not hold.lost
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                _wait_for("the lost session", lambda: client.stats().sessions_lost == 1, 20)
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            assert hold.lost
+    finally:
+        client.close()
 
 
 def test_killed_server_copies_are_freed_by_the_other_after_the_lease(

@@ -8,6 +8,7 @@ import pytest
 
 import ferryman.settings as settings_module
 from ferryman.errors import SettingsError
+from ferryman.server.app import grpc_server_options
 from ferryman.settings import Settings, default_config_dir
 
 
@@ -71,6 +72,8 @@ def test_reference_variables_are_read() -> None:
         ("REDIS_PIPELINE_LIMIT", "-1"),
         ("BACKEND_TYPE", "memcache"),
         ("LOG_FORMAT", "xml"),
+        ("GRPC_KEEPALIVE_TIME", "often"),
+        ("GRPC_KEEPALIVE_TIMEOUT", "-1s"),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_variable(name: str, value: str) -> None:
@@ -97,3 +100,22 @@ def test_default_config_dir_is_descriptors_here_then_the_checkout_then_here_agai
     (run / "descriptors").rmdir()
     checkout.rmdir()  # installed from a wheel: no checkout
     assert default_config_dir() == run / "descriptors"
+
+
+def test_grpc_keepalive_reaches_the_server_options() -> None:
+    """GRPC_KEEPALIVE_TIME / _TIMEOUT become the server's ping period and ping timeout; 0
+    turns the server's pings off (client pings stay allowed)."""
+    settings = Settings.from_env({"GRPC_KEEPALIVE_TIME": "2s", "GRPC_KEEPALIVE_TIMEOUT": "500ms"})
+    options = dict(grpc_server_options(settings))
+    assert options["grpc.keepalive_time_ms"] == 2000
+    assert options["grpc.keepalive_timeout_ms"] == 500
+    assert options["grpc.http2.ping_timeout_ms"] == 500
+    assert options["grpc.http2.max_pings_without_data"] == 0
+    off = dict(grpc_server_options(Settings.from_env({"GRPC_KEEPALIVE_TIME": "0"})))
+    assert "grpc.keepalive_time_ms" not in off
+    assert (
+        off["grpc.http2.min_ping_interval_without_data_ms"]
+        == options["grpc.http2.min_ping_interval_without_data_ms"]
+    )
+    defaults = Settings()
+    assert (defaults.grpc_keepalive_time, defaults.grpc_keepalive_timeout) == (10.0, 5.0)

@@ -173,6 +173,10 @@ class Settings:
 
     shutdown_grace_seconds: float = 10.0
     hold_lease_seconds: float = 10.0
+    # gRPC keepalive: a connection that does not answer a ping within the timeout is closed,
+    # which ends its sessions (and frees their holds) when a client host dies silently.
+    grpc_keepalive_time: float = 10.0
+    grpc_keepalive_timeout: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -289,6 +293,10 @@ class Settings:
             otlp_metrics_endpoint=env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
             otlp_traces_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or otlp,
             hold_lease_seconds=_duration(env, "HOLD_LEASE_SECONDS", d.hold_lease_seconds),
+            grpc_keepalive_time=_duration(env, "GRPC_KEEPALIVE_TIME", d.grpc_keepalive_time),
+            grpc_keepalive_timeout=_duration(
+                env, "GRPC_KEEPALIVE_TIMEOUT", d.grpc_keepalive_timeout
+            ),
             shutdown_grace_seconds=_duration(
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),

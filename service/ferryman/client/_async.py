@@ -137,11 +137,13 @@ class AsyncClient:
         fail_open: bool = True,
         kill_switch: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
+        keepalive: float = _protocol.DEFAULT_KEEPALIVE,
     ) -> None:
         self._core = ClientCore(
             target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
         )
         self._credentials = credentials
+        self._keepalive = keepalive
         self._channel: grpc.aio.Channel | None = None
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable[Request, Response]] = {}
         self._session_method: (
@@ -202,7 +204,7 @@ class AsyncClient:
         if self._closed:
             raise RuntimeError("this ferryman.AsyncClient is closed")
         if self._channel is None:
-            target, options = self._core.target, _protocol.channel_options()
+            target, options = self._core.target, _protocol.channel_options(self._keepalive)
             if self._credentials is None:
                 channel = grpc.aio.insecure_channel(target, options=options)
             else:

@@ -99,10 +99,28 @@ def translate(error: grpc.RpcError, target: str) -> RequestError | ServiceUnavai
     return ServiceUnavailableError(target, name, details or str(error))
 
 
-def channel_options() -> list[tuple[str, str | int]]:
+DEFAULT_KEEPALIVE = 10.0  # seconds between pings on a quiet connection
+
+
+def channel_options(keepalive: float = DEFAULT_KEEPALIVE) -> list[tuple[str, str | int]]:
+    """The client channel's arguments. With ``keepalive`` > 0 (seconds), a quiet connection
+    is pinged that often and closed when a ping goes unanswered for half as long, so that a
+    dead server or a partition ends the session within seconds: its holds are then reported
+    lost instead of believed held."""
     from ferryman import __version__  # the package imports this module first
 
-    return [("grpc.primary_user_agent", f"ferryman-python/{__version__}")]
+    options: list[tuple[str, str | int]] = [
+        ("grpc.primary_user_agent", f"ferryman-python/{__version__}")
+    ]
+    if keepalive > 0:
+        every = max(1, round(keepalive * 1000))
+        options += [
+            ("grpc.keepalive_time_ms", every),
+            ("grpc.keepalive_timeout_ms", max(1, every // 2)),
+            ("grpc.http2.ping_timeout_ms", max(1, every // 2)),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+    return options
 
 
 def rls_request(domain: str, descriptors: Sequence[Entries], hits: int) -> rls_pb2.RateLimitRequest:

@@ -137,7 +137,9 @@ class Client:
     warning); with ``fail_open=False`` it raises ServiceUnavailableError. With
     ``kill_switch`` set (at construction or later, as an attribute) rejections become
     grants flagged ``overridden``, logged and counted. Client errors (malformed request,
-    unknown domain or descriptor) raise RequestError / NotFoundError either way.
+    unknown domain or descriptor) raise RequestError / NotFoundError either way. A quiet
+    connection is pinged every ``keepalive`` seconds (0: never), so that a dead service or a
+    partition ends the session (its holds become ``lost``) within about 1.5 times that.
 
     Use it as a context manager, or call ``close()``::
 
@@ -153,16 +155,16 @@ class Client:
         fail_open: bool = True,
         kill_switch: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
+        keepalive: float = _protocol.DEFAULT_KEEPALIVE,
     ) -> None:
         self._core = ClientCore(
             target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
         )
+        options = _protocol.channel_options(keepalive)
         if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=_protocol.channel_options())
+            self._channel = grpc.insecure_channel(target, options=options)
         else:
-            self._channel = grpc.secure_channel(
-                target, credentials, options=_protocol.channel_options()
-            )
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self._methods: dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]] = {
             _protocol.SHOULD_RATE_LIMIT: self._channel.unary_unary(
                 _protocol.SHOULD_RATE_LIMIT,

@@ -31,7 +31,7 @@ from ferryman.settings import Settings, split_address
 from ferryman.stats import CALL, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 
-__all__ = ["Service", "engine_options", "make_backend"]
+__all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
 
 log = logging.getLogger("ferryman")
 
@@ -41,6 +41,32 @@ HEALTH_NAMES = (
     "envoy.service.ratelimit.v3.RateLimitService",
     "ferryman.v1.Limiter",
 )
+
+
+# Clients may ping a quiet connection this often (the Python client: every 10 s by default).
+CLIENT_PING_INTERVAL_MS = 1_000
+
+
+def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: no shared port; keepalive pings on every
+    connection, so that a client host that dies without closing its connection (power
+    loss, partition) is noticed and its sessions end; client pings allowed."""
+    options = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
+    ]
+    if settings.grpc_keepalive_time > 0:
+        every = max(1, round(settings.grpc_keepalive_time * 1000))
+        wait = max(1, round(settings.grpc_keepalive_timeout * 1000))
+        options += [
+            ("grpc.keepalive_time_ms", every),
+            ("grpc.keepalive_timeout_ms", wait),
+            ("grpc.http2.ping_timeout_ms", wait),
+            # A Session stream is quiet between operations: ping it all the same.
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_time_between_pings_ms", every),
+        ]
+    return options
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -203,7 +229,7 @@ class Service:
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=grpc_server_options(s))
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
             RateLimitServicer(self.engine, self.stats, self.telemetry), server
         )
