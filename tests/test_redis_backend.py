@@ -10,11 +10,12 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import redis
 from redis.crc import key_slot
@@ -533,6 +534,67 @@ def test_sentinel_backend_finds_the_master_and_counts_there(
     assert server.service.healthy()
     server.stop()
     gc.collect()  # a connection left open by close() would surface here as a ResourceWarning
+
+
+def _until(what: str, predicate: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(redis.RedisError):
+            if predicate():
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def test_sentinel_failover_moves_counting_to_the_new_master(
+    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """The master dies in mid-traffic and Sentinel promotes its replica: calls fail with
+    UNAVAILABLE while there is no master, then count on the new one, which has the old
+    one's counts, without a restart: exactly the limit is granted over the whole run."""
+    config_dir.write("m.yaml", MESSAGING)  # 5 a day
+    master = RedisProcess(tmp_path / "master", None, "--repl-diskless-sync-delay", "0").start()
+    replica = RedisProcess(
+        tmp_path / "replica", None, "--replicaof", "127.0.0.1", str(master.port)
+    ).start()
+    watcher: SentinelProcess | None = None
+    try:
+        with replica.client() as r:
+            _until("replication", lambda: r.info("replication")["master_link_status"] == "up")
+        watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
+        with redis.Redis(port=watcher.port, socket_timeout=2) as s:
+            _until("the sentinel seeing the replica", lambda: len(s.sentinel_slaves("mymaster")))
+        target = parse_backend_url(
+            f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=1.0
+        )
+        server = make_server(backend=RedisBackend(target), cache_key_prefix="fo_")
+        entries = [("message_type", "marketing"), ("to_number", "7")]
+        assert [overall(server.ask("messaging", entries)) for _ in range(2)] == ["OK", "OK"]
+        with master.client() as m:
+            assert m.wait(1, 5000) == 1  # the replica has the counts
+        master.kill()
+        answers: list[str] = []
+        failures: list[grpc.StatusCode] = []
+        deadline = time.monotonic() + 30
+        while "OVER_LIMIT" not in answers and time.monotonic() < deadline:
+            try:
+                answers.append(overall(server.ask("messaging", entries)))
+            except grpc.RpcError as exc:
+                failures.append(exc.code())
+                time.sleep(0.05)
+        assert failures, "the calls while there was no master should have failed"
+        assert set(failures) == {grpc.StatusCode.UNAVAILABLE}
+        assert answers == ["OK", "OK", "OK", "OVER_LIMIT"]
+        with replica.client() as new_master:
+            assert new_master.info("replication")["role"] == "master"
+            key = f"fo_messaging_message_type_marketing_to_number_7_{int(EPOCH)}"
+            assert new_master.get(key) == b"6"
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        replica.stop()
+        master.stop()
 
 
 # -- 6. URL and environment parsing -----------------------------------------------------------
