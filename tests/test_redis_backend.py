@@ -568,7 +568,8 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
         target = parse_backend_url(
             f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=1.0
         )
-        server = make_server(backend=RedisBackend(target), cache_key_prefix="fo_")
+        backend = RedisBackend(target)
+        server = make_server(backend=backend, cache_key_prefix="fo_")
         entries = [("message_type", "marketing"), ("to_number", "7")]
         assert [overall(server.ask("messaging", entries)) for _ in range(2)] == ["OK", "OK"]
         with master.client() as m:
@@ -586,6 +587,7 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
         assert failures, "the calls while there was no master should have failed"
         assert set(failures) == {grpc.StatusCode.UNAVAILABLE}
         assert answers == ["OK", "OK", "OK", "OVER_LIMIT"]
+        assert backend.writes  # the master is reached through the pipelined client
         with replica.client() as new_master:
             assert new_master.info("replication")["role"] == "master"
             key = f"fo_messaging_message_type_marketing_to_number_7_{int(EPOCH)}"
@@ -593,6 +595,37 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
     finally:
         if watcher is not None:
             watcher.stop()
+        replica.stop()
+        master.stop()
+
+
+def test_a_read_only_reply_makes_the_client_connect_again(
+    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """A master turned replica answers READONLY: that call is UNAVAILABLE and the connection
+    is dropped, so the next call connects again (to whatever Sentinel or DNS names now)."""
+    config_dir.write("m.yaml", MESSAGING)
+    master = RedisProcess(tmp_path / "master", None, "--repl-diskless-sync-delay", "0").start()
+    replica = RedisProcess(
+        tmp_path / "replica", None, "--replicaof", "127.0.0.1", str(master.port)
+    ).start()
+    try:
+        server = make_server(
+            backend=RedisBackend(parse_backend_url(replica.url, timeout=2.0)),
+            cache_key_prefix="ro_",
+        )
+        entries = [("message_type", "marketing"), ("to_number", "8")]
+        with replica.client() as r:
+            _until("replication", lambda: r.info("replication")["master_link_status"] == "up")
+            with pytest.raises(grpc.RpcError) as refused:
+                server.ask("messaging", entries)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "READONLY" in (refused.value.details() or "")
+            connections = r.info("stats")["total_connections_received"]
+            r.execute_command("REPLICAOF", "NO", "ONE")
+            assert overall(server.ask("messaging", entries)) == "OK"
+            assert r.info("stats")["total_connections_received"] > connections
+    finally:
         replica.stop()
         master.stop()
 

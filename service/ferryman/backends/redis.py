@@ -21,7 +21,12 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.crc import key_slot
 
 from ferryman.backends.base import BurstRequest, CounterOp, CounterResult
@@ -237,6 +242,9 @@ class RedisBackend:
                 require_full_coverage=False,
                 **common,
             )
+        # A single Redis (or Sentinel's master): pipelined connections, replies are never
+        # waited on past the caller's own timeout, so the connections need no socket timeout.
+        size = min(t.pool_size, PIPELINED_CONNECTIONS)
         if t.kind == "sentinel":
             self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
                 list(t.addresses),
@@ -244,11 +252,22 @@ class RedisBackend:
                 ssl=t.tls,
                 **common,
             )
-            return self._sentinel.master_for(t.master_name, db=t.db)
-        # A single Redis: pipelined connections, replies are never waited on past the
-        # caller's own timeout, so the connections themselves need no socket timeout.
+            # Each (re)connect asks the sentinels where the master is now.
+            master = SentinelConnectionPool(t.master_name, self._sentinel)  # type: ignore[no-untyped-call]
+            common["socket_timeout"] = None
+            return PipelinedRedis(
+                size,
+                timeout,
+                window=t.pipeline_window,
+                limit=t.pipeline_limit,
+                connection_class=(
+                    SentinelManagedSSLConnection if t.tls else SentinelManagedConnection
+                ),
+                connection_pool=master,
+                db=t.db,
+                **common,
+            )
         common["socket_timeout"] = None
-        size = min(t.pool_size, PIPELINED_CONNECTIONS)
         if t.unix_path:
             return PipelinedRedis(
                 size,
@@ -281,8 +300,8 @@ class RedisBackend:
 
     @property
     def writes(self) -> int | None:
-        """Batches written to a single Redis so far, each one round trip; None on Sentinel
-        and Cluster, whose clients do not batch."""
+        """Batches written to a single Redis (or Sentinel's master) so far, each one round
+        trip; None on a Cluster, whose client does not batch."""
         return self._client.writes if isinstance(self._client, PipelinedRedis) else None
 
     async def _watch(self) -> None:

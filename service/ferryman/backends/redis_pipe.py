@@ -47,10 +47,12 @@ MAX_IN_FLIGHT = 10_000
 
 
 def _error(reply: rex.ResponseError) -> rex.ResponseError:
-    """The redis-py exception for a server error reply (NOSCRIPT matters to callers)."""
+    """The redis-py exception for a server error reply (NOSCRIPT and READONLY matter)."""
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return rex.NoScriptError(message)
+    if message.startswith("READONLY"):
+        return rex.ReadOnlyError(message)
     return reply
 
 
@@ -144,7 +146,13 @@ class _Channel(asyncio.Protocol):
                 if waiter.done():
                     continue
                 if isinstance(reply, rex.ResponseError):
-                    waiter.set_exception(_error(reply))
+                    error = _error(reply)
+                    waiter.set_exception(error)
+                    if isinstance(error, rex.ReadOnlyError):
+                        # A master turned replica (a failover): connect again, which asks
+                        # Sentinel (or DNS) where the master is now.
+                        self.close(rex.ConnectionError(f"redis is read-only now: {error}"))
+                        return
                 else:
                     waiter.set_result(reply)
         except rex.RedisError as exc:
