@@ -141,7 +141,7 @@ class Result:
 
     def line(self) -> str:
         text = (
-            f"{self.target:<8}{self.label:<15}c={self.concurrency:<4}ch={self.channels}  "
+            f"{self.target:<7} {self.label:<15}c={self.concurrency:<4}ch={self.channels}  "
             f"{self.rps:>8.0f} req/s  p50 {self.p50_ms:6.2f} ms  p99 {self.p99_ms:6.2f} ms"
         )
         if self.ratio_to_ceiling is not None:
