@@ -309,3 +309,42 @@ def test_grants_equal_the_plain_hit_by_hit_model(
         expected = model.request(tenant, now, copies, min(min_copies, copies))
         got = node.req(now, copies=copies, min_copies=min(min_copies, copies), tenant=tenant)
         assert got.granted == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "prune", "clear"]), st.integers(0, 3), st.integers(0, 5)),
+        max_size=120,
+    )
+)
+def test_hit_log_keeps_exactly_the_hits_inside_the_window(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    """Adds at non-decreasing times, prunes of various spans and clears: the log's entries,
+    total, oldest time and length stay those of a plain list of (time, count) kept by hand,
+    through the pruning that moves the head and the compaction that cuts it off."""
+    log = HitLog()
+    model: list[tuple[float, int]] = []
+    now = 0.0
+    for op, step, n in steps:
+        now += step * 0.25
+        if op == "add":
+            log.add(now, n)
+            if n > 0:
+                if model and model[-1][0] == now:
+                    model[-1] = (now, model[-1][1] + n)
+                else:
+                    model.append((now, n))
+        elif op == "prune":
+            span = 0.25 * n
+            log.prune(now, span)
+            model = [(t, c) for t, c in model if t > now - span]
+        else:
+            log.clear()
+            model = []
+        assert list(log.items()) == model
+        assert log.total == sum(c for _, c in model)
+        assert len(log) == len(model)
+        assert log.oldest() == (model[0][0] if model else None)
+    assert list(HitLog(log.items()).items()) == model

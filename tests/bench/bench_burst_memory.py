@@ -254,7 +254,8 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
             "expiry heap bytes per entry": heap_bytes / heap_entries if heap_entries else 0.0,
             "node-wide last-second log entries": len(glob),
             f"deep getsizeof of one tenant ({sample_key!r} and its state)": one,
-            "deques per tenant (760 B each when empty)": 1 + len(states[sample_key][0].logs),
+            "hit logs per tenant (one per tier, one for the last second)": 1
+            + len(states[sample_key][0].logs),
         },
     )
 

@@ -20,8 +20,7 @@ Semantics (per node and tenant), all intervals half-open:
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 __all__ = [
@@ -92,39 +91,69 @@ class BurstPolicy:
 
 
 class HitLog:
-    """Grant times with counts, oldest first, and their total: a sliding-window log."""
+    """Grant times with counts, oldest first, and their total: a sliding-window log.
 
-    __slots__ = ("entries", "total")
+    Kept as two parallel lists and the index of the oldest live entry rather than a deque
+    of pairs: a tenant has a log per tier and one for its last second, and an empty deque
+    alone costs more than a tenant's whole state in Redis. Pruning moves the index; the
+    dead head is cut off once it is half the lists, so each entry is moved at most once."""
+
+    __slots__ = ("_counts", "_start", "_times", "total")
 
     def __init__(self, entries: Iterable[tuple[float, int]] = ()) -> None:
-        self.entries: deque[list[float | int]] = deque([t, n] for t, n in entries)
-        self.total = sum(int(e[1]) for e in self.entries)
+        self._times: list[float] = []
+        self._counts: list[int] = []
+        self._start = 0
+        for when, count in entries:
+            self._times.append(float(when))
+            self._counts.append(int(count))
+        self.total = sum(self._counts)
 
     def prune(self, now: float, span: float) -> None:
         """Forget hits outside ``(now - span, now]``."""
         cutoff = now - span
-        entries = self.entries
-        while entries and entries[0][0] <= cutoff:
-            self.total -= int(entries.popleft()[1])
+        times, counts = self._times, self._counts
+        start, end = self._start, len(times)
+        while start < end and times[start] <= cutoff:
+            self.total -= counts[start]
+            start += 1
+        if start == end:
+            times.clear()
+            counts.clear()
+            start = 0
+        elif start * 2 > end:
+            del times[:start]
+            del counts[:start]
+            start = 0
+        self._start = start
 
     def add(self, when: float, count: int) -> None:
         if count <= 0:
             return
-        if self.entries and self.entries[-1][0] == when:
-            self.entries[-1][1] = int(self.entries[-1][1]) + count
+        times = self._times
+        if len(times) > self._start and times[-1] == when:
+            self._counts[-1] += count
         else:
-            self.entries.append([when, count])
+            times.append(when)
+            self._counts.append(count)
         self.total += count
 
     def clear(self) -> None:
-        self.entries.clear()
+        self._times.clear()
+        self._counts.clear()
+        self._start = 0
         self.total = 0
 
     def oldest(self) -> float | None:
-        return float(self.entries[0][0]) if self.entries else None
+        return self._times[self._start] if len(self._times) > self._start else None
+
+    def items(self) -> Iterator[tuple[float, int]]:
+        """The live (time, count) entries, oldest first."""
+        start = self._start
+        return zip(self._times[start:], self._counts[start:], strict=True)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._times) - self._start
 
 
 @dataclass
@@ -294,10 +323,10 @@ def _after(plan: Plan, state: TenantState, glob: HitLog) -> tuple[TenantState, H
     """A copy of the state with ``plan`` applied (to look ahead without touching the real one)."""
     copy = TenantState(
         list(state.entered),
-        [HitLog((float(t), int(n)) for t, n in log.entries) for log in state.logs],
-        HitLog((float(t), int(n)) for t, n in state.second.entries),
+        [HitLog(log.items()) for log in state.logs],
+        HitLog(state.second.items()),
     )
-    g = HitLog((float(t), int(n)) for t, n in glob.entries)
+    g = HitLog(glob.items())
     commit(plan, copy, g)
     return copy, g
 
