@@ -11,7 +11,8 @@ For each backend and tenant count, N tenants send a steady load to one 3-tier bu
 asks ``--rate`` times (in a shuffled order, so that the requests are spread over the second),
 for ``--seconds`` simulated seconds. Then the state left behind is measured:
 
-- Redis: ``INFO memory`` used_memory after minus before, divided by N; the ``MEMORY USAGE``
+- Redis: the script's CPU per decision (``INFO commandstats``, EVALSHA's usec_per_call);
+  ``INFO memory`` used_memory after minus before, divided by N; the ``MEMORY USAGE``
   (all elements sampled) of one tenant's keys, of all the tenant keys divided by N, and of
   the node-wide keys (the all-tenants last-second log, which holds one entry per grant);
 - memory backend: tracemalloc's traced memory after minus before, divided by N, split into
@@ -366,9 +367,11 @@ def run_redis(
     sync = redis.Redis(host="127.0.0.1", port=port)
     try:
         sync.flushall()
+        sync.config_resetstat()
         requests, granted, wall, before, after = asyncio.run(
             redis_load(port, tenants, rate, seconds, seed, deadline)
         )
+        script = sync.info("commandstats").get("cmdstat_evalsha", {})
         keys = sorted(sync.scan_iter(count=1000))
         sizes = dict(zip(keys, memory_usage(sync, keys), strict=True))
         node_keys = {k: v for k, v in sizes.items() if k.endswith((b"}:g", b"}:gt"))}
@@ -390,6 +393,9 @@ def run_redis(
             after["used_memory_dataset"] - before["used_memory_dataset"]
         )
         / tenants,
+        "Redis CPU per decision, us (EVALSHA usec_per_call)": float(
+            script.get("usec_per_call", 0.0)
+        ),
         "keys": len(sizes),
         "keys per tenant": (len(sizes) - len(node_keys)) / tenants,
         "MEMORY USAGE of all tenant keys / tenants": tenant_total / tenants,
