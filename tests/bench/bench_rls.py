@@ -5,7 +5,7 @@ Usage::
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
                                     [--backend memory|redis|URL] [--repeat R] [--json]
                                     [--scenario fixed|burst|request[,...]]
-                                    [--env NAME=VALUE ...]
+                                    [--env NAME=VALUE ...] [--pin]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -28,7 +28,9 @@ Client and server share the machine's cores, so the numbers are for comparison b
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
 second; ``--repeat 3`` interleaves the runs of the two servers and reports the median.
 ``--env NAME=VALUE`` passes settings to ferryman, e.g. ``--env REDIS_PIPELINE_WINDOW=2ms``
-to compare Redis batching at a given ``--concurrency``.
+to compare Redis batching at a given ``--concurrency``. ``--pin`` pins the server (ferryman or the
+ceiling) to the first CPU and the client to the others, like a sidecar given one core
+(redis-server is not pinned).
 This is a benchmark, not a test: pytest does not collect this directory.
 
 Internal roles (used by the script itself): ``--role client`` runs the load and prints JSON,
