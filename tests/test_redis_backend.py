@@ -816,6 +816,54 @@ def cluster_get(cluster: RedisCluster, keys: list[str]) -> list[int]:
         return [int(client.get(k) or 0) for k in keys]
 
 
+def test_cluster_slot_migration_is_followed_through_ask_and_moved(
+    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """A counter's slot moves to another node between calls. While the slot migrates and
+    the key is already on the new node, the old one answers ASK and the call goes there
+    behind ASKING; once the slot has moved, MOVED makes the service read the slot map again.
+    No call fails, and each hit is counted once, on the new node."""
+    config_dir.write("m.yaml", MESSAGING)  # 5 a day
+    cluster = RedisCluster(tmp_path / "cluster").start()
+    try:
+        prefix = "mg_"
+        backend = cluster_backend(cluster)
+        server = make_server(backend=backend, cache_key_prefix=prefix)
+        entries = [("message_type", "marketing"), ("to_number", "3")]
+        key = f"{prefix}messaging_message_type_marketing_to_number_3_{int(EPOCH)}"
+        slot = key_slot(key.encode())
+        assert overall(server.ask("messaging", entries)) == "OK"
+        clients = {n.port: n.client() for n in cluster.nodes}
+        try:
+            ids = {
+                port: c.execute_command("CLUSTER", "MYID").decode() for port, c in clients.items()
+            }
+            owner = next(
+                int(row[2][1])
+                for row in clients[cluster.nodes[0].port].execute_command("CLUSTER", "SLOTS")
+                if row[0] <= slot <= row[1]
+            )
+            target = next(port for port in clients if port != owner)
+            src, dst = clients[owner], clients[target]
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", key)
+            assert dst.execute_command("ASKING") and int(dst.get(key) or 0) == 1
+            assert overall(server.ask("messaging", entries)) == "OK"  # by ASK
+            assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+            for c in clients.values():
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            answers = [overall(server.ask("messaging", entries)) for _ in range(4)]  # by MOVED
+            assert answers == ["OK", "OK", "OK", "OVER_LIMIT"]
+            assert int(dst.get(key) or 0) == 6
+            assert backend.writes >= 6
+        finally:
+            for c in clients.values():
+                c.close()
+    finally:
+        cluster.stop()
+
+
 WINDOWS = {"tight": int(EPOCH), "broad": int(EPOCH), "wide": int(EPOCH)}
 
 

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import (
     Sentinel,
     SentinelConnectionPool,
@@ -51,6 +52,8 @@ log = logging.getLogger("ferryman.redis")
 # adds no capacity, while splitting the traffic halves every batch (and doubles the writes
 # and Redis wake-ups per request): one pipelined connection carries this process's load.
 PIPELINED_CONNECTIONS = 1
+# Cluster redirections (MOVED, ASK) followed for one call before it fails.
+MAX_REDIRECTS = 5
 
 
 def _script(name: str) -> str:
@@ -98,6 +101,10 @@ def _address(text: str, what: str) -> tuple[str, int]:
         return host.strip("[]"), int(port)
     except ValueError:
         raise SettingsError(f"{what}: {text!r} has no numeric port") from None
+
+
+def _tcp(tls: bool) -> type[AbstractConnection]:
+    return aioredis.SSLConnection if tls else aioredis.Connection
 
 
 def _auth(auth: str) -> tuple[str | None, str | None]:
@@ -219,6 +226,9 @@ class RedisBackend:
         self._healthy = False
         self._monitor: asyncio.Task[None] | None = None
         self._cluster = target.kind == "cluster"
+        # Cluster: one pipelined connection per primary ("host:port"), for the fixed windows.
+        self._node_pipes: dict[str, PipelinedRedis] = {}
+        self._refreshing: asyncio.Future[None] | None = None
         self._closing = False
         self._pipelined = False
 
@@ -242,9 +252,6 @@ class RedisBackend:
                 require_full_coverage=False,
                 **common,
             )
-        # A single Redis (or Sentinel's master): pipelined connections, replies are never
-        # waited on past the caller's own timeout, so the connections need no socket timeout.
-        size = min(t.pool_size, PIPELINED_CONNECTIONS)
         if t.kind == "sentinel":
             self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
                 list(t.addresses),
@@ -254,42 +261,34 @@ class RedisBackend:
             )
             # Each (re)connect asks the sentinels where the master is now.
             master = SentinelConnectionPool(t.master_name, self._sentinel)  # type: ignore[no-untyped-call]
-            common["socket_timeout"] = None
-            return PipelinedRedis(
-                size,
-                timeout,
-                window=t.pipeline_window,
-                limit=t.pipeline_limit,
-                connection_class=(
-                    SentinelManagedSSLConnection if t.tls else SentinelManagedConnection
-                ),
-                connection_pool=master,
-                db=t.db,
-                **common,
-            )
-        common["socket_timeout"] = None
+            managed = SentinelManagedSSLConnection if t.tls else SentinelManagedConnection
+            return self._pipelined_to(managed, connection_pool=master)
         if t.unix_path:
-            return PipelinedRedis(
-                size,
-                timeout,
-                window=t.pipeline_window,
-                limit=t.pipeline_limit,
-                connection_class=aioredis.UnixDomainSocketConnection,
-                path=t.unix_path,
-                db=t.db,
-                **common,
-            )
+            return self._pipelined_to(aioredis.UnixDomainSocketConnection, path=t.unix_path)
         host, port = t.addresses[0]
+        return self._pipelined_to(_tcp(t.tls), host=host, port=port)
+
+    def _pipelined_to(
+        self, connection_class: type[AbstractConnection], **where: Any
+    ) -> PipelinedRedis:
+        """A pipelined client of one server (``where``: host and port, a socket path or a
+        Sentinel pool) with the target's credentials, database, batching and time limit.
+        Replies are never waited on past the caller's own timeout, so the connections
+        need no socket timeout."""
+        t = self.target
         return PipelinedRedis(
-            size,
-            timeout,
+            min(t.pool_size, PIPELINED_CONNECTIONS),
+            t.timeout,
             window=t.pipeline_window,
             limit=t.pipeline_limit,
-            connection_class=aioredis.SSLConnection if t.tls else aioredis.Connection,
-            host=host,
-            port=port,
+            connection_class=connection_class,
+            username=t.username,
+            password=t.password,
             db=t.db,
-            **common,
+            socket_timeout=None,
+            socket_connect_timeout=t.timeout,
+            health_check_interval=0,
+            **where,
         )
 
     async def start(self) -> None:
@@ -299,10 +298,12 @@ class RedisBackend:
         self._monitor = asyncio.create_task(self._watch(), name="ferryman-redis-health")
 
     @property
-    def writes(self) -> int | None:
-        """Batches written to a single Redis (or Sentinel's master) so far, each one round
-        trip; None on a Cluster, whose client does not batch."""
-        return self._client.writes if isinstance(self._client, PipelinedRedis) else None
+    def writes(self) -> int:
+        """Batches written so far by the pipelined connections (to a single Redis, Sentinel's
+        master or the Cluster's nodes), each one round trip."""
+        if isinstance(self._client, PipelinedRedis):
+            return self._client.writes
+        return sum(pipe.writes for pipe in self._node_pipes.values())
 
     async def _watch(self) -> None:
         delay = 0.1
@@ -348,6 +349,10 @@ class RedisBackend:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
             self._client = None
+        for pipe in self._node_pipes.values():
+            with contextlib.suppress(Exception):
+                await pipe.aclose()
+        self._node_pipes.clear()
         if self._sentinel is not None:
             # The clients that talk to the sentinels themselves have their own connections.
             for client in self._sentinel.sentinels:
@@ -424,20 +429,60 @@ class RedisBackend:
             group.index.append(i)
         return list(by_slot.values())
 
-    async def _evalsha(self, group: _Group) -> list[int]:
+    def _node_pipe(self, host: str, port: int) -> PipelinedRedis:
+        """The pipelined connection to one Cluster node, opened on first use."""
+        name = f"{host}:{port}"
+        pipe = self._node_pipes.get(name)
+        if pipe is None:
+            pipe = self._node_pipes[name] = self._pipelined_to(
+                _tcp(self.target.tls), host=host, port=port
+            )
+        return pipe
+
+    async def _refresh_slots(self) -> None:
+        """Read the Cluster's slot map again: once, however many calls were redirected."""
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            refreshing = asyncio.ensure_future(self._client.nodes_manager.initialize())
+            self._refreshing = refreshing
+        await asyncio.shield(refreshing)
+
+    async def _on_cluster(self, group: _Group) -> list[int]:
+        """One slot's script call on the primary that owns the slot, through that node's
+        pipelined connection. MOVED reads the slot map again; ASK (a slot in migration) sends
+        this call to the named node behind ASKING."""
+        client = self._client
+        if not client.nodes_manager.slots_cache:
+            await client.initialize()
         if self._sha is None:
-            self._sha = await self._call(self._client.script_load, self._source)
-        try:
-            result = await self._call(
-                self._client.evalsha, self._sha, len(group.keys), *group.keys, *group.args
-            )
-        except rex.NoScriptError:
-            # Redis restarted or failed over and lost its script cache.
-            self._sha = await self._call(self._client.script_load, self._source)
-            result = await self._call(
-                self._client.evalsha, self._sha, len(group.keys), *group.keys, *group.args
-            )
-        return [int(x) for x in result]
+            self._sha = await self._call(client.script_load, self._source)
+        slot = key_slot(group.keys[0].encode())
+        command = ["EVALSHA", self._sha, len(group.keys), *group.keys, *group.args]
+        asked: tuple[str, int] | None = None
+        for _ in range(MAX_REDIRECTS):
+            if asked is None:
+                node = client.nodes_manager.get_node_from_slot(slot)
+                pipe = self._node_pipe(node.host, node.port)
+            else:
+                pipe = self._node_pipe(*asked)
+            try:
+                if asked is None:
+                    reply = await pipe.execute(*command)
+                else:
+                    reply = await pipe.execute_asking(*command)
+                return [int(x) for x in reply]
+            except rex.NoScriptError:
+                self._sha = command[1] = await pipe.script_load(self._source)
+            except rex.ResponseError as exc:
+                kind, _, where = str(exc).partition(" ")
+                if kind == "MOVED":
+                    asked = None
+                    await self._refresh_slots()
+                elif kind == "ASK":
+                    asked = _address(where.rpartition(" ")[2], "ASK")
+                else:
+                    raise
+        raise rex.ClusterError(f"slot {slot}: more than {MAX_REDIRECTS} redirections")
 
     async def _fixed_window_script(self, client: PipelinedRedis, command: list[Any]) -> Any:
         """Run ``command`` (EVALSHA of fixed_window.lua, the SHA at [1]), loading the script
@@ -474,10 +519,11 @@ class RedisBackend:
         if stop_when_over and len(groups) > 1:
             return await self._stop_when_over_across_slots(ops)
         async with self._errors():
+            # A Cluster: one script call per slot, on the slots' nodes in parallel.
             if len(groups) == 1:
-                replies = [await self._evalsha(groups[0])]
+                replies = [await self._on_cluster(groups[0])]
             else:
-                replies = list(await asyncio.gather(*(self._evalsha(g) for g in groups)))
+                replies = list(await asyncio.gather(*(self._on_cluster(g) for g in groups)))
         self._healthy = True
         out: list[CounterResult | None] = [None] * len(ops)
         for group, reply in zip(groups, replies, strict=True):

@@ -312,6 +312,24 @@ class PipelinedRedis:
                     self._channels[i] = None
                     channel.close(TimeoutError(f"redis did not answer within {self._timeout}s"))
 
+    async def execute_asking(self, *args: Any) -> Any:
+        """Send ASKING and then one command, next to each other on one connection (a Cluster
+        slot being migrated), and return the command's reply."""
+        channel = self._ready_channel()
+        if channel is None:
+            channel = await self._channel()
+        loop = asyncio.get_running_loop()
+        asked: asyncio.Future[Any] = loop.create_future()
+        waiter: asyncio.Future[Any] = loop.create_future()
+        deadline = time.monotonic() + self._timeout
+        channel.queue(pack_command(("ASKING",)), asked, deadline)
+        channel.queue(pack_command(args), waiter, deadline)
+        replies = await asyncio.gather(asked, waiter, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies[1]
+
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply.
 
