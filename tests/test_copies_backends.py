@@ -18,7 +18,7 @@ from ferryman.clock import ManualClock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 from ferryman.limits.copies import CopyGroup, CopyPolicy
 
-from redis_procs import RedisProcess
+from redis_procs import RedisCluster, RedisProcess
 
 T = TypeVar("T")
 LEASE = 10_000  # ms
@@ -34,11 +34,14 @@ Backend = MemoryBackend | RedisBackend
 class Node:
     """One copy-limited node on one backend, seen from named servers at controlled times."""
 
-    def __init__(self, backend: Backend, redis_port: int | None = None) -> None:
+    def __init__(
+        self, backend: Backend, redis_port: int | None = None, cluster: bool = False
+    ) -> None:
         self.backend = backend
         self.node = f"copies{uuid.uuid4().hex[:10]}"
         self.now = 1_700_000_000.0
         self.port = redis_port
+        self.cluster = cluster
         self.loop = asyncio.new_event_loop()
         self.run(backend.start())
 
@@ -96,12 +99,17 @@ class Node:
         if isinstance(self.backend, MemoryBackend):
             return self.backend.ledger.counts(self.node)
         assert self.port is not None
-        with redis.Redis(port=self.port) as client:
+        client = (
+            redis.RedisCluster(host="127.0.0.1", port=self.port)
+            if self.cluster
+            else redis.Redis(port=self.port)
+        )
+        with client:
             raw = client.hgetall("{" + self.node + "}:n")
         return {k.decode(): int(v) for k, v in raw.items()}
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 def make_node(
     request: pytest.FixtureRequest,
 ) -> Callable[[], Node]:
@@ -110,6 +118,10 @@ def make_node(
     def factory() -> Node:
         if request.param == "memory":
             node = Node(MemoryBackend(ManualClock(0.0)))
+        elif request.param == "cluster":
+            cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+            url = parse_backend_url(cluster.url, timeout=5.0)
+            node = Node(RedisBackend(url, server_time=False), cluster.nodes[0].port, cluster=True)
         else:
             server: RedisProcess = request.getfixturevalue("redis_server")
             backend = RedisBackend(parse_backend_url(server.url, timeout=5.0), server_time=False)

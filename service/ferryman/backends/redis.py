@@ -447,17 +447,22 @@ class RedisBackend:
             self._refreshing = refreshing
         await asyncio.shield(refreshing)
 
-    async def _on_cluster(self, group: _Group) -> list[int]:
-        """One slot's script call on the primary that owns the slot, through that node's
-        pipelined connection. MOVED reads the slot map again; ASK (a slot in migration) sends
-        this call to the named node behind ASKING."""
+    async def _on_cluster(
+        self, source: str, sha_attr: str, keys: list[str], args: list[Any]
+    ) -> Any:
+        """EVALSHA a script whose keys share one slot (its SHA cached in ``sha_attr``) on the
+        primary that owns the slot, through that node's pipelined connection. MOVED reads
+        the slot map again; ASK (a slot in migration) sends this call to the named node
+        behind ASKING; NOSCRIPT loads the script on that node."""
         client = self._client
         if not client.nodes_manager.slots_cache:
             await client.initialize()
-        if self._sha is None:
-            self._sha = await self._call(client.script_load, self._source)
-        slot = key_slot(group.keys[0].encode())
-        command = ["EVALSHA", self._sha, len(group.keys), *group.keys, *group.args]
+        sha = getattr(self, sha_attr)
+        if sha is None:
+            sha = await self._call(client.script_load, source)
+            setattr(self, sha_attr, sha)
+        slot = key_slot(keys[0].encode())
+        command = ["EVALSHA", sha, len(keys), *keys, *args]
         asked: tuple[str, int] | None = None
         for _ in range(MAX_REDIRECTS):
             if asked is None:
@@ -467,12 +472,11 @@ class RedisBackend:
                 pipe = self._node_pipe(*asked)
             try:
                 if asked is None:
-                    reply = await pipe.execute(*command)
-                else:
-                    reply = await pipe.execute_asking(*command)
-                return [int(x) for x in reply]
+                    return await pipe.execute(*command)
+                return await pipe.execute_asking(*command)
             except rex.NoScriptError:
-                self._sha = command[1] = await pipe.script_load(self._source)
+                command[1] = await pipe.script_load(source)
+                setattr(self, sha_attr, command[1])
             except rex.ResponseError as exc:
                 kind, _, where = str(exc).partition(" ")
                 if kind == "MOVED":
@@ -520,10 +524,9 @@ class RedisBackend:
             return await self._stop_when_over_across_slots(ops)
         async with self._errors():
             # A Cluster: one script call per slot, on the slots' nodes in parallel.
-            if len(groups) == 1:
-                replies = [await self._on_cluster(groups[0])]
-            else:
-                replies = list(await asyncio.gather(*(self._on_cluster(g) for g in groups)))
+            calls = [self._on_cluster(self._source, "_sha", g.keys, g.args) for g in groups]
+            raw = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+            replies = [[int(x) for x in reply] for reply in raw]
         self._healthy = True
         out: list[CounterResult | None] = [None] * len(ops)
         for group, reply in zip(groups, replies, strict=True):
@@ -587,6 +590,8 @@ class RedisBackend:
     ) -> Any:
         """EVALSHA a script whose SHA is cached in ``sha_attr``, loading it when Redis lost it."""
         async with self._errors():
+            if self._cluster:
+                return await self._on_cluster(source, sha_attr, keys, args)
             sha = getattr(self, sha_attr)
             if sha is None:
                 sha = await self._call(self._client.script_load, source)
