@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
 import socket
@@ -11,8 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import redis
+
+from needs import missing
 
 
 def free_port() -> int:
@@ -57,10 +57,7 @@ def require_binary(name: str) -> str:
     """The binary's path; in CI a missing binary fails the run, elsewhere it skips."""
     path = find_binary(name)
     if path is None:
-        message = f"{name} is not installed (apt-get install redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{name} is not installed (apt-get install redis-server)")
     return path
 
 

