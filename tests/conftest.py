@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
@@ -227,6 +228,42 @@ def make_server(
     yield factory
     for server in servers:
         server.stop()
+
+
+# One request touching each kind of node: a fixed window, burst tiers, held copies.
+MIXED = """
+domain: mx
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tiers
+    burst_tiers:
+      - {limit: 100, window: 1s, active: 1h}
+  - key: seats
+    copies: {limit: 100, hold_ttl: 30s}
+"""
+MIXED_REQUEST = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
+
+
+def wait_for(
+    what: str,
+    predicate: Callable[[], object],
+    timeout: float = 5,
+    interval: float = 0.02,
+    ignoring: tuple[type[BaseException], ...] = (),
+) -> float:
+    """Poll ``predicate`` until it is true (an exception in ``ignoring`` counts as not yet);
+    the seconds it took. Fails naming ``what`` once ``timeout`` passes."""
+    start = time.monotonic()
+    while True:
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except ignoring:
+            pass
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(interval)
 
 
 def codes(response: rls_pb2.RateLimitResponse) -> list[str]:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from typing import TypeVar
 
 import pytest
@@ -22,7 +22,7 @@ import pytest
 import ferryman
 from ferryman.errors import HoldError, NotFoundError, RequestError, ServiceUnavailableError
 
-from conftest import ConfigDir, Server, ServerFactory
+from conftest import ConfigDir, Server, ServerFactory, wait_for
 from test_client import refused_port, silent_listener
 
 T = TypeVar("T")
@@ -93,15 +93,6 @@ def probe(client: ferryman.Client, tenant: str, key: str = "tenant") -> int:
     with client.hold_copy("holds", {key: tenant}) as hold:
         assert hold.success and hold.context is not None, hold
         return hold.context.tenant_held - hold.copies
-
-
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 5) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ import redis
 import ferryman
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
+from conftest import wait_for
 from redis_procs import RedisProcess
 
 LEASE = 1.0
@@ -108,17 +109,6 @@ def test_node_name_is_the_engines() -> None:
     )  # fmt: skip
     rule = engine.resolve("jobs", [("tenant", "t1")], "copies")[-1]
     assert engine.copies_node(rule) == NODE
-
-
-def _wait_for(what: str, predicate: Any, timeout: float, interval: float = 0.02) -> float:
-    """Poll ``predicate`` until true; the seconds it took. Fails after ``timeout``."""
-    start = time.monotonic()
-    while True:
-        if predicate():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Processes:
@@ -323,12 +313,12 @@ def test_killed_client_process_copies_come_back(procs: Processes, db: redis.Redi
             and held == {"even": 1, "late": 1}
         )  # fmt: skip
 
-    _wait_for("the killed client's copies", back, timeout=5, interval=0.05)
+    wait_for("the killed client's copies", back, timeout=5, interval=0.05)
     took = time.monotonic() - killed
     print(f"killed client: copies back after {took:.3f}s")
     assert took < 3
     assert observer.close() == []
-    _wait_for("empty counts", lambda: not _counts(db), timeout=3)
+    wait_for("empty counts", lambda: not _counts(db), timeout=3)
     assert _leftovers(db) == []
 
 
@@ -343,7 +333,7 @@ def test_a_frozen_server_ends_the_clients_session_after_the_keepalive(procs: Pro
             assert hold.success and hold.copies == 2 and not hold.lost
             a.proc.send_signal(signal.SIGSTOP)
             try:
-                _wait_for("the lost session", lambda: client.stats().sessions_lost == 1, 20)
+                wait_for("the lost session", lambda: client.stats().sessions_lost == 1, 20)
             finally:
                 a.proc.send_signal(signal.SIGCONT)
             assert hold.lost
@@ -400,7 +390,7 @@ def test_killed_server_copies_are_freed_by_the_other_after_the_lease(
     assert observer.close() == []
     h1.abandon()
     h2.abandon()
-    _wait_for("empty counts", lambda: not _counts(db), timeout=3)
+    wait_for("empty counts", lambda: not _counts(db), timeout=3)
     assert _leftovers(db) == []
     assert b.proc.poll() is None
 
@@ -554,7 +544,7 @@ def test_stress_random_holds_across_two_servers_end_at_zero(
             stress.count("seized_at_end")
         assert drain.close() == []
     try:
-        _wait_for("every count at zero", lambda: not _counts(db), timeout=5)
+        wait_for("every count at zero", lambda: not _counts(db), timeout=5)
     finally:
         stop.set()
         monitor.join(5)
@@ -603,7 +593,7 @@ def test_calls_in_flight_when_the_session_ends_leak_nothing(
             holder.close()
         thread.join(10)
         with contextlib.suppress(AssertionError):
-            _wait_for("every count at zero", lambda: not _counts(db), timeout=2)
+            wait_for("every count at zero", lambda: not _counts(db), timeout=2)
         assert _counts(db) == {}, f"attempt {attempt}: leaked {_counts(db)} ({ended})"
 
 
@@ -625,5 +615,5 @@ def test_concurrent_releases_cannot_free_more_than_the_session_holds(
         assert x.close() == []
         assert y.close() == []
         with contextlib.suppress(AssertionError):
-            _wait_for("every count at zero", lambda: not _counts(db), timeout=2)
+            wait_for("every count at zero", lambda: not _counts(db), timeout=2)
         assert _counts(db) == {}, f"attempt {attempt}: leaked {_counts(db)}"

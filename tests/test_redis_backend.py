@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,17 @@ from ferryman.limits.local_cache import OverLimitCache
 from ferryman.server.app import make_backend
 from ferryman.settings import Settings
 
-from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+from conftest import (
+    EPOCH,
+    MIXED,
+    MIXED_REQUEST,
+    ConfigDir,
+    ServerFactory,
+    codes,
+    descriptor,
+    overall,
+    wait_for,
+)
 from redis_procs import RedisCluster, RedisProcess, free_port, require_binary, stop_process
 
 DAY = 86400
@@ -62,18 +72,6 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100}
   - key: c
     rate_limit: {unit: day, requests_per_unit: 100}
-"""
-
-MIXED = """
-domain: mx
-descriptors:
-  - key: fixed
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: tiers
-    burst_tiers:
-      - {limit: 100, window: 1s, active: 1h}
-  - key: seats
-    copies: {limit: 100, hold_ttl: 30s}
 """
 
 LOCAL = """
@@ -235,7 +233,7 @@ def test_a_request_mixing_kinds_sends_its_scripts_in_one_write(
     config_dir.write("mx.yaml", MIXED)
     backend = RedisBackend(parse_backend_url(own_redis.url, timeout=5.0))
     server = make_server(backend=backend, cache_key_prefix=unique_prefix())
-    request = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
+    request = MIXED_REQUEST
     # Warm-up, with calls at once so that every pooled connection opens: a command takes an
     # idle connection when it can, so only the request's own grouping keeps its scripts on one.
     with ThreadPoolExecutor(8) as pool:
@@ -536,17 +534,6 @@ def test_sentinel_backend_finds_the_master_and_counts_there(
     gc.collect()  # a connection left open by close() would surface here as a ResourceWarning
 
 
-def _until(what: str, predicate: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(redis.RedisError):
-            if predicate():
-                return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-
-
 def test_sentinel_failover_moves_counting_to_the_new_master(
     config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
 ) -> None:
@@ -561,10 +548,20 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
     watcher: SentinelProcess | None = None
     try:
         with replica.client() as r:
-            _until("replication", lambda: r.info("replication")["master_link_status"] == "up")
+            wait_for(
+                "replication",
+                lambda: r.info("replication")["master_link_status"] == "up",
+                20,
+                ignoring=(redis.RedisError,),
+            )
         watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
         with redis.Redis(port=watcher.port, socket_timeout=2) as s:
-            _until("the sentinel seeing the replica", lambda: len(s.sentinel_slaves("mymaster")))
+            wait_for(
+                "the sentinel seeing the replica",
+                lambda: s.sentinel_slaves("mymaster"),
+                20,
+                ignoring=(redis.RedisError,),
+            )
         target = parse_backend_url(
             f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=1.0
         )
@@ -616,7 +613,12 @@ def test_a_read_only_reply_makes_the_client_connect_again(
         )
         entries = [("message_type", "marketing"), ("to_number", "8")]
         with replica.client() as r:
-            _until("replication", lambda: r.info("replication")["master_link_status"] == "up")
+            wait_for(
+                "replication",
+                lambda: r.info("replication")["master_link_status"] == "up",
+                20,
+                ignoring=(redis.RedisError,),
+            )
             with pytest.raises(grpc.RpcError) as refused:
                 server.ask("messaging", entries)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

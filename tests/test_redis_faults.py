@@ -21,7 +21,16 @@ import redis
 
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 
-from conftest import ConfigDir, Server, ServerFactory, codes, overall
+from conftest import (
+    MIXED,
+    MIXED_REQUEST,
+    ConfigDir,
+    Server,
+    ServerFactory,
+    codes,
+    overall,
+    wait_for,
+)
 from redis_procs import RedisProcess, free_port
 
 CONFIG = """
@@ -30,19 +39,6 @@ descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 3}
 """
-
-MIXED = """
-domain: mx
-descriptors:
-  - key: fixed
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: tiers
-    burst_tiers:
-      - {limit: 100, window: 1s, active: 1h}
-  - key: seats
-    copies: {limit: 100, hold_ttl: 30s}
-"""
-MIXED_REQUEST = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
 
 TIMEOUT = 0.5  # the backend timeout every test uses
 MARGIN = 1.0  # slack on top of it for scheduling, gRPC and the test's own threads
@@ -78,15 +74,6 @@ def call(server: Server, value: str | None = None) -> Outcome:
     except grpc.RpcError as exc:
         return Outcome(started, exc.code(), time.monotonic() - started)
     return Outcome(started, OK, time.monotonic() - started, overall(response))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` once ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 def health(server: Server) -> int:
@@ -128,7 +115,7 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
     """After SIGKILL of Redis mid-traffic every call is UNAVAILABLE within the timeout."""
     proc = redis_factory().start()
     server = make_server(backend=backend(proc.url))
-    wait_for(lambda: health(server) == 200, 5, "healthy at start")
+    wait_for("healthy at start", lambda: health(server) == 200, 5)
     errors_before = server.stat(f"{CALL}.redis_error")
 
     outcomes: list[Outcome] = []
@@ -141,10 +128,10 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
     sender = threading.Thread(target=traffic, daemon=True)
     sender.start()
     try:
-        wait_for(lambda: sum(o.code is OK for o in outcomes) >= 5, 5, "traffic flowing")
+        wait_for("traffic flowing", lambda: sum(o.code is OK for o in outcomes) >= 5, 5)
         proc.kill()
         killed = time.monotonic()
-        wait_for(lambda: sum(o.started > killed for o in outcomes) >= 20, 10, "calls after kill")
+        wait_for("calls after kill", lambda: sum(o.started > killed for o in outcomes) >= 20, 10)
     finally:
         stop.set()
         sender.join(15)
@@ -155,7 +142,7 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
     assert max(o.seconds for o in after) < TIMEOUT + MARGIN
     failed = sum(o.code is UNAVAILABLE for o in outcomes)
     assert server.stat(f"{CALL}.redis_error") - errors_before == failed >= len(after)
-    wait_for(lambda: health(server) == 500, 5, "/healthcheck turns 500")
+    wait_for("/healthcheck turns 500", lambda: health(server) == 500, 5)
 
 
 def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
@@ -166,14 +153,14 @@ def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
     server = make_server(backend=backend(first.url))
     assert call(server).code is OK
     first.kill()
-    wait_for(lambda: call(server).code is UNAVAILABLE, 5, "calls fail once Redis is gone")
-    wait_for(lambda: health(server) == 500, 5, "/healthcheck turns 500")
+    wait_for("calls fail once Redis is gone", lambda: call(server).code is UNAVAILABLE, 5)
+    wait_for("/healthcheck turns 500", lambda: health(server) == 500, 5)
 
     second = redis_factory(first.port).start()
     with second.client() as client:
         assert client.script_exists(script_sha()) == [False]
-    wait_for(lambda: call(server).code is OK, 5, "calls succeed again")
-    wait_for(lambda: health(server) == 200, 5, "/healthcheck back to 200")
+    wait_for("calls succeed again", lambda: call(server).code is OK, 5)
+    wait_for("/healthcheck back to 200", lambda: health(server) == 200, 5)
 
     value = fresh()
     assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
@@ -234,10 +221,10 @@ def test_stalled_redis_fails_calls_within_the_timeout_and_recovers(
 
     sleeper.join(10)
     assert not sleeper.is_alive()
-    wait_for(lambda: call(server).code is OK, 5, "calls succeed after the stall")
+    wait_for("calls succeed after the stall", lambda: call(server).code is OK, 5)
     value = fresh()
     assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
-    wait_for(lambda: health(server) == 200, 5, "/healthcheck back to 200")
+    wait_for("/healthcheck back to 200", lambda: health(server) == 200, 5)
 
 
 def test_service_starts_without_redis_and_connects_when_it_appears(
@@ -254,7 +241,7 @@ def test_service_starts_without_redis_and_connects_when_it_appears(
     assert server.stat(f"{CALL}.redis_error") == 3
 
     redis_factory(port).start()
-    wait_for(lambda: health(server) == 200, 5, "/healthcheck turns 200")
+    wait_for("/healthcheck turns 200", lambda: health(server) == 200, 5)
     value = fresh()
     assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
 
