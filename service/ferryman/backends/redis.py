@@ -407,16 +407,8 @@ class RedisBackend:
         return op.ttl
 
     def _groups(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[_Group]:
+        """A Cluster call's ops by slot, each group one script call."""
         flag = "1" if stop_when_over else "0"
-        if not self._cluster:
-            single = _Group()
-            single.args.append(flag)
-            groups = [single]
-            for i, op in enumerate(ops):
-                single.keys.append(op.key)
-                single.args.extend((op.hits, op.limit, self._ttl(op)))
-                single.index.append(i)
-            return groups
         by_slot: dict[int, _Group] = {}
         for i, op in enumerate(ops):
             slot = key_slot(op.key.encode())
@@ -488,15 +480,19 @@ class RedisBackend:
                     raise
         raise rex.ClusterError(f"slot {slot}: more than {MAX_REDIRECTS} redirections")
 
-    async def _fixed_window_script(self, client: PipelinedRedis, command: list[Any]) -> Any:
-        """Run ``command`` (EVALSHA of fixed_window.lua, the SHA at [1]), loading the script
-        first and again after a NOSCRIPT (Redis restarted or failed over)."""
-        if self._sha is None:
-            self._sha = command[1] = await client.script_load(self._source)
+    async def _on_single(self, source: str, sha_attr: str, command: list[Any]) -> Any:
+        """Run ``command``, an EVALSHA of ``source`` with the SHA cached in ``sha_attr`` at
+        [1], on the single Redis (or Sentinel's master): the script is loaded first, and
+        again after a NOSCRIPT (Redis restarted or failed over)."""
+        client = self._client
+        if command[1] is None:
+            command[1] = await client.script_load(source)
+            setattr(self, sha_attr, command[1])
         try:
             return await client.execute(*command)
         except rex.NoScriptError:
-            self._sha = command[1] = await client.script_load(self._source)
+            command[1] = await client.script_load(source)
+            setattr(self, sha_attr, command[1])
             return await client.execute(*command)
 
     async def fixed_window(
@@ -514,7 +510,7 @@ class RedisBackend:
             for op in ops:
                 command.extend((op.hits, op.limit, self._ttl(op)))
             try:
-                reply = await self._fixed_window_script(client, command)
+                reply = await self._on_single(self._source, "_sha", command)
             except (rex.RedisError, OSError) as exc:
                 raise self._backend_error(exc) from exc
             self._healthy = True
@@ -592,16 +588,8 @@ class RedisBackend:
         async with self._errors():
             if self._cluster:
                 return await self._on_cluster(source, sha_attr, keys, args)
-            sha = getattr(self, sha_attr)
-            if sha is None:
-                sha = await self._call(self._client.script_load, source)
-                setattr(self, sha_attr, sha)
-            try:
-                return await self._call(self._client.evalsha, sha, len(keys), *keys, *args)
-            except rex.NoScriptError:
-                sha = await self._call(self._client.script_load, source)
-                setattr(self, sha_attr, sha)
-                return await self._call(self._client.evalsha, sha, len(keys), *keys, *args)
+            command = ["EVALSHA", getattr(self, sha_attr), len(keys), *keys, *args]
+            return await self._on_single(source, sha_attr, command)
 
     async def _copies(
         self,
