@@ -493,14 +493,10 @@ class RateLimitEngine:
                     remaining = max(0, rpu - after)
                     statuses[item.index] = Status(Code.OK, limit, remaining, reset, item.quota)
                     continue
-                if after <= rpu * ratio and after <= rpu:  # within, not near: the common case
-                    over = False
-                    counts.append((key, labels, (hits, hits, 0, 0)))
-                else:
-                    over, delta = classify(hits, rpu, after - result.applied, after, ratio)
-                    counts.append((key, labels, (hits, delta.within, delta.near, delta.over)))
-                    if over and local is not None and item.op is not None:
-                        local.add(item.op.key, item.op.expires_at)
+                over, delta = classify(hits, rpu, after - result.applied, after, ratio)
+                counts.append((key, labels, (hits, delta.within, delta.near, delta.over)))
+                if over and local is not None and item.op is not None:
+                    local.add(item.op.key, item.op.expires_at)
             if over and item.shadow:
                 stats.rule(key, "shadow_mode", item.hits, labels)
                 over = False
