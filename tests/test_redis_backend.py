@@ -994,21 +994,21 @@ class _Writes:
         self.sizes: list[int] = []
 
     def wrap(self, client: PipelinedRedis) -> None:
-        for channel in client._channels:
-            assert channel is not None and channel.transport is not None
-            transport = channel.transport
-            write = transport.write
+        channel = client._link
+        assert channel is not None and channel.transport is not None
+        transport = channel.transport
+        write = transport.write
 
-            def counted(data: Any, write: Any = write) -> None:
-                self.sizes.append(bytes(data).count(b"*2\r\n$4\r\nECHO\r\n"))
-                write(data)
+        def counted(data: Any) -> None:
+            self.sizes.append(bytes(data).count(b"*2\r\n$4\r\nECHO\r\n"))
+            write(data)
 
-            transport.write = counted  # type: ignore[method-assign]
+        transport.write = counted  # type: ignore[method-assign]
 
 
 def _pipelined(server: RedisProcess, **batching: Any) -> PipelinedRedis:
     host, port = server.url.removeprefix("redis://").split(":")
-    return PipelinedRedis(1, 5.0, host=host, port=int(port), **batching)
+    return PipelinedRedis(5.0, host=host, port=int(port), **batching)
 
 
 def test_commands_of_one_loop_turn_go_out_in_one_write(redis_server: RedisProcess) -> None:

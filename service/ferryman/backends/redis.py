@@ -48,10 +48,6 @@ __all__ = ["RedisBackend", "RedisTarget", "parse_backend_url"]
 
 log = logging.getLogger("ferryman.redis")
 
-# Connections to a single Redis. Redis runs one command at a time, so a second connection
-# adds no capacity, while splitting the traffic halves every batch (and doubles the writes
-# and Redis wake-ups per request): one pipelined connection carries this process's load.
-PIPELINED_CONNECTIONS = 1
 # Cluster redirections (MOVED, ASK) followed for one call before it fails.
 MAX_REDIRECTS = 5
 
@@ -277,7 +273,6 @@ class RedisBackend:
         need no socket timeout."""
         t = self.target
         return PipelinedRedis(
-            min(t.pool_size, PIPELINED_CONNECTIONS),
             t.timeout,
             window=t.pipeline_window,
             limit=t.pipeline_limit,

@@ -1,12 +1,12 @@
-"""Pipelined commands over a few long-lived Redis connections.
+"""Pipelined commands over one long-lived Redis connection.
 
-Concurrent requests queue their commands; each connection writes everything queued in one
+Concurrent requests queue their commands; the connection writes everything queued in one
 system call per batch, and replies are parsed by hiredis in whatever chunks they arrive and
 handed back in order. Many requests thus share one connection and one write instead of a
 connection checkout and a round trip each, which is what bounds throughput on the request
 path.
 
-redis-py opens each connection and does the handshake (TLS, AUTH, SELECT); the connection's
+redis-py opens the connection and does the handshake (TLS, AUTH, SELECT); the connection's
 transport then gets a small protocol of ours, so that a chunk of replies is parsed in the
 event loop's read callback itself, with no stream buffer and no reader task in between.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections import deque
 from typing import Any, cast
@@ -231,21 +230,21 @@ class _Channel(asyncio.Protocol):
 
 
 class PipelinedRedis:
-    """A minimal command client (``execute``) on ``size`` pipelined connections.
+    """A minimal command client (``execute``) on one pipelined connection, opened on first
+    use and again after it breaks. Redis runs one command at a time, so more connections
+    would add no capacity, only split the batches.
 
     ``window`` (seconds) and ``limit`` (commands) shape the batches, see the module's text.
     """
 
     def __init__(
         self,
-        size: int,
         timeout: float,
         *,
         window: float = 0.0,
         limit: int = 0,
         **connection_kwargs: Any,
     ) -> None:
-        self._size = max(1, size)
         self._timeout = timeout
         self._window = max(0.0, window)
         self._limit = max(0, limit)
@@ -253,12 +252,12 @@ class PipelinedRedis:
             "connection_class", aioredis.Connection
         )
         self._kwargs = connection_kwargs
-        self._channels: list[_Channel | None] = [None] * self._size
-        self._opening: list[asyncio.Task[_Channel] | None] = [None] * self._size
-        self._next = itertools.cycle(range(self._size))
+        self._link: _Channel | None = None
+        self._opening: asyncio.Task[_Channel] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._writes_before = 0  # batches written on connections since closed
 
-    async def _open(self, slot: int) -> _Channel:
+    async def _open(self) -> _Channel:
         conn = self._connection_class(**self._kwargs)
         try:
             async with asyncio.timeout(self._timeout):
@@ -269,34 +268,28 @@ class PipelinedRedis:
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
             raise
-        self._channels[slot] = channel
+        self._forget()
+        self._link = channel
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep(), name="ferryman-redis-sweeper")
         return channel
 
+    def _forget(self) -> None:
+        """Drop the connection in hand (closed or given up on), keeping its count of writes."""
+        if self._link is not None:
+            self._writes_before += self._link.writes
+            self._link = None
+
     @property
     def writes(self) -> int:
-        """Batches written on the open connections (each is one round trip)."""
-        return sum(c.writes for c in self._channels if c is not None)
+        """Batches written so far (each is one round trip)."""
+        return self._writes_before + (self._link.writes if self._link is not None else 0)
 
-    def _ready_channel(self) -> _Channel | None:
-        """An open connection, preferring one with nothing in flight, else the next in turn."""
-        channels = self._channels
-        for channel in channels:
-            if channel is not None and not channel.closed and not channel.waiters:
-                return channel
-        channel = channels[next(self._next)]
-        if channel is not None and not channel.closed:
-            return channel
-        return None
-
-    async def _channel(self) -> _Channel:
-        """Open the first free slot's connection (or wait for the one being opened there):
-        called when the connection in turn is not open."""
-        slot = next(i for i, c in enumerate(self._channels) if c is None or c.closed)
-        opening = self._opening[slot]
+    async def _connected(self) -> _Channel:
+        """The open connection, opening it (once, for every caller waiting) when needed."""
+        opening = self._opening
         if opening is None or opening.done():
-            opening = self._opening[slot] = asyncio.create_task(self._open(slot))
+            opening = self._opening = asyncio.create_task(self._open())
         # Shielded: a caller that gives up must not cancel a connect that others wait on.
         return await asyncio.shield(opening)
 
@@ -304,20 +297,19 @@ class PipelinedRedis:
         interval = min(0.05, max(self._timeout / 10, 0.005))
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            for i, channel in enumerate(self._channels):
-                if channel is None or channel.closed or not channel.waiters:
-                    continue
-                if channel.waiters[0][0] <= now:
-                    self._channels[i] = None
-                    channel.close(TimeoutError(f"redis did not answer within {self._timeout}s"))
+            channel = self._link
+            if channel is None or channel.closed or not channel.waiters:
+                continue
+            if channel.waiters[0][0] <= time.monotonic():
+                self._forget()
+                channel.close(TimeoutError(f"redis did not answer within {self._timeout}s"))
 
     async def execute_asking(self, *args: Any) -> Any:
-        """Send ASKING and then one command, next to each other on one connection (a Cluster
+        """Send ASKING and then one command, next to each other on the connection (a Cluster
         slot being migrated), and return the command's reply."""
-        channel = self._ready_channel()
-        if channel is None:
-            channel = await self._channel()
+        channel = self._link
+        if channel is None or channel.closed:
+            channel = await self._connected()
         loop = asyncio.get_running_loop()
         asked: asyncio.Future[Any] = loop.create_future()
         waiter: asyncio.Future[Any] = loop.create_future()
@@ -334,13 +326,11 @@ class PipelinedRedis:
         """Send one command and return its reply.
 
         Server error replies raise ResponseError; no reply within the timeout raises
-        TimeoutError (and closes that connection); a broken connection ConnectionError.
+        TimeoutError (and closes the connection); a broken connection ConnectionError.
         """
-        channel = self._channels[0] if self._size == 1 else None
+        channel = self._link
         if channel is None or channel.closed:
-            channel = self._ready_channel()
-            if channel is None:
-                channel = await self._channel()
+            channel = await self._connected()
         if len(channel.waiters) >= MAX_IN_FLIGHT:
             raise rex.ConnectionError("redis is not keeping up")
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -348,16 +338,15 @@ class PipelinedRedis:
         return await waiter
 
     async def aclose(self) -> None:
-        for task in self._opening:
-            if task is not None and not task.done():
-                task.cancel()
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.wait({self._sweeper}, timeout=1.0)
-        for i, channel in enumerate(self._channels):
-            if channel is not None:
-                self._channels[i] = None
-                channel.close(rex.ConnectionError("client closed"))
+        channel = self._link
+        self._forget()
+        if channel is not None:
+            channel.close(rex.ConnectionError("client closed"))
         # Let the closed transports finish closing while the loop still runs.
         await asyncio.sleep(0)
 
