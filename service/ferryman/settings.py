@@ -7,26 +7,15 @@ ferryman unchanged; command-line flags (see ``cli.py``) override them.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ferryman.durations import parse_duration
 from ferryman.errors import SettingsError
 
 __all__ = ["Settings", "default_config_dir", "split_address"]
 
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h|)")
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 0.001,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-    "": 1.0,
-}
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 _RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
@@ -71,13 +60,8 @@ def _duration(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
-    match = _DURATION.fullmatch(raw.strip())
-    if match is None:
-        raise SettingsError(f"{name}={raw!r} is not a duration (e.g. 10s, 500ms)")
-    number, unit = match.groups()
-    scale = _DURATION_UNITS[unit]
     try:
-        value = float(number) * scale
+        value = parse_duration(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a duration (e.g. 10s, 500ms)") from None
     if value < 0:

@@ -1,0 +1,232 @@
+"""Reading YAML node trees so that every problem names its file, line, column and path.
+
+Every configuration file kind (descriptor domains, capacity resources, quota buckets) is
+composed into a node tree and read with these helpers. A reader reports problems into a
+``Ctx`` and goes on, so that one pass lists every problem of a file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ferryman.durations import parse_duration
+from ferryman.errors import ConfigProblem
+
+__all__ = [
+    "Ctx",
+    "boolean",
+    "compose",
+    "duration",
+    "is_null",
+    "join",
+    "kind",
+    "mapping",
+    "number",
+    "plain",
+    "string",
+    "uint32",
+    "whole",
+]
+
+STR = "tag:yaml.org,2002:str"
+BOOL = "tag:yaml.org,2002:bool"
+INT = "tag:yaml.org,2002:int"
+FLOAT = "tag:yaml.org,2002:float"
+NULL = "tag:yaml.org,2002:null"
+_MERGE = "tag:yaml.org,2002:merge"
+MAX_UINT32 = 2**32 - 1
+
+
+@dataclass
+class Ctx:
+    """One file being read: its name, the problems found so far, notes on normalization."""
+
+    file: str
+    problems: list[ConfigProblem]
+    active: set[int] = field(default_factory=set)  # node lists being read (alias loops)
+    notes: list[str] = field(default_factory=list)  # what normalization changed
+
+    def error(self, node: Node | None, path: str, message: str) -> None:
+        line = col = None
+        if node is not None:
+            line, col = node.start_mark.line + 1, node.start_mark.column + 1
+        self.problems.append(ConfigProblem(self.file, line, col, path, message))
+
+    def where(self, node: Node, path: str) -> str:
+        """``file:line: path``, for notes."""
+        return f"{self.file}:{node.start_mark.line + 1}: {path}"
+
+
+def join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+def compose(ctx: Ctx, text: str) -> Node | None:
+    """The node tree of ``text``; a syntax error is reported with its position."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        col = mark.column + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        if context and getattr(exc, "problem", None):
+            problem = f"{context}: {problem}"
+        ctx.problems.append(ConfigProblem(ctx.file, line, col, "", f"YAML syntax error: {problem}"))
+        return None
+
+
+def is_null(node: Node | None) -> bool:
+    return node is None or (isinstance(node, ScalarNode) and node.tag == NULL)
+
+
+def kind(node: Node) -> str:
+    """How a node reads in a message: 'a map', 'a list', 'the scalar ...', 'nothing'."""
+    if isinstance(node, MappingNode):
+        return "a map"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if isinstance(node, ScalarNode):
+        if node.tag == NULL:
+            return "nothing"
+        return f"the scalar {node.value!r}"
+    return "an unknown node"
+
+
+def _flatten(node: MappingNode, active: frozenset[int] = frozenset()) -> tuple[list[Any], int]:
+    """The entries of ``node`` with YAML merge keys (``<<``) expanded, as yaml.v2 does.
+
+    Returns (entries, n): the first n entries are inherited (own keys override them; of
+    several merged maps the first wins), the rest are the node's own entries.
+    Raises ValueError when a ``<<`` value is not a map or a list of maps, or loops.
+    """
+    inherited: list[Any] = []
+    own: list[Any] = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            own.append((key_node, value_node))
+            continue
+        sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+        for source in reversed(sources):
+            if not isinstance(source, MappingNode):
+                raise ValueError(f"'<<' needs a map or a list of maps, found {kind(source)}")
+            if id(source) in active | {id(node)}:
+                raise ValueError("'<<' merges a map into itself")
+            inherited.extend(_flatten(source, active | {id(node)})[0])
+    return inherited + own, len(inherited)
+
+
+def mapping(
+    ctx: Ctx, node: Node, path: str, allowed: frozenset[str] | None = None
+) -> dict[str, Node]:
+    """The entries of a YAML mapping, with bad keys reported (any key when ``allowed`` is None)."""
+    if not isinstance(node, MappingNode):
+        ctx.error(node, path, f"expected a map, found {kind(node)}")
+        return {}
+    try:
+        entries, n_inherited = _flatten(node)
+    except ValueError as exc:
+        ctx.error(node, path, str(exc))
+        entries, n_inherited = [(k, v) for k, v in node.value if k.tag != _MERGE], 0
+    out: dict[str, Node] = {}
+    inherited: set[str] = set()
+    for i, (key_node, value_node) in enumerate(entries):
+        if not isinstance(key_node, ScalarNode) or key_node.tag != STR:
+            shown = key_node.value if isinstance(key_node, ScalarNode) else kind(key_node)
+            ctx.error(key_node, path, f"map key {shown!r} is not a string")
+            continue
+        key = key_node.value
+        if key in out and key not in inherited:
+            ctx.error(key_node, path, f"key {key!r} appears twice")
+            continue
+        if allowed is not None and key not in allowed:
+            hint = ", ".join(sorted(allowed))
+            ctx.error(key_node, join(path, key), f"unknown key {key!r} (expected one of: {hint})")
+            continue
+        out[key] = value_node
+        if i < n_inherited:
+            inherited.add(key)
+        else:
+            inherited.discard(key)
+    return out
+
+
+def string(ctx: Ctx, node: Node | None, path: str) -> str:
+    if node is None:
+        return ""
+    if not isinstance(node, ScalarNode):
+        ctx.error(node, path, f"expected a string, found {kind(node)}")
+        return ""
+    if node.tag == NULL:
+        return ""
+    return str(node.value)
+
+
+def boolean(ctx: Ctx, node: Node | None, path: str) -> bool:
+    if node is None:
+        return False
+    if not isinstance(node, ScalarNode) or node.tag != BOOL:
+        ctx.error(node, path, f"expected true or false, found {kind(node)}")
+        return False
+    return str(node.value).lower() in ("true", "yes", "on", "y")
+
+
+def whole(
+    ctx: Ctx, node: Node | None, path: str, minimum: int = 0, maximum: int = 2**63 - 1
+) -> int | None:
+    """A whole number in [minimum, maximum], or None (reported) when it is anything else."""
+    if node is None:
+        return None
+    if not isinstance(node, ScalarNode) or node.tag != INT:
+        ctx.error(node, path, f"expected a whole number, found {kind(node)}")
+        return None
+    value = int(yaml.safe_load(node.value))
+    if not minimum <= value <= maximum:
+        ctx.error(node, path, f"{value} is out of range ({minimum} to {maximum})")
+        return None
+    return value
+
+
+def uint32(ctx: Ctx, node: Node | None, path: str) -> int | None:
+    return whole(ctx, node, path, 0, MAX_UINT32)
+
+
+def number(
+    ctx: Ctx, node: Node | None, path: str, minimum: float = 0.0, maximum: float = math.inf
+) -> float | None:
+    """A finite number (whole or not) in [minimum, maximum], or None (reported)."""
+    if node is None:
+        return None
+    if not isinstance(node, ScalarNode) or node.tag not in (INT, FLOAT):
+        ctx.error(node, path, f"expected a number, found {kind(node)}")
+        return None
+    value = float(yaml.safe_load(node.value))
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        ctx.error(node, path, f"{node.value} is out of range ({minimum:g} to {maximum:g})")
+        return None
+    return value
+
+
+def duration(ctx: Ctx, node: Node | None, path: str) -> float | None:
+    """A duration: ``500ms``, ``1s``, ``5m``, ``1h``, ``1d`` or a number of seconds."""
+    if node is None:
+        return None
+    if isinstance(node, ScalarNode) and node.tag in (STR, INT, FLOAT):
+        try:
+            return parse_duration(str(node.value))
+        except ValueError:
+            pass
+    ctx.error(node, path, f"expected a duration like 500ms, 1s, 5m, 1h, 1d, found {kind(node)}")
+    return None
+
+
+def plain(node: Node) -> Any:
+    """The Python value of a YAML subtree (for free-form maps such as ``metadata``)."""
+    constructor = yaml.constructor.SafeConstructor()
+    return constructor.construct_object(node, deep=True)
