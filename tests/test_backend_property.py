@@ -15,7 +15,7 @@ from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.model import RateLimit, Unit
 from ferryman.config.reloader import ConfigHolder
-from ferryman.limits.engine import DescriptorRequest, EngineOptions, RateLimitEngine
+from ferryman.engine import DescriptorRequest, EngineOptions, RateLimitEngine
 from ferryman.stats import Stats
 
 from conftest import EPOCH

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferryman.limits.burst import (
+from ferryman.algorithms.burst.model import (
     BurstOutcome,
     BurstPolicy,
     HitLog,

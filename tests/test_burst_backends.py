@@ -10,11 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferryman.backends.base import BurstRequest
+from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy, BurstRequest, Tier
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
-from ferryman.limits.burst import BurstOutcome, BurstPolicy, Tier
 
 from redis_procs import RedisCluster, RedisProcess
 from test_burst import trace_strategy
@@ -42,7 +41,7 @@ def replay(
             for tenant, step, copies, min_copies in trace:
                 now += step
                 request = BurstRequest(node, tenant, policy, copies, min(min_copies, copies))
-                out.append(await backend.burst(request, now))
+                out.append(await backend.bursts.decide(request, now))
         finally:
             if isinstance(backend, RedisBackend):
                 await backend.close()
@@ -136,10 +135,10 @@ def test_memory_forgets_idle_tenants() -> None:
     backend = MemoryBackend(ManualClock(0.0))
     policy = BurstPolicy((Tier(5, 1.0, 10.0, 5.0),))
     for i in range(100):
-        backend.burst_now(BurstRequest("node", f"t{i}", policy, 1, 1), 0.0)
-    assert backend.burst_tenants == 100
-    backend.burst_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
-    assert backend.burst_tenants == 1
+        backend.bursts.decide_now(BurstRequest("node", f"t{i}", policy, 1, 1), 0.0)
+    assert backend.bursts.tenants == 100
+    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
+    assert backend.bursts.tenants == 1
 
 
 def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
@@ -147,10 +146,10 @@ def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
     backend = MemoryBackend(ManualClock(0.0))
     policy = BurstPolicy((Tier(10**6, 1.0, 3600.0),))
     for i in range(5000):
-        backend.burst_now(BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01)
-    assert backend.burst_tenants == 3
-    assert len(backend._burst_heap) == 3
+        backend.bursts.decide_now(BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01)
+    assert backend.bursts.tenants == 3
+    assert len(backend.bursts._heap) == 3
     # Past the horizon they all go, heap entries included.
-    backend.burst_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
-    assert backend.burst_tenants == 1
-    assert len(backend._burst_heap) == 1
+    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
+    assert backend.bursts.tenants == 1
+    assert len(backend.bursts._heap) == 1

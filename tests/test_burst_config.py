@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from ferryman.algorithms.burst.model import BurstPolicy, Tier
 from ferryman.config import load_sources
 from ferryman.errors import ConfigError
-from ferryman.limits.burst import BurstPolicy, Tier
 
 
 def policy_of(text: str) -> BurstPolicy:

@@ -12,11 +12,11 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
-from ferryman.limits.copies import CopyGroup, CopyPolicy
 
 from redis_procs import RedisCluster, RedisProcess
 
@@ -55,7 +55,7 @@ class Node:
     def reserve(self, tenant: str, copies: int, min_copies: int = 1, server: str = "A") -> int:
         groups = POLICY.groups_of(tenant)
         out = self.run(
-            self.backend.reserve(
+            self.backend.copies.reserve(
                 self.node, tenant, POLICY, groups, copies, min_copies, server, LEASE, self.now
             )
         )
@@ -64,40 +64,44 @@ class Node:
     def release(self, tenant: str, copies: int, groups: tuple[str, ...] | None = None,
                 server: str = "A") -> None:  # fmt: skip
         names = tuple(g.name for g in POLICY.groups_of(tenant)) if groups is None else groups
-        self.run(self.backend.release(self.node, tenant, names, copies, server, LEASE, self.now))
+        self.run(
+            self.backend.copies.release(self.node, tenant, names, copies, server, LEASE, self.now)
+        )
 
     def transfer(self, tenant: str, copies: int, ttl: float, server: str = "A") -> str:
         names = tuple(g.name for g in POLICY.groups_of(tenant))
         tid = uuid.uuid4().hex
         self.run(
-            self.backend.transfer(
+            self.backend.copies.transfer(
                 self.node, tenant, names, copies, ttl, tid, server, LEASE, self.now
             )
         )
         return tid
 
     def seize(self, tid: str, server: str = "B") -> Any:
-        return self.run(self.backend.seize(self.node, tid, server, LEASE, self.now))
+        return self.run(self.backend.copies.seize(self.node, tid, server, LEASE, self.now))
 
     def ereserve(self, tenant: str, copies: int) -> int:
         groups = POLICY.groups_of(tenant)
         hold = uuid.uuid4().hex
         out = self.run(
-            self.backend.envoy_reserve(
+            self.backend.copies.envoy_reserve(
                 self.node, tenant, POLICY, groups, copies, hold, "envoy", self.now
             )
         )
         return out.granted
 
     def erelease(self, tenant: str, copies: int) -> int:
-        return self.run(self.backend.envoy_release(self.node, tenant, copies, "envoy", self.now))
+        return self.run(
+            self.backend.copies.envoy_release(self.node, tenant, copies, "envoy", self.now)
+        )
 
     def renew(self, server: str) -> None:
-        self.run(self.backend.renew(self.node, server, LEASE, self.now))
+        self.run(self.backend.copies.renew(self.node, server, LEASE, self.now))
 
     def counts(self) -> dict[str, int]:
         if isinstance(self.backend, MemoryBackend):
-            return self.backend.ledger.counts(self.node)
+            return self.backend.copies.ledger.counts(self.node)
         assert self.port is not None
         client = (
             redis.RedisCluster(host="127.0.0.1", port=self.port)

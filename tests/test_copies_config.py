@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 from ferryman.config import load_sources
 from ferryman.errors import ConfigError
-from ferryman.limits.copies import CopyGroup, CopyPolicy
 
 
 def test_copies_are_read_with_groups_and_hold_ttl() -> None:

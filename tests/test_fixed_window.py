@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferryman.limits.fixed_window import classify, reset_after, window_start
+from ferryman.algorithms.fixed_window.model import classify, reset_after, window_start
 
 
 def test_windows_are_aligned_to_the_epoch() -> None:

@@ -95,7 +95,7 @@ def test_node_name_is_the_engines() -> None:
     from ferryman.clock import SystemClock
     from ferryman.config.loader import load_sources
     from ferryman.config.model import Config
-    from ferryman.limits.engine import EngineOptions, RateLimitEngine
+    from ferryman.engine import EngineOptions, RateLimitEngine
     from ferryman.stats import Stats
 
     @dataclass

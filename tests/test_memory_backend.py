@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from ferryman.backends.base import CounterOp
+from ferryman.algorithms.fixed_window.model import CounterOp
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 
@@ -21,19 +21,19 @@ def test_expired_windows_are_dropped_so_memory_tracks_live_windows() -> None:
     for window in range(100):
         clock.set(window * 60.0)
         end = (window + 1) * 60
-        backend.apply(
+        backend.windows.apply_now(
             [op(f"k{i}_{window * 60}", expires_at=end) for i in range(100)], stop_when_over=False
         )
-        assert len(backend) <= 100
-    assert len(backend) == 100
+        assert len(backend.windows) <= 100
+    assert len(backend.windows) == 100
 
 
 def test_counts_accumulate_and_never_go_below_zero() -> None:
     """Hits add up within a window; a refund larger than the count stops at zero."""
     backend = MemoryBackend(ManualClock(0.0))
-    assert backend.apply([op("a", 3)], stop_when_over=False)[0].after == 3
-    assert backend.apply([op("a", 4)], stop_when_over=False)[0].after == 7
-    refund = backend.apply([op("a", -10)], stop_when_over=False)[0]
+    assert backend.windows.apply_now([op("a", 3)], stop_when_over=False)[0].after == 3
+    assert backend.windows.apply_now([op("a", 4)], stop_when_over=False)[0].after == 7
+    refund = backend.windows.apply_now([op("a", -10)], stop_when_over=False)[0]
     assert (refund.after, refund.applied) == (0, -7)
 
 
@@ -41,23 +41,29 @@ def test_a_window_that_ended_reads_as_zero_even_before_it_is_swept() -> None:
     """A counter past its expiry counts from zero again."""
     clock = ManualClock(0.0)
     backend = MemoryBackend(clock)
-    backend.apply([op("a", 5, expires_at=60)], stop_when_over=False)
+    backend.windows.apply_now([op("a", 5, expires_at=60)], stop_when_over=False)
     clock.set(60.0)
-    assert backend.apply([op("a", 1, expires_at=120)], stop_when_over=False)[0].after == 1
+    assert (
+        backend.windows.apply_now([op("a", 1, expires_at=120)], stop_when_over=False)[0].after == 1
+    )
 
 
 def test_stop_when_over_applies_only_the_over_counters() -> None:
     """With stop_when_over, an over counter is incremented and the others are left alone."""
     backend = MemoryBackend(ManualClock(0.0))
-    backend.apply([op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True)
-    results = backend.apply([op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True)
+    backend.windows.apply_now(
+        [op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True
+    )
+    results = backend.windows.apply_now(
+        [op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True
+    )
     assert [(r.after, r.applied) for r in results] == [(2, 1), (1, 0)]
 
 
 def test_the_same_key_twice_in_one_call_counts_both() -> None:
     """Two ops on one counter in one call see each other's hits."""
     backend = MemoryBackend(ManualClock(0.0))
-    results = backend.apply([op("a", 2), op("a", 3)], stop_when_over=False)
+    results = backend.windows.apply_now([op("a", 2), op("a", 3)], stop_when_over=False)
     assert [r.after for r in results] == [2, 5]
 
 
@@ -67,14 +73,14 @@ def test_concurrent_threads_lose_no_hits() -> None:
 
     def work() -> None:
         for _ in range(2000):
-            backend.apply([op("shared", 1, limit=10**9)], stop_when_over=False)
+            backend.windows.apply_now([op("shared", 1, limit=10**9)], stop_when_over=False)
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert backend.apply([op("shared", 0)], stop_when_over=False)[0].after == 16000
+    assert backend.windows.apply_now([op("shared", 0)], stop_when_over=False)[0].after == 16000
 
 
 def test_concurrent_coroutines_lose_no_hits() -> None:
@@ -84,10 +90,10 @@ def test_concurrent_coroutines_lose_no_hits() -> None:
     async def main() -> int:
         await asyncio.gather(
             *(
-                backend.fixed_window([op("c", 1, limit=10**9)], stop_when_over=False)
+                backend.windows.apply([op("c", 1, limit=10**9)], stop_when_over=False)
                 for _ in range(1000)
             )
         )
-        return (await backend.fixed_window([op("c", 0)], stop_when_over=False))[0].after
+        return (await backend.windows.apply([op("c", 0)], stop_when_over=False))[0].after
 
     assert asyncio.run(main()) == 1000

@@ -21,7 +21,8 @@ import redis
 from redis.crc import key_slot
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman.backends.base import CounterOp
+from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
+from ferryman.algorithms.fixed_window.model import CounterOp
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import (
     RedisBackend,
@@ -30,10 +31,9 @@ from ferryman.backends.redis import (
     parse_backend_url,
     target_from_env_style,
 )
-from ferryman.backends.redis_pipe import PipelinedRedis, pack_command
 from ferryman.clock import ManualClock
+from ferryman.connections.redis_pipe import PipelinedRedis, pack_command
 from ferryman.errors import BackendError, SettingsError
-from ferryman.limits.local_cache import OverLimitCache
 from ferryman.server.app import make_backend
 from ferryman.settings import Settings
 
@@ -936,11 +936,11 @@ def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(tmp_path:
         await backend.start()
         try:
             op = CounterOp("gone_k", 1, 5, 60, 60)
-            assert [r.after for r in await backend.fixed_window([op], stop_when_over=False)] == [1]
+            assert [r.after for r in await backend.windows.apply([op], stop_when_over=False)] == [1]
             proc.kill()
             started = time.monotonic()
             with pytest.raises(BackendError):
-                await backend.fixed_window([op], stop_when_over=False)
+                await backend.windows.apply([op], stop_when_over=False)
             assert time.monotonic() - started < 3
             assert not backend.healthy()
         finally:
@@ -966,13 +966,13 @@ def test_more_concurrent_requests_than_the_pool_size_wait_for_a_connection(
         await backend.start()
         try:
             calls = [
-                backend.fixed_window(
+                backend.windows.apply(
                     [CounterOp(f"{prefix}k{i % 3}", 1, 1000, 60, 60)], stop_when_over=False
                 )
                 for i in range(60)
             ]
             results = await asyncio.gather(*calls)
-            final = await backend.fixed_window(
+            final = await backend.windows.apply(
                 [CounterOp(f"{prefix}k{i}", 0, 1000, 60, 60) for i in range(3)],
                 stop_when_over=False,
             )
@@ -1096,7 +1096,7 @@ def test_pipeline_settings_reach_the_connections() -> None:
     single = make_backend(Settings.from_env(env), clock)
     assert isinstance(single, RedisBackend)
     assert (single.target.pipeline_window, single.target.pipeline_limit) == (0.00015, 8)
-    client = single._connect()
+    client = single.connection._connect()
     assert isinstance(client, PipelinedRedis)
     assert (client._window, client._limit) == (0.00015, 8)
     routed = make_backend(

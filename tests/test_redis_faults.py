@@ -85,7 +85,7 @@ def backend(url: str) -> RedisBackend:
 
 
 def script_sha() -> str:
-    source = resources.files("ferryman.backends").joinpath("lua", "fixed_window.lua")
+    source = resources.files("ferryman.algorithms.fixed_window").joinpath("fixed_window.lua")
     return hashlib.sha1(source.read_bytes()).hexdigest()
 
 

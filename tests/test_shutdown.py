@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
+from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 
@@ -29,20 +30,26 @@ CONFIG = (
 )
 
 
-class SlowBackend(MemoryBackend):
-    """A memory backend that takes ``delay`` seconds per call, so a call can be in flight."""
+class SlowWindows(MemoryFixedWindows):
+    """Memory fixed windows that take ``delay`` seconds per call, so a call can be in flight."""
 
     def __init__(self, clock: Clock, delay: float) -> None:
         super().__init__(clock)
         self.delay = delay
         self.entered = threading.Event()
 
-    async def fixed_window(
-        self, ops: Sequence[CounterOp], *, stop_when_over: bool
-    ) -> list[CounterResult]:
+    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
         self.entered.set()
         await asyncio.sleep(self.delay)
-        return self.apply(ops, stop_when_over=stop_when_over)
+        return self.apply_now(ops, stop_when_over=stop_when_over)
+
+
+class SlowBackend(MemoryBackend):
+    """A memory backend whose fixed windows are slow."""
+
+    def __init__(self, clock: Clock, delay: float) -> None:
+        super().__init__(clock)
+        self.windows = self.slow = SlowWindows(clock, delay)
 
 
 def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(
@@ -54,7 +61,7 @@ def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(
     server = make_server(backend=backend)
     request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
     in_flight = server.stub.ShouldRateLimit.future(request, timeout=10)
-    assert backend.entered.wait(5)
+    assert backend.slow.entered.wait(5)
     stopping = server.submit(server.service.stop(grace=5))
     time.sleep(0.1)
     with grpc.insecure_channel(f"127.0.0.1:{server.service.grpc_port}") as late:

@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from ferryman.backends.base import CounterOp, CounterResult
+from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.errors import BackendError, SettingsError
 from ferryman.settings import Settings
@@ -98,16 +99,21 @@ def replace_file(config_dir: ConfigDir, name: str, text: str) -> None:
     os.replace(tmp, config_dir.path / name)
 
 
-class FailingBackend:
-    """A backend that is always down: every call raises BackendError."""
+class FailingWindows:
+    """A fixed-window store that is always down: every call raises BackendError."""
+
+    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+        raise BackendError("connection refused")
+
+
+class FailingBackend(MemoryBackend):
+    """A backend whose fixed windows are always down."""
 
     name = "failing"
-    transfers_expired = 0
 
-    async def fixed_window(
-        self, ops: Sequence[CounterOp], *, stop_when_over: bool
-    ) -> list[CounterResult]:
-        raise BackendError("connection refused")
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows = FailingWindows()  # type: ignore[assignment]
 
     async def start(self) -> None:
         pass
@@ -189,7 +195,7 @@ def test_latency_histograms_count_every_call(
         if series.startswith("ratelimit_service_response_time_seconds_bucket")
     ]
     assert buckets == sorted(buckets) and len(buckets) > 10
-    backend = 'backend="memory"'
+    backend = 'backend="memory",algorithm="fixed_window"'
     assert got[f"ratelimit_service_backend_response_time_seconds_count{{{backend}}}"] == "5"
 
 
@@ -309,7 +315,7 @@ def test_metrics_off_serves_no_endpoint_and_wraps_nothing(
     telemetry = server.service.telemetry
     assert server.service.prometheus_port is None
     assert not telemetry.metrics_enabled and telemetry.tracer is None
-    assert telemetry.wrap_backend(server.service.backend) is None
+    assert telemetry.backend_timer(server.service.backend) is None
     assert codes(server.ask("shop", [("k", "v")])) == ["OK"]
 
 

@@ -5,28 +5,9 @@ drop-in replacement for the reference service, from descriptor YAML that it relo
 ``ferryman.Client`` and ``ferryman.AsyncClient`` are its Python client (see ferryman.client).
 """
 
-from ferryman.client import (
-    AsyncClient,
-    AsyncHold,
-    AsyncRateLimitInterceptor,
-    Client,
-    ClientStats,
-    Code,
-    DescriptorLike,
-    DescriptorStatus,
-    Hold,
-    HoldGroup,
-    MultiHold,
-    RateContext,
-    RateLimit,
-    RateLimitInterceptor,
-    RateLimitResult,
-    RateResult,
-    ReserveContext,
-    Resource,
-    Route,
-    RouteFunction,
-)
+from typing import TYPE_CHECKING, Any
+
+from ferryman._version import __version__
 from ferryman.errors import (
     BackendError,
     BackendTimeoutError,
@@ -40,7 +21,65 @@ from ferryman.errors import (
     SettingsError,
 )
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from ferryman.client import (
+        AsyncClient,
+        AsyncHold,
+        AsyncRateLimitInterceptor,
+        Client,
+        ClientStats,
+        Code,
+        DescriptorLike,
+        DescriptorStatus,
+        Hold,
+        HoldGroup,
+        MultiHold,
+        RateContext,
+        RateLimit,
+        RateLimitInterceptor,
+        RateLimitResult,
+        RateResult,
+        ReserveContext,
+        Resource,
+        Route,
+        RouteFunction,
+    )
+
+# The client (and grpc with it) is loaded on first use, so that the pure parts of the
+# package (config, algorithms, engine) import without it.
+_CLIENT = frozenset(
+    {
+        "AsyncClient",
+        "AsyncHold",
+        "AsyncRateLimitInterceptor",
+        "Client",
+        "ClientStats",
+        "Code",
+        "DescriptorLike",
+        "DescriptorStatus",
+        "Hold",
+        "HoldGroup",
+        "MultiHold",
+        "RateContext",
+        "RateLimit",
+        "RateLimitInterceptor",
+        "RateLimitResult",
+        "RateResult",
+        "ReserveContext",
+        "Resource",
+        "Route",
+        "RouteFunction",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT:
+        from ferryman import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'ferryman' has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncClient",

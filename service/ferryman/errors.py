@@ -7,7 +7,8 @@ Every exception derives from :class:`FerrymanError`::
     ├── SettingsError          an environment variable or command-line flag is invalid
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
     │   ├── NotFoundError          ...or names a domain or descriptor that is not configured
-    │   └── HoldError              ...or releases/transfers more copies than it holds
+    │   ├── HoldError              ...or releases/transfers more copies than it holds
+    │   └── SessionError           ...or names no session open on this server
     ├── BackendError           the counter store failed (maps to gRPC UNAVAILABLE)
     │   ├── BackendTimeoutError   ...or did not answer within its timeout
     │   └── LeaseLostError        ...or freed this server's holds after its lease lapsed
@@ -16,21 +17,26 @@ Every exception derives from :class:`FerrymanError`::
     └── RateLimitedError       the client interceptor refused an outgoing gRPC call: its
                                rate limit had no room within max_wait
 
-The client raises RequestError (and NotFoundError) when the service answers
-INVALID_ARGUMENT (or NOT_FOUND), as the service itself does.
+``STATUSES`` is the one table from these errors to what the service answers: a gRPC status,
+an HTTP status, and the suffix of the call's error counter. The client raises RequestError
+(and NotFoundError) when the service answers INVALID_ARGUMENT (or NOT_FOUND).
 
 Over-limit is an answer, never an exception.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = [
+    "STATUSES",
     "BackendError",
     "BackendTimeoutError",
     "ConfigError",
     "ConfigProblem",
+    "ErrorStatus",
     "FerrymanError",
     "HoldError",
     "LeaseLostError",
@@ -38,7 +44,9 @@ __all__ = [
     "RateLimitedError",
     "RequestError",
     "ServiceUnavailableError",
+    "SessionError",
     "SettingsError",
+    "status_of",
 ]
 
 
@@ -95,6 +103,10 @@ class HoldError(RequestError):
     """A release or transfer asks for more copies than the caller holds; nothing changed."""
 
 
+class SessionError(RequestError):
+    """A call names no session, or one that is not open on this server."""
+
+
 class BackendError(FerrymanError):
     """The backend that stores counters failed to answer."""
 
@@ -146,3 +158,45 @@ class RateLimitedError(FerrymanError):
         super().__init__(
             f"{method}: rate limited by {domain} ({shown}) after waiting {waited:.3f}s{hint}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStatus:
+    """How the service answers an error: ``grpc`` is a grpc.StatusCode name, ``http`` the
+    HTTP status, ``counter`` the suffix of the call's error counter (the reference's
+    ``redis_error`` / ``service_error``)."""
+
+    grpc: str
+    http: int
+    counter: str
+
+
+_CLIENT = "service_error"
+_BACKEND = "redis_error"
+
+#: Every error class -> its answer. A class not listed takes its nearest listed base.
+STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
+    {
+        FerrymanError: ErrorStatus("INTERNAL", 500, _CLIENT),
+        ConfigError: ErrorStatus("FAILED_PRECONDITION", 400, _CLIENT),
+        SettingsError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
+        RequestError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
+        NotFoundError: ErrorStatus("NOT_FOUND", 404, _CLIENT),
+        HoldError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
+        SessionError: ErrorStatus("FAILED_PRECONDITION", 409, _CLIENT),
+        BackendError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
+        BackendTimeoutError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
+        LeaseLostError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
+        ServiceUnavailableError: ErrorStatus("UNAVAILABLE", 503, _CLIENT),
+        RateLimitedError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
+    }
+)
+
+
+def status_of(error: FerrymanError) -> ErrorStatus:
+    """The answer to ``error``: its class's entry, or its nearest listed base's."""
+    for cls in type(error).__mro__:
+        status = STATUSES.get(cls)
+        if status is not None:
+            return status
+    raise AssertionError(f"{type(error).__name__} is not a FerrymanError")  # pragma: no cover

@@ -13,23 +13,33 @@ __all__ = [
     "GLOBAL_SHADOW_MODE",
     "LOCAL_CACHE_HITS",
     "RATE_LIMIT",
+    "REQUEST_CALL",
     "RULE_STATS",
     "SERVICE",
     "STATS_OVERFLOW",
     "TOTAL_REQUESTS",
     "RuleSeries",
     "Stats",
+    "total_requests",
 ]
 
 SERVICE = "ratelimit.service"
 RATE_LIMIT = "ratelimit.service.rate_limit"
 CALL = "ratelimit.service.call.should_rate_limit"
+# Charon's Request (ferryman.v1.Limiter/Request): its own errors and degraded answers.
+REQUEST_CALL = "ratelimit.service.call.request"
 CONFIG_LOAD_SUCCESS = "ratelimit.service.config_load_success"
 CONFIG_LOAD_ERROR = "ratelimit.service.config_load_error"
 GLOBAL_SHADOW_MODE = "ratelimit.service.global_shadow_mode"
 STATS_OVERFLOW = "ratelimit.service.stats_overflow"
 LOCAL_CACHE_HITS = "ratelimit.service.local_cache_hits"
 TOTAL_REQUESTS = "ratelimit_server.ShouldRateLimit.total_requests"
+
+
+def total_requests(method: str) -> str:
+    """The counter of calls to a gRPC method (the reference's name for ShouldRateLimit)."""
+    return f"ratelimit_server.{method}.total_requests"
+
 
 # The per-rule stats of the reference, plus the per-domain one that shares their prefix.
 RULE_STATS = (

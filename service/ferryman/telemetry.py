@@ -22,10 +22,10 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from time import perf_counter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, Observation
@@ -53,10 +53,10 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ferryman import __version__
-from ferryman.backends.base import Backend, CounterOp, CounterResult
-from ferryman.limits.engine import FixedWindowCall
-from ferryman.limits.local_cache import OverLimitCache
+from ferryman._version import __version__
+from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
+from ferryman.backends.base import Backend
+from ferryman.engine import ALGORITHMS, BackendTimer
 from ferryman.settings import Settings
 from ferryman.stats import (
     CALL,
@@ -66,12 +66,11 @@ from ferryman.stats import (
     LOCAL_CACHE_HITS,
     RULE_STATS,
     STATS_OVERFLOW,
-    TOTAL_REQUESTS,
     Stats,
+    total_requests,
 )
 
 __all__ = [
-    "METHOD_ATTRIBUTES",
     "PROMETHEUS_CONTENT_TYPE",
     "PrometheusReader",
     "Telemetry",
@@ -79,10 +78,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("ferryman.telemetry")
+T = TypeVar("T")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SCOPE = "ferryman"
-RPC_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 # Sub-millisecond answers are the norm; seconds mean a stuck backend.
 LATENCY_BUCKETS = (
     0.0001,
@@ -103,7 +102,6 @@ LATENCY_BUCKETS = (
     10.0,
 )
 SHUTDOWN_TIMEOUT_MILLIS = 5_000
-METHOD_ATTRIBUTES = {"grpc_method": "ShouldRateLimit"}
 _ERROR_TYPES = ("redis_error", "service_error", "degraded")
 _RULE_HELP = {
     "total_hits": "Hits counted against the rule.",
@@ -508,8 +506,14 @@ class Telemetry:
             description="Copies held by this server's sessions.",
         )
 
-    def observe(self, stats: Stats, local_cache: OverLimitCache | None = None) -> None:
-        """Create the instruments that read ``stats`` and the local cache; once."""
+    def observe(
+        self,
+        stats: Stats,
+        local_cache: OverLimitCache | None = None,
+        methods: Sequence[str] = ("ShouldRateLimit",),
+    ) -> None:
+        """Create the instruments that read ``stats`` (calls of each gRPC method in
+        ``methods``) and the local cache; once."""
         if self.meter_provider is None or self._observed:
             return
         self._observed = True
@@ -536,7 +540,9 @@ class Telemetry:
         )
         meter.create_observable_counter(
             "ratelimit_service_total_requests",
-            callbacks=[_counter_callback(stats, TOTAL_REQUESTS, METHOD_ATTRIBUTES)],
+            callbacks=[
+                _counter_callback(stats, total_requests(m), {"grpc_method": m}) for m in methods
+            ],
             description="Calls received, by gRPC method.",
         )
         if local_cache is None:
@@ -560,76 +566,57 @@ class Telemetry:
             description="Keys held by the local over-limit cache.",
         )
 
-    def wrap_backend(self, backend: Backend) -> FixedWindowCall | None:
-        """``backend.fixed_window`` timed and traced as configured; None when neither is."""
+    def backend_timer(self, backend: Backend) -> BackendTimer | None:
+        """A timer of the backend's calls (every algorithm's store), timed and traced as
+        configured; None when neither is."""
         histogram = self.backend_latency
         tracer = self.tracer
         if histogram is None and tracer is None:
             return None
-        call = backend.fixed_window
-        attributes = {"backend": backend.name}
-
-        if tracer is None:
-            assert histogram is not None
-            timed_histogram = histogram
-
-            async def timed(
-                ops: Sequence[CounterOp], *, stop_when_over: bool
-            ) -> list[CounterResult]:
-                start = perf_counter()
-                try:
-                    return await call(ops, stop_when_over=stop_when_over)
-                finally:
-                    timed_histogram.record(perf_counter() - start, attributes)
-
-            return timed
-
-        span_attributes: dict[str, str | int] = {"ratelimit.backend": backend.name}
-        if backend.name.startswith("redis"):
+        name = backend.name
+        attributes = {alg: {"backend": name, "algorithm": alg} for alg in ALGORITHMS}
+        span_attributes: dict[str, str | int] = {"ratelimit.backend": name}
+        if name.startswith("redis"):
             span_attributes["db.system.name"] = "redis"
 
-        async def traced(ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+        async def timed(algorithm: str, items: int, call: Awaitable[T]) -> T:
             start = perf_counter()
-            if not get_current_span().is_recording():
-                # The request was not sampled: its child would not be either.
-                try:
-                    return await call(ops, stop_when_over=stop_when_over)
-                finally:
-                    if histogram is not None:
-                        histogram.record(perf_counter() - start, attributes)
-            with tracer.start_as_current_span(
-                "ratelimit.backend.fixed_window",
-                kind=SpanKind.CLIENT,
-                attributes={**span_attributes, "ratelimit.counters": len(ops)},
-            ):
-                try:
-                    return await call(ops, stop_when_over=stop_when_over)
-                finally:
-                    if histogram is not None:
-                        histogram.record(perf_counter() - start, attributes)
+            try:
+                if tracer is None or not get_current_span().is_recording():
+                    # Not traced, or the request was not sampled: its child would not be.
+                    return await call
+                with tracer.start_as_current_span(
+                    f"ratelimit.backend.{algorithm}",
+                    kind=SpanKind.CLIENT,
+                    attributes={**span_attributes, "ratelimit.counters": items},
+                ):
+                    return await call
+            finally:
+                if histogram is not None:
+                    histogram.record(perf_counter() - start, attributes[algorithm])
 
-        return traced
+        return timed
 
     def server_span(
         self,
         metadata: Iterable[tuple[str, str | bytes]] | None,
-        domain: str,
-        descriptors: int,
+        service: str,
+        method: str,
+        attributes: Mapping[str, str | int],
     ) -> AbstractContextManager[Span]:
-        """The current SERVER span of one ShouldRateLimit, child of the caller's context."""
+        """The current SERVER span of one call, child of the caller's context."""
         assert self.tracer is not None
         carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
         parent = self._propagator.extract(carrier, Context())
         return self.tracer.start_as_current_span(
-            "ShouldRateLimit",
+            method,
             context=parent,
             kind=SpanKind.SERVER,
             attributes={
                 "rpc.system": "grpc",
-                "rpc.service": RPC_SERVICE,
-                "rpc.method": "ShouldRateLimit",
-                "ratelimit.domain": domain,
-                "ratelimit.descriptors": descriptors,
+                "rpc.service": service,
+                "rpc.method": method,
+                **attributes,
             },
         )
 

@@ -62,7 +62,7 @@ from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, RedisTarget
 from ferryman.config.loader import load_sources
 from ferryman.config.model import Config
-from ferryman.limits.engine import RateLimitEngine
+from ferryman.engine import RateLimitEngine
 from ferryman.stats import Stats
 
 DOMAIN = "bench"
@@ -224,14 +224,14 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
         # The expiry heap (private; read here only to measure it) gets one entry per grant.
-        heap = backend._burst_heap
+        heap = backend.bursts._heap
         heap_entries = len(heap)
         heap.clear()
         gc.collect()
         without_heap = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    nodes = backend._nodes
+    nodes = backend.bursts._nodes
     glob, states = next(iter(nodes.values()))
     sample_key = next(iter(states))
     one = deep_size((sample_key, states[sample_key]))
@@ -247,7 +247,7 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
         wall_seconds=wall,
         bytes_per_tenant=total / tenants,
         details={
-            "tenant states held": backend.burst_tenants,
+            "tenant states held": backend.bursts.tenants,
             "traced bytes after - before (tracemalloc)": total,
             "  of which tenant states, per tenant": (without_heap - before) / tenants,
             "  of which expiry heap": heap_bytes,

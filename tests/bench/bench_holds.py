@@ -549,8 +549,8 @@ def hold_memory(
 
 def ledger_memory(tenants: int, copies: int) -> dict[str, Any]:
     """In process: tracemalloc over a CopyLedger and a session hold set, per hold."""
-    from ferryman.backends.copy_ledger import CopyLedger
-    from ferryman.limits.copies import CopyGroup, CopyPolicy
+    from ferryman.algorithms.copies.memory import CopyLedger
+    from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 
     group = CopyGroup("everyone", BIG, ("*",))
     policy = CopyPolicy(limit=TENANT_LIMIT, global_limit=BIG, groups=(group,))

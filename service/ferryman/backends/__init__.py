@@ -1,6 +1,6 @@
-"""Counter stores: the Backend protocol and its implementations."""
+"""Backends: where the state of every algorithm lives (this process, or Redis)."""
 
-from ferryman.backends.base import Backend, CounterOp, CounterResult
+from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 
-__all__ = ["Backend", "CounterOp", "CounterResult", "MemoryBackend"]
+__all__ = ["Backend", "MemoryBackend"]

@@ -51,7 +51,7 @@ SessionRequest = limiter_pb2.SessionRequest
 
 def session_name() -> str:
     """How a session introduces itself to the service (shown in its logs and /status)."""
-    from ferryman import __version__
+    from ferryman._version import __version__
 
     return f"ferryman-python/{__version__} {socket.gethostname()} pid {os.getpid()}"
 

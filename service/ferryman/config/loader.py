@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from ferryman.algorithms.burst.model import BurstPolicy, Tier
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.config.nodes import (
     Ctx,
@@ -27,8 +29,6 @@ from ferryman.config.nodes import (
     uint32,
 )
 from ferryman.errors import ConfigError, ConfigProblem
-from ferryman.limits.burst import BurstPolicy, Tier
-from ferryman.limits.copies import CopyGroup, CopyPolicy
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 

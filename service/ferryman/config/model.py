@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ferryman.limits.burst import BurstPolicy
-from ferryman.limits.copies import CopyPolicy
+from ferryman.algorithms.burst.model import BurstPolicy
+from ferryman.algorithms.copies.model import CopyPolicy
 
 __all__ = [
     "UNIT_SECONDS",

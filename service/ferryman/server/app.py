@@ -14,18 +14,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
-from ferryman.errors import BackendError, RequestError, SettingsError
-from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
-from ferryman.server.convert import decision_to_proto, request_from_proto
+from ferryman.engine import EngineOptions, RateLimitEngine
+from ferryman.errors import BackendError, FerrymanError, SettingsError, status_of
+from ferryman.server.edge import Edge
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
+from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, split_address
 from ferryman.stats import CALL, Stats
@@ -35,6 +37,8 @@ __all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
 
 log = logging.getLogger("ferryman")
 
+RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"]
+LIMITER_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["Limiter"]
 HEALTH_NAMES = (
     "",
     "ratelimit",
@@ -178,9 +182,13 @@ class Service:
             self.clock,
             self.stats,
             engine_options(settings),
-            backend_call=self.telemetry.wrap_backend(self.backend),
+            timer=self.telemetry.backend_timer(self.backend),
         )
-        self.telemetry.observe(self.stats, self.engine.local_cache)
+        self.rls = RateLimitServicer(self.engine)
+        self._edge = Edge(self.stats, self.telemetry)
+        self.telemetry.observe(
+            self.stats, self.engine.local_cache, [*RLS_METHODS, *LIMITER_METHODS]
+        )
         self.holds = HoldManager(
             self.engine,
             self.backend,
@@ -230,11 +238,13 @@ class Service:
         await self.reloader.start()
         await self.holds.start()
         server = grpc.aio.server(options=grpc_server_options(s))
+        edge = self._edge
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            RateLimitServicer(self.engine, self.stats, self.telemetry), server
+            edge.wrap(self.rls, RLS_SERVICE, RLS_METHODS), server
         )
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
-            LimiterServicer(self.engine, self.holds, self.stats), server
+            edge.wrap(LimiterServicer(self.engine, self.holds), LIMITER_SERVICE, LIMITER_METHODS),
+            server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
@@ -301,19 +311,26 @@ class Service:
         return HttpResponse(500, b"unhealthy")
 
     async def _json(self, request: HttpRequest) -> HttpResponse:
+        """ShouldRateLimit with the protojson of its request and response."""
         message = rls_pb2.RateLimitRequest()
         try:
             json_format.Parse(request.body.decode("utf-8"), message)
-            domain, descriptors, hits = request_from_proto(message)
-            decision = await self.engine.should_rate_limit(domain, descriptors, hits)
-        except (json_format.ParseError, UnicodeDecodeError, RequestError) as exc:
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
             return HttpResponse(400, f"bad request: {exc}\n".encode())
-        except BackendError as exc:
-            self.stats.inc(f"{CALL}.redis_error")
-            return HttpResponse(500, f"backend error: {exc}\n".encode())
-        status = {Code.OK: 200, Code.OVER_LIMIT: 429}.get(decision.code, 500)
-        body = json_format.MessageToJson(decision_to_proto(decision), indent=None)
-        return HttpResponse(status, body.encode(), "application/json")
+        try:
+            response = await self.rls.respond(message)
+        except FerrymanError as exc:
+            status = status_of(exc)
+            if isinstance(exc, BackendError):
+                self.stats.inc(f"{CALL}.{status.counter}")
+                return HttpResponse(status.http, f"backend error: {exc}\n".encode())
+            return HttpResponse(status.http, f"bad request: {exc}\n".encode())
+        code = {
+            rls_pb2.RateLimitResponse.OK: 200,
+            rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
+        }.get(response.overall_code, 500)
+        body = json_format.MessageToJson(response, indent=None)
+        return HttpResponse(code, body.encode(), "application/json")
 
     async def _debug_index(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(

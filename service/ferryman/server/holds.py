@@ -21,22 +21,24 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, ReserveOutcome
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
-from ferryman.errors import BackendError, HoldError, LeaseLostError, NotFoundError, RequestError
-from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
-from ferryman.limits.engine import RateLimitEngine
+from ferryman.engine import RateLimitEngine
+from ferryman.errors import (
+    BackendError,
+    HoldError,
+    LeaseLostError,
+    NotFoundError,
+    SessionError,
+)
 from ferryman.stats import Stats
 
-__all__ = ["HoldManager", "Session", "SessionError"]
+__all__ = ["HoldManager", "Session"]
 
 log = logging.getLogger("ferryman.holds")
 
 HoldKey = tuple[str, str, tuple[str, ...]]  # node, tenant, groups at reserve time
-
-
-class SessionError(RequestError):
-    """A call names no session, or one that is not open on this server."""
 
 
 @dataclass
@@ -113,7 +115,9 @@ class HoldManager:
             await asyncio.sleep(interval)
             try:
                 for node in [n for n, held in self._nodes.items() if held > 0]:
-                    await self._backend.renew(node, self.server_id, self.lease_ms, self._now())
+                    await self._backend.copies.renew(
+                        node, self.server_id, self.lease_ms, self._now()
+                    )
                 self._renewed_at = time.monotonic()
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
@@ -175,7 +179,7 @@ class HoldManager:
         holds, session.holds = dict(session.holds), {}
         for (node, tenant, groups), copies in holds.items():
             try:
-                await self._backend.release(
+                await self._backend.copies.release(
                     node, tenant, groups, copies, self.server_id, self.lease_ms, self._now()
                 )
                 self._count(node, -copies)
@@ -239,7 +243,7 @@ class HoldManager:
         groups = policy.groups_of(tenant)
         node = self._engine.copies_node(rule)
         async with self._operation(session):
-            outcome = await self._backend.reserve(
+            outcome = await self._backend.copies.reserve(
                 node, tenant, policy, groups, copies, min_copies, self.server_id, self.lease_ms,
                 self._now(),
             )  # fmt: skip
@@ -269,7 +273,7 @@ class HoldManager:
         key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
         async with self._operation(session):
             self._held(session, key, copies)
-            await self._backend.release(
+            await self._backend.copies.release(
                 key[0], key[1], key[2], copies, self.server_id, self.lease_ms, self._now()
             )
             self._hold(session, key, -copies)
@@ -290,7 +294,7 @@ class HoldManager:
         transfer_id = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
         async with self._operation(session):
             self._held(session, key, copies)
-            await self._backend.transfer(
+            await self._backend.copies.transfer(
                 key[0], key[1], key[2], copies, ttl, secret, self.server_id, self.lease_ms,
                 self._now(),
             )  # fmt: skip
@@ -310,7 +314,7 @@ class HoldManager:
         rule = self._engine.resolve(str(domain), entries, "copies")[-1]
         node = self._engine.copies_node(rule)
         async with self._operation(session):
-            seized = await self._backend.seize(
+            seized = await self._backend.copies.seize(
                 node, str(secret), self.server_id, self.lease_ms, self._now()
             )
             copies, groups = seized.copies, seized.groups
@@ -322,7 +326,7 @@ class HoldManager:
     def transfers_expired(self) -> int:
         """Transfers that lapsed unclaimed in operations made through this server's backend
         (expiry happens at the start of the next operation on the node, whoever makes it)."""
-        return self._backend.transfers_expired
+        return self._backend.copies.transfers_expired
 
     def by_node(self) -> list[tuple[dict[str, str], int]]:
         """Copies held per node by this server's sessions, as (labels, value)."""

@@ -5,47 +5,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman.errors import BackendError, NotFoundError, RequestError
-from ferryman.limits.burst import BurstOutcome, BurstPolicy
-from ferryman.limits.engine import RateLimitEngine
-from ferryman.server.holds import HoldManager, Session, SessionError
-from ferryman.stats import Stats
+from ferryman.engine import RateLimitEngine
+from ferryman.errors import RequestError
+from ferryman.server.edge import Method
+from ferryman.server.holds import HoldManager, Session
+from ferryman.stats import REQUEST_CALL
 
-__all__ = ["LimiterServicer"]
+__all__ = ["METHODS", "LimiterServicer"]
 
 log = logging.getLogger("ferryman.limiter")
 
-CALL = "ratelimit.service.call.request"
 SESSION_METADATA = "ferryman-session"
+
+#: What the edge records of each unary method: the prefix of its error counters.
+METHODS = {
+    "Reserve": Method("ratelimit.service.call.reserve"),
+    "Release": Method("ratelimit.service.call.release"),
+    "Transfer": Method("ratelimit.service.call.transfer"),
+    "Seize": Method("ratelimit.service.call.seize"),
+    "Request": Method(REQUEST_CALL),
+}
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _entries(descriptor: Any) -> tuple[tuple[str, str], ...]:
     return tuple((e.key, e.value) for e in descriptor)
-
-
-async def _fail(context: Context, exc: Exception, stats: Stats, call: str) -> NoReturn:
-    """Abort with the status a ferryman error maps to (the one place this is decided)."""
-    if isinstance(exc, SessionError):
-        stats.inc(f"{call}.service_error")
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, NotFoundError):
-        stats.inc(f"{call}.service_error")
-        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, RequestError):
-        stats.inc(f"{call}.service_error")
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    stats.inc(f"{call}.redis_error")
-    log.warning("backend error: %s", exc)
-    await context.abort(grpc.StatusCode.UNAVAILABLE, f"rate limit backend: {exc}")
-    raise AssertionError("abort returned")  # pragma: no cover
 
 
 def _duration(seconds: float, into: Any) -> None:
@@ -55,18 +46,11 @@ def _duration(seconds: float, into: Any) -> None:
 
 
 class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
-    """Answers Request; client errors get INVALID_ARGUMENT or NOT_FOUND, outages UNAVAILABLE."""
+    """Charon's operations (errors become statuses at the edge)."""
 
-    def __init__(self, engine: RateLimitEngine, holds: HoldManager, stats: Stats) -> None:
+    def __init__(self, engine: RateLimitEngine, holds: HoldManager) -> None:
         self._engine = engine
         self._holds = holds
-        self._stats = stats
-
-    async def _guard(self, context: Context, call: str, work: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await work()
-        except (RequestError, BackendError) as exc:
-            await _fail(context, exc, self._stats, call)
 
     def _session(self, context: Context) -> Session:
         metadata = dict(context.invocation_metadata() or ())
@@ -123,86 +107,74 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         copies = request.copies or 1
         min_copies = request.min_copies if request.HasField("min_copies") else copies
 
-        async def work() -> limiter_pb2.ReserveResponse:
-            if min_copies > copies:
-                raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
-            session = self._session(context)
-            done = await self._holds.reserve(
-                session, request.domain, _entries(request.descriptor), copies, min_copies
-            )
-            out = done.outcome
-            reply = limiter_pb2.ReserveResponse(
-                granted=out.granted,
-                tenant_held=out.tenant_held,
-                global_held=out.global_held,
-                groups=[
-                    limiter_pb2.Group(name=g.name, limit=g.limit, held=out.group_held[g.name])
-                    for g in done.groups
-                ],
-            )
-            if done.policy.limit is not None:
-                reply.limit = done.policy.limit
-            if done.policy.global_limit is not None:
-                reply.global_limit = done.policy.global_limit
-            return reply
-
-        return await self._guard(context, "ratelimit.service.call.reserve", work)
+        if min_copies > copies:
+            raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
+        session = self._session(context)
+        done = await self._holds.reserve(
+            session, request.domain, _entries(request.descriptor), copies, min_copies
+        )
+        out = done.outcome
+        reply = limiter_pb2.ReserveResponse(
+            granted=out.granted,
+            tenant_held=out.tenant_held,
+            global_held=out.global_held,
+            groups=[
+                limiter_pb2.Group(name=g.name, limit=g.limit, held=out.group_held[g.name])
+                for g in done.groups
+            ],
+        )
+        if done.policy.limit is not None:
+            reply.limit = done.policy.limit
+        if done.policy.global_limit is not None:
+            reply.global_limit = done.policy.global_limit
+        return reply
 
     async def Release(
         self, request: limiter_pb2.ReleaseRequest, context: Context
     ) -> limiter_pb2.ReleaseResponse:
-        async def work() -> limiter_pb2.ReleaseResponse:
-            if request.copies == 0:
-                raise RequestError("copies", "must be at least 1")
-            await self._holds.release(
-                self._session(context),
-                request.domain,
-                _entries(request.descriptor),
-                request.copies,
-                tuple(request.groups),
-            )
-            return limiter_pb2.ReleaseResponse()
-
-        return await self._guard(context, "ratelimit.service.call.release", work)
+        if request.copies == 0:
+            raise RequestError("copies", "must be at least 1")
+        await self._holds.release(
+            self._session(context),
+            request.domain,
+            _entries(request.descriptor),
+            request.copies,
+            tuple(request.groups),
+        )
+        return limiter_pb2.ReleaseResponse()
 
     async def Transfer(
         self, request: limiter_pb2.TransferRequest, context: Context
     ) -> limiter_pb2.TransferResponse:
-        async def work() -> limiter_pb2.TransferResponse:
-            if request.copies == 0:
-                raise RequestError("copies", "must be at least 1")
-            ttl = request.ttl.ToTimedelta().total_seconds()
-            if ttl <= 0:
-                raise RequestError("ttl", "must be positive")
-            transfer_id = await self._holds.transfer(
-                self._session(context),
-                request.domain,
-                _entries(request.descriptor),
-                request.copies,
-                tuple(request.groups),
-                ttl,
-            )
-            return limiter_pb2.TransferResponse(transfer_id=transfer_id)
-
-        return await self._guard(context, "ratelimit.service.call.transfer", work)
+        if request.copies == 0:
+            raise RequestError("copies", "must be at least 1")
+        ttl = request.ttl.ToTimedelta().total_seconds()
+        if ttl <= 0:
+            raise RequestError("ttl", "must be positive")
+        transfer_id = await self._holds.transfer(
+            self._session(context),
+            request.domain,
+            _entries(request.descriptor),
+            request.copies,
+            tuple(request.groups),
+            ttl,
+        )
+        return limiter_pb2.TransferResponse(transfer_id=transfer_id)
 
     async def Seize(
         self, request: limiter_pb2.SeizeRequest, context: Context
     ) -> limiter_pb2.SeizeResponse:
-        async def work() -> limiter_pb2.SeizeResponse:
-            if not request.transfer_id:
-                raise RequestError("transfer_id", "must not be empty")
-            domain, entries, groups, copies = await self._holds.seize(
-                self._session(context), request.transfer_id
-            )
-            return limiter_pb2.SeizeResponse(
-                domain=domain,
-                descriptor=[limiter_pb2.Entry(key=k, value=v) for k, v in entries],
-                groups=list(groups),
-                copies=copies,
-            )
-
-        return await self._guard(context, "ratelimit.service.call.seize", work)
+        if not request.transfer_id:
+            raise RequestError("transfer_id", "must not be empty")
+        domain, entries, groups, copies = await self._holds.seize(
+            self._session(context), request.transfer_id
+        )
+        return limiter_pb2.SeizeResponse(
+            domain=domain,
+            descriptor=[limiter_pb2.Entry(key=k, value=v) for k, v in entries],
+            groups=list(groups),
+            copies=copies,
+        )
 
     async def Request(
         self, request: limiter_pb2.RateRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -211,12 +183,11 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         min_copies = request.min_copies if request.HasField("min_copies") else copies
         entries = tuple((e.key, e.value) for e in request.descriptor)
 
-        async def work() -> tuple[BurstPolicy, BurstOutcome]:
-            if min_copies > copies:
-                raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
-            return await self._engine.request_rate(request.domain, entries, copies, min_copies)
-
-        policy, outcome = await self._guard(context, CALL, work)
+        if min_copies > copies:
+            raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
+        policy, outcome = await self._engine.request_rate(
+            request.domain, entries, copies, min_copies
+        )
         reply = limiter_pb2.RateResponse(
             granted=outcome.granted,
             active_tier_index=outcome.tier_index,

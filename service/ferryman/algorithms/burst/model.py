@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 __all__ = [
     "BurstOutcome",
     "BurstPolicy",
+    "BurstRequest",
+    "BurstStore",
     "HitLog",
     "TenantState",
     "Tier",
@@ -192,6 +195,28 @@ class BurstOutcome:
     tenant_last_second: int
     global_last_second: int
     retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRequest:
+    """A burst-tier request: ``node`` names the configured node, ``tenant`` the values."""
+
+    node: str
+    tenant: str
+    policy: BurstPolicy
+    copies: int
+    min_copies: int
+
+
+class BurstStore(Protocol):
+    """Where burst-tier state lives."""
+
+    async def decide(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
+        """Decide and record one burst-tier request atomically.
+
+        ``now`` overrides the store's own clock (tests; the memory store's injected clock).
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)

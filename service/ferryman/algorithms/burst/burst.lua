@@ -1,5 +1,5 @@
--- One burst-tier decision for one tenant of one node, applied atomically (see limits/burst.py
--- for the semantics; this script is its Redis twin and must decide identically).
+-- One burst-tier decision for one tenant of one node, applied atomically (see model.py beside
+-- this file for the semantics; this script is its Redis twin and must decide identically).
 --
 -- KEYS[1]        tenant state hash: e<i> = tier i entry time ("" when inactive),
 --                c<i> = hits in tier i's window, sc = tenant hits in the last second

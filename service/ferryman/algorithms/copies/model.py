@@ -11,8 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["CopyGroup", "CopyPolicy", "ReserveOutcome", "grantable"]
+__all__ = [
+    "CopyGroup",
+    "CopyPolicy",
+    "CopyStore",
+    "ReserveOutcome",
+    "Seized",
+    "grantable",
+]
 
 
 def _pattern(member: str) -> re.Pattern[str]:
@@ -65,6 +73,16 @@ class ReserveOutcome:
     group_held: Mapping[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Seized:
+    """What a seize claimed: enough to hold the copies as if they had been reserved."""
+
+    node: str
+    tenant: str
+    copies: int
+    groups: tuple[str, ...]
+
+
 def grantable(
     policy: CopyPolicy,
     groups: tuple[CopyGroup, ...],
@@ -83,3 +101,80 @@ def grantable(
     if policy.global_limit is not None:
         room = min(room, policy.global_limit - global_held)
     return room if room >= max(min_copies, 1) else 0
+
+
+class CopyStore(Protocol):
+    """Where held copies live. ``server`` is the calling server's id and ``lease_ms`` its
+    lease: every call renews it, and first frees what servers with lapsed leases held on the
+    node (raising LeaseLostError to the caller whose own lease lapsed)."""
+
+    @property
+    def transfers_expired(self) -> int:
+        """Transfers this process has seen lapse unclaimed (a running total, for metrics)."""
+        ...
+
+    async def reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> ReserveOutcome: ...
+
+    async def release(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None: ...
+
+    async def transfer(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        ttl: float,
+        transfer_id: str,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None: ...
+
+    async def seize(
+        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
+    ) -> Seized: ...
+
+    async def renew(
+        self, node: str, server: str, lease_ms: int, now: float | None = None
+    ) -> None: ...
+
+    async def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        server: str,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        """Hold all of ``copies`` for Envoy, or none; the hold expires after the policy's
+        ``hold_ttl`` unless released first. No server owns it."""
+        ...
+
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
+        """Release up to ``copies`` of the tenant's Envoy holds, oldest first; how many."""
+        ...

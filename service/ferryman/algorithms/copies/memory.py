@@ -1,4 +1,4 @@
-"""The memory backend's copy log: held copies per node, the twin of lua/copies.lua.
+"""Held copies in this process: the twin of copies.lua beside this file.
 
 Counts per node ("d:<tenant>", "g:<group>", "all"), each server's contribution to them, the
 servers' lease expiries, and staged transfers. Every operation first takes back what servers
@@ -7,23 +7,21 @@ with lapsed leases held and what transfers nobody seized in time still hold.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from ferryman.algorithms.copies.model import (
+    CopyGroup,
+    CopyPolicy,
+    ReserveOutcome,
+    Seized,
+    grantable,
+)
+from ferryman.clock import Clock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
-from ferryman.limits.copies import CopyGroup, CopyPolicy, ReserveOutcome
 
-__all__ = ["CopyLedger", "Seized"]
-
-
-@dataclass(frozen=True, slots=True)
-class Seized:
-    """What a seize claimed: enough to hold the copies as if they had been reserved."""
-
-    node: str
-    tenant: str
-    copies: int
-    groups: tuple[str, ...]
+__all__ = ["CopyLedger", "MemoryCopies"]
 
 
 @dataclass
@@ -153,14 +151,15 @@ class CopyLedger:
         min_copies: int,
     ) -> int:
         counts = state.counts
-        room = copies
-        if policy.limit is not None:
-            room = min(room, policy.limit - counts.get(f"d:{tenant}", 0))
-        for group in groups:
-            room = min(room, group.limit - counts.get(f"g:{group.name}", 0))
-        if policy.global_limit is not None:
-            room = min(room, policy.global_limit - counts.get("all", 0))
-        return room if room >= max(min_copies, 1) else 0
+        return grantable(
+            policy,
+            groups,
+            counts.get(f"d:{tenant}", 0),
+            {g.name: counts.get(f"g:{g.name}", 0) for g in groups},
+            counts.get("all", 0),
+            copies,
+            min_copies,
+        )
 
     @staticmethod
     def _outcome(
@@ -269,3 +268,100 @@ class CopyLedger:
         """A copy of a node's counts (for status pages and tests)."""
         state = self._nodes.get(node)
         return dict(state.counts) if state is not None else {}
+
+
+class MemoryCopies:
+    """The copy store of the memory backend: a CopyLedger behind one lock, on a clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.ledger = CopyLedger()
+
+    @property
+    def transfers_expired(self) -> int:
+        return self.ledger.transfers_expired
+
+    def _ms(self, now: float | None) -> int:
+        return round((self._clock.now() if now is None else now) * 1000)
+
+    async def reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        min_copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        with self._lock:
+            return self.ledger.reserve(
+                node, tenant, policy, groups, copies, min_copies, server, lease_ms, self._ms(now)
+            )
+
+    async def release(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        with self._lock:
+            self.ledger.release(node, tenant, groups, copies, server, lease_ms, self._ms(now))
+
+    async def transfer(
+        self,
+        node: str,
+        tenant: str,
+        groups: tuple[str, ...],
+        copies: int,
+        ttl: float,
+        transfer_id: str,
+        server: str,
+        lease_ms: int,
+        now: float | None = None,
+    ) -> None:
+        with self._lock:
+            self.ledger.transfer(
+                node, tenant, groups, copies, round(ttl * 1000), transfer_id, server, lease_ms,
+                self._ms(now),
+            )  # fmt: skip
+
+    async def seize(
+        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
+    ) -> Seized:
+        with self._lock:
+            return self.ledger.seize(node, transfer_id, server, lease_ms, self._ms(now))
+
+    async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
+        with self._lock:
+            self.ledger.renew(node, server, lease_ms, self._ms(now))
+
+    async def envoy_reserve(
+        self,
+        node: str,
+        tenant: str,
+        policy: CopyPolicy,
+        groups: tuple[CopyGroup, ...],
+        copies: int,
+        hold_id: str,
+        server: str,
+        now: float | None = None,
+    ) -> ReserveOutcome:
+        with self._lock:
+            return self.ledger.envoy_reserve(
+                node, tenant, policy, groups, copies, hold_id, round(policy.hold_ttl * 1000),
+                server, self._ms(now),
+            )  # fmt: skip
+
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
+        with self._lock:
+            return self.ledger.envoy_release(node, tenant, copies, server, self._ms(now))

@@ -1,0 +1,1 @@
+"""Charon's burst tiers: stacked sliding windows with active and cooldown periods."""

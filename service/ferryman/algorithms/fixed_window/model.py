@@ -1,0 +1,105 @@
+"""Fixed windows, as the reference counts them: epoch-aligned windows, near/over stats, and
+the counter operations every store applies atomically."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "CounterOp",
+    "CounterResult",
+    "FixedWindowStore",
+    "StatDelta",
+    "classify",
+    "over_limit",
+    "reset_after",
+    "window_start",
+]
+
+
+@dataclass(slots=True)
+class CounterOp:
+    """Add ``hits`` (negative: give back) to a fixed-window counter.
+
+    ``expires_at`` is the end of the window (epoch seconds); ``ttl`` is the window's length
+    in seconds, the key lifetime a remote store sets (plus its expiration jitter).
+    """
+
+    key: str
+    hits: int
+    limit: int
+    expires_at: int
+    ttl: int
+
+
+@dataclass(slots=True)
+class CounterResult:
+    """The counter's value after the request and how many hits were actually stored."""
+
+    after: int
+    applied: int
+
+
+class FixedWindowStore(Protocol):
+    """Where fixed-window counters live."""
+
+    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+        """Apply every op atomically and return one result per op, in order.
+
+        With ``stop_when_over``, if any op with positive hits would end above its limit, only
+        those ops are applied (the others are left untouched and report ``applied=0``).
+        A counter never goes below zero.
+        """
+        ...
+
+
+def over_limit(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
+    """The ops that would end above their limit, replayed in order from the counters'
+    ``current`` values (what STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT applies alone)."""
+    trial: dict[str, int] = {}
+    over: set[int] = set()
+    for i, op in enumerate(ops):
+        seen = trial.get(op.key, current[i])
+        if op.hits > 0 and seen + op.hits > op.limit:
+            over.add(i)
+        trial[op.key] = max(0, seen + op.hits)
+    return over
+
+
+def window_start(now: float, seconds: int) -> int:
+    """Start of the epoch-aligned window of ``seconds`` that contains ``now``."""
+    return int(now // seconds) * seconds
+
+
+def reset_after(now: float, seconds: int) -> int:
+    """Whole seconds until the window containing ``now`` ends (as the reference reports it)."""
+    return seconds - int(now) % seconds
+
+
+@dataclass(slots=True)
+class StatDelta:
+    within: int = 0
+    near: int = 0
+    over: int = 0
+
+
+def classify(
+    hits: int, limit: int, before: int, after: int, ratio: float
+) -> tuple[bool, StatDelta]:
+    """Decide one descriptor and split its hits into within/near/over as the reference does.
+
+    ``before`` and ``after`` are the counter around this request's hits; the request is over
+    the limit iff ``after > limit``.
+    """
+    near_threshold = math.floor(limit * ratio)
+    if after > limit:
+        if before >= limit:
+            return True, StatDelta(over=hits)
+        return True, StatDelta(over=after - limit, near=limit - max(near_threshold, before))
+    near = 0
+    if after > near_threshold:
+        near = hits if before >= near_threshold else after - near_threshold
+    return False, StatDelta(within=hits, near=near)

@@ -1,0 +1,1 @@
+"""Connections to external stores, shared by every algorithm's store on them."""

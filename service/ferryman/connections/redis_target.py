@@ -1,0 +1,126 @@
+"""Where a Redis deployment is and how to reach it: URLs and the reference's variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ferryman.errors import SettingsError
+
+__all__ = ["RedisTarget", "address", "parse_backend_url", "target_from_env_style"]
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a Redis deployment is and how to reach it."""
+
+    kind: str = "single"  # single | sentinel | cluster
+    addresses: tuple[tuple[str, int], ...] = (("localhost", 6379),)
+    unix_path: str = ""
+    master_name: str = ""
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    db: int = 0
+    pool_size: int = 10
+    timeout: float = 10.0
+    # Batching on a single Redis (see redis_pipe): seconds between writes on a busy
+    # connection, and commands that fill a batch; 0 means off.
+    pipeline_window: float = 0.0
+    pipeline_limit: int = 0
+
+    def describe(self) -> str:
+        if self.unix_path:
+            return f"unix:{self.unix_path}"
+        where = ",".join(f"{h}:{p}" for h, p in self.addresses)
+        if self.kind == "sentinel":
+            return f"sentinel {where} master {self.master_name}"
+        return f"{self.kind} {where}"
+
+
+def address(text: str, what: str) -> tuple[str, int]:
+    if "://" in text:
+        raise SettingsError(
+            f"{what}: {text!r} is a URL; {what} is host:port as in the reference "
+            "(a URL goes to --backend)"
+        )
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise SettingsError(f"{what}: {text!r} is not host:port")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise SettingsError(f"{what}: {text!r} has no numeric port") from None
+
+
+def _auth(auth: str) -> tuple[str | None, str | None]:
+    if not auth:
+        return None, None
+    user, sep, password = auth.partition(":")
+    return (user, password) if sep else (None, auth)
+
+
+def parse_backend_url(url: str, pool_size: int = 10, timeout: float = 10.0) -> RedisTarget:
+    """Parse ``redis://``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``, ``unix://``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    common: dict[str, Any] = {
+        "username": user,
+        "password": password,
+        "pool_size": pool_size,
+        "timeout": timeout,
+    }
+    if scheme == "unix":
+        return RedisTarget(unix_path=parts.path, **common)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        raise SettingsError(f"--backend {url!r}: no host")
+    addresses = tuple(address(h, "--backend") for h in hosts.split(","))
+    path = parts.path.strip("/")
+    if scheme in ("redis", "rediss"):
+        db = int(path) if path.isdigit() else 0
+        return RedisTarget("single", addresses[:1], tls=scheme == "rediss", db=db, **common)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return RedisTarget("cluster", addresses, tls=scheme.startswith("rediss"), **common)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        if not path:
+            raise SettingsError(f"--backend {url!r}: name the master, e.g. .../mymaster")
+        return RedisTarget(
+            "sentinel", addresses, master_name=path, tls=scheme.startswith("rediss"), **common
+        )
+    raise SettingsError(
+        f"--backend {url!r}: unknown scheme (memory, redis://, rediss://, redis+cluster://, "
+        "redis+sentinel://, unix://)"
+    )
+
+
+def target_from_env_style(
+    kind: str, url: str, socket_type: str, auth: str, tls: bool, pool_size: int, timeout: float
+) -> RedisTarget:
+    """A target from the reference's REDIS_TYPE / REDIS_URL / REDIS_SOCKET_TYPE / REDIS_AUTH."""
+    user, password = _auth(auth)
+    common: dict[str, Any] = {
+        "username": user,
+        "password": password,
+        "tls": tls,
+        "pool_size": pool_size,
+        "timeout": timeout,
+    }
+    kind = kind.lower()
+    if kind == "single":
+        if socket_type == "unix":
+            return RedisTarget(unix_path=url, **common)
+        return RedisTarget("single", (address(url, "REDIS_URL"),), **common)
+    if kind == "cluster":
+        addrs = tuple(address(u, "REDIS_URL") for u in url.split(","))
+        return RedisTarget("cluster", addrs, **common)
+    if kind == "sentinel":
+        master, *nodes = url.split(",")
+        if not nodes:
+            raise SettingsError("REDIS_URL for sentinel is 'mastername,host:port[,host:port...]'")
+        addrs = tuple(address(u, "REDIS_URL") for u in nodes)
+        return RedisTarget("sentinel", addrs, master_name=master, **common)
+    raise SettingsError(f"REDIS_TYPE={kind!r} must be single, sentinel or cluster")

@@ -1,0 +1,298 @@
+"""The decision pipeline: validate, match, plan each descriptor by its rule's policy, ask
+the backend once, answer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy
+from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
+from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.backends.base import Backend
+from ferryman.clock import Clock
+from ferryman.config.model import Config, Domain, Rule
+from ferryman.engine import response
+from ferryman.engine.bursts import BurstItem, BurstLimiter
+from ferryman.engine.copies import CopyItem, CopyLimiter
+from ferryman.engine.matcher import find, stats_key, walk
+from ferryman.engine.model import (
+    MAX_REMAINING,
+    Code,
+    ConfigSource,
+    Decision,
+    DescriptorRequest,
+    EngineOptions,
+    Status,
+    Tally,
+)
+from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window, policies
+from ferryman.engine.validate import check_request
+from ferryman.engine.windows import WindowItem, WindowLimiter
+from ferryman.errors import BackendError, RequestError
+from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, REQUEST_CALL, Stats
+
+__all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine"]
+
+T = TypeVar("T")
+
+#: The stores a request may call, as BackendTimer names them.
+ALGORITHMS = ("fixed_window", "burst", "copies")
+
+
+class BackendTimer(Protocol):
+    """Times and traces one backend call (telemetry); ``algorithm`` names the store."""
+
+    def __call__(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]: ...
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One request's work: statuses already known, and what each store must be asked."""
+
+    statuses: list[Status | None]
+    windows: list[WindowItem] = field(default_factory=list)
+    bursts: list[BurstItem] = field(default_factory=list)
+    holds: list[CopyItem] = field(default_factory=list)
+    replaced: set[str] = field(default_factory=set)
+
+    def drop_replaced(self) -> None:
+        """A replaced rule answers OK with no limit and leaves its counter alone."""
+        if not self.replaced:
+            return
+        statuses = self.statuses
+        for w in self.windows:
+            if w.limit.name in self.replaced:
+                statuses[w.index] = Status(Code.OK)
+        for b in self.bursts:
+            if b.rule.name in self.replaced:
+                statuses[b.index] = Status(Code.OK)
+        self.windows = [w for w in self.windows if statuses[w.index] is None]
+        self.bursts = [b for b in self.bursts if statuses[b.index] is None]
+
+
+class RateLimitEngine:
+    """Decides ShouldRateLimit requests (and Charon's Request) against the current config
+    and a backend."""
+
+    def __init__(
+        self,
+        source: ConfigSource,
+        backend: Backend,
+        clock: Clock,
+        stats: Stats,
+        options: EngineOptions | None = None,
+        *,
+        timer: BackendTimer | None = None,
+    ) -> None:
+        self._source = source
+        self._backend = backend
+        self._timer = timer
+        self._clock = clock
+        self._stats = stats
+        self.options = opts = options or EngineOptions()
+        self.local_cache = (
+            OverLimitCache(opts.local_cache_bytes) if opts.local_cache_bytes > 0 else None
+        )
+        self.windows = WindowLimiter(opts, stats, self.local_cache)
+        self.bursts = BurstLimiter(opts, stats)
+        self.copies = CopyLimiter(opts, stats)
+        self._policies: dict[Rule, Policy] = {}
+        self._policies_of: Config | None = None
+
+    # -- ShouldRateLimit --------------------------------------------------------------------
+
+    async def should_rate_limit(
+        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int = 0
+    ) -> Decision:
+        check_request(domain, descriptors)
+        config = self._config()
+        dom = config.domains.get(domain)
+        if dom is None:
+            self._stats.rule(domain, "domain_not_found", 1, (domain,))
+            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+        request_hits = hits_addend or 1
+        now = self._clock.now()
+        plan = self._plan(config, dom, descriptors, request_hits, now)
+        plan.drop_replaced()
+        try:
+            results, outcomes, held = await self._ask_backend(plan, now)
+        except BackendError:
+            if not self.options.fail_open:
+                raise
+            self._stats.inc(f"{CALL}.degraded")
+            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+        tally = Tally()
+        statuses = plan.statuses
+        self.windows.answer(plan.windows, results, now, statuses, tally)
+        for h, status in zip(plan.holds, held, strict=True):
+            statuses[h.index] = status
+            tally.add(status.code is Code.OVER_LIMIT, h.quota)
+        self.bursts.answer(plan.bursts, outcomes, statuses, tally)
+        return self._decision(domain, descriptors, request_hits, statuses, tally)
+
+    def _config(self) -> Config:
+        config = self._source.config
+        if config is None:
+            raise RequestError("domain", "no rate limit configuration is loaded")
+        if config is not self._policies_of:
+            self._policies = policies(config, self.options)
+            self._policies_of = config
+        return config
+
+    def _plan(
+        self,
+        config: Config,
+        dom: Domain,
+        descriptors: Sequence[DescriptorRequest],
+        request_hits: int,
+        now: float,
+    ) -> _Plan:
+        """Each descriptor's item for its rule's store, or its status when none is needed."""
+        plan = _Plan([None] * len(descriptors))
+        domain = dom.name
+        table = self._policies
+        for i, desc in enumerate(descriptors):
+            hits = request_hits if desc.hits is None else desc.hits
+            if desc.negative:
+                hits = -hits
+            entries = desc.entries
+            if desc.limit is not None:
+                plan.windows.append(
+                    self.windows.override(i, desc.limit, domain, entries, hits, now)
+                )
+                continue
+            if len(entries) == 1:  # the path is the matched rule: no list needed
+                last = dom.root.match(*entries[0])
+            else:
+                path = walk(dom, entries)
+                last = path[-1] if path is not None else None
+            policy = table.get(last) if last is not None else None
+            if isinstance(policy, Plain):
+                if policy.limit.replaces:
+                    plan.replaced.update(policy.limit.replaces)
+                plan.windows.append(self.windows.plain(i, policy, entries, hits, now))
+            elif isinstance(policy, Window):
+                plan.replaced.update(policy.limit.replaces)
+                plan.windows.append(self.windows.window(i, policy, domain, entries, hits, now))
+            elif isinstance(policy, Unlimited):
+                plan.statuses[i] = Status(Code.OK, remaining=MAX_REMAINING)
+            elif isinstance(policy, CopiesNode):
+                key, parts = stats_key(domain, entries, policy.path)
+                tenant = "_".join(v for _, v in entries)
+                node = self.copies.node(policy.rule)
+                plan.holds.append(
+                    CopyItem(i, policy.rule, node, tenant, key, parts, hits, policy.quota)
+                )
+            elif isinstance(policy, BurstNode):
+                if hits < 0:
+                    # Burst tiers record grants only; nothing to give back.
+                    plan.statuses[i] = Status(Code.OK)
+                    continue
+                rule = policy.rule
+                assert rule.burst is not None
+                plan.replaced.update(rule.replaces)
+                key, parts = stats_key(domain, entries, policy.path)
+                request = self.bursts.request(rule, entries, hits, hits)
+                plan.bursts.append(
+                    BurstItem(i, rule, rule.burst, request, key, parts, hits, policy.quota)
+                )
+            else:
+                plan.statuses[i] = Status(Code.OK)
+        return plan
+
+    def _timed(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]:
+        timer = self._timer
+        return call if timer is None else timer(algorithm, items, call)
+
+    async def _ask_backend(
+        self, plan: _Plan, now: float
+    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status]]:
+        """Every store call of the request, started together: a pipelined Redis sends them
+        in one write, so the request costs one round trip. They run in descriptor order."""
+        backend = self._backend
+        stop = self.options.stop_when_over
+        ops: list[CounterOp] = [w.op for w in plan.windows if w.op is not None and not w.cached]
+        calls: list[Awaitable[Any]] = []
+        if ops:
+            calls.append(
+                self._timed(
+                    "fixed_window", len(ops), backend.windows.apply(ops, stop_when_over=stop)
+                )
+            )
+        calls.extend(
+            self._timed("burst", 1, backend.bursts.decide(b.request, now)) for b in plan.bursts
+        )
+        calls.extend(
+            self._timed("copies", 1, self.copies.hold(backend.copies, h, now)) for h in plan.holds
+        )
+        if not calls:
+            return [], [], []
+        if len(calls) == 1:
+            replies: list[Any] = [await calls[0]]
+        else:
+            replies = list(await asyncio.gather(*calls, return_exceptions=True))
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+        first = 1 if ops else 0
+        results: list[CounterResult] = replies[0] if ops else []
+        outcomes: list[BurstOutcome] = replies[first : first + len(plan.bursts)]
+        held: list[Status] = replies[first + len(plan.bursts) :]
+        return results, outcomes, held
+
+    def _decision(
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorRequest],
+        request_hits: int,
+        statuses: list[Status | None],
+        tally: Tally,
+    ) -> Decision:
+        opts = self.options
+        final = tuple(s if s is not None else Status(Code.OK) for s in statuses)
+        code = tally.code
+        if code is Code.OVER_LIMIT and opts.shadow_mode:
+            self._stats.inc(GLOBAL_SHADOW_MODE)
+            code = Code.OK
+        headers = response.headers(opts, final) if opts.headers else ()
+        meta = None
+        if opts.dynamic_metadata:
+            meta = response.metadata(domain, descriptors, request_hits, tally.metadata)
+        return Decision(code, final, headers, meta)
+
+    # -- ferryman.v1 ------------------------------------------------------------------------
+
+    def resolve(self, domain: str, entries: Sequence[tuple[str, str]], kind: str) -> list[Rule]:
+        """The rules along the path to a ``burst`` or ``copies`` node, or a client error."""
+        return find(self._source.config, domain, entries, kind)
+
+    def copies_node(self, rule: Rule) -> str:
+        """The backend name of a copy-limited node (its keys share one hash tag)."""
+        return self.copies.node(rule)
+
+    async def request_rate(
+        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+    ) -> tuple[BurstPolicy, BurstOutcome]:
+        """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
+        ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
+        path = self.resolve(domain, entries, "burst")
+        rule = path[-1]
+        assert rule.burst is not None
+        request = self.bursts.request(rule, entries, copies, min_copies)
+        key, parts = stats_key(domain, entries, path)
+        try:
+            outcome = await self._timed(
+                "burst", 1, self._backend.bursts.decide(request, self._clock.now())
+            )
+        except BackendError:
+            if not self.options.fail_open:
+                raise
+            self._stats.inc(f"{REQUEST_CALL}.degraded")
+            outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
+            return rule.burst, outcome
+        self.bursts.count(key, parts, copies, outcome, False)
+        return rule.burst, outcome

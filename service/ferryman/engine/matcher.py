@@ -1,0 +1,112 @@
+"""Finding a descriptor's rule: the walk down a domain's tree, and the names (stats keys,
+counter keys) a matched path gives a request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ferryman.config.model import Config, Domain, Rule
+from ferryman.engine.validate import check_descriptor
+from ferryman.errors import NotFoundError, RequestError
+
+__all__ = ["cache_key", "find", "segment", "stats_key", "walk"]
+
+
+def segment(key: str, value: str) -> str:
+    return f"{key}_{value}" if value else key
+
+
+def walk(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Rule] | None:
+    """The rules along the path of ``entries``, or None when the tree has no such path.
+
+    At each level: the exact value first, then wildcards in config order, then the bare key.
+    """
+    level = domain.root
+    path: list[Rule] = []
+    for key, value in entries:
+        rule = level.match(key, value)
+        if rule is None:
+            return None
+        path.append(rule)
+        level = rule.children
+    return path
+
+
+def stats_key(
+    domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule]
+) -> tuple[str, tuple[str, ...]]:
+    """The rule's stats key and its parts (domain, level1, ...), request values included
+    where ``detailed_metric`` or ``value_to_metric`` ask for them."""
+    last = path[-1]
+    if last.detailed_metric:
+        parts = [
+            segment(k, rule.value if rule.share_threshold else v)
+            for (k, v), rule in zip(entries, path, strict=True)
+        ]
+        return domain + "." + ".".join(parts), (domain, *parts)
+    for rule in path:
+        if rule.value_to_metric:
+            break
+    else:
+        return last.stats_key, last.stats_path
+    parts = []
+    for (k, v), rule in zip(entries, path, strict=True):
+        if rule.value_to_metric:
+            parts.append(segment(k, rule.value if rule.share_threshold else v))
+        else:
+            parts.append(segment(rule.key, rule.value))
+    return domain + "." + ".".join(parts), (domain, *parts)
+
+
+def cache_key(
+    prefix: str, domain: str, entries: Sequence[tuple[str, str]], path: Sequence[Rule] | None
+) -> str:
+    """The reference's counter key without its window: ``<prefix><domain>_<k>_<v>_...``
+    (a ``share_threshold`` level counts under its pattern, not the request's value)."""
+    parts = [prefix, domain, "_"]
+    for i, (k, v) in enumerate(entries):
+        if path is not None and path[i].share_threshold:
+            v = path[i].value
+        parts.append(f"{k}_{v}_")
+    return "".join(parts)
+
+
+_WANTED = {"burst": "burst tiers", "copies": "copies (held resources)"}
+
+
+def find(
+    config: Config | None, domain: str, entries: Sequence[tuple[str, str]], kind: str
+) -> list[Rule]:
+    """The path to a ``burst`` or ``copies`` node for ferryman's own API, or a client error
+    that says what the descriptor reaches instead."""
+    check_descriptor(domain, entries, "descriptor")
+    if config is None:
+        raise RequestError("domain", "no rate limit configuration is loaded")
+    dom = config.domains.get(domain)
+    if dom is None:
+        raise NotFoundError("domain", f"unknown domain {domain!r}")
+    path = walk(dom, entries)
+    shown = ", ".join(f"{k}={v}" for k, v in entries)
+    if path is None:
+        raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
+    rule = path[-1]
+    if (rule.burst if kind == "burst" else rule.copies) is not None:
+        return path
+    wanted = _WANTED[kind]
+    if rule.rate_limit is not None:
+        raise RequestError(
+            "descriptor",
+            f"{rule.stats_key} is limited by a fixed window (rate_limit), not {wanted}: "
+            "ask it with ShouldRateLimit",
+        )
+    if rule.burst is not None:
+        raise RequestError(
+            "descriptor",
+            f"{rule.stats_key} is rate-limited by burst tiers, not {wanted}: use Request",
+        )
+    if rule.copies is not None:
+        raise RequestError(
+            "descriptor",
+            f"{rule.stats_key} is copy-limited (held resources), not {wanted}: use Reserve",
+        )
+    raise NotFoundError("descriptor", f"{rule.stats_key} has no {wanted} configured")

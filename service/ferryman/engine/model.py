@@ -1,0 +1,119 @@
+"""The engine's values: what a request asks, what each descriptor gets, the switches."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ferryman.config.model import UNIT_SECONDS, Config, RateLimit, Unit
+
+__all__ = [
+    "MAX_REMAINING",
+    "Code",
+    "ConfigSource",
+    "Decision",
+    "DescriptorRequest",
+    "EngineOptions",
+    "Status",
+    "Tally",
+    "unit_for",
+]
+
+MAX_REMAINING = 2**32 - 1
+
+
+class Code(enum.IntEnum):
+    """The numbers are those of the RLS proto's ``RateLimitResponse.Code``."""
+
+    UNKNOWN = 0
+    OK = 1
+    OVER_LIMIT = 2
+
+
+@dataclass(slots=True)
+class DescriptorRequest:
+    """One descriptor of a request: its entries, optional override, optional own hits."""
+
+    entries: tuple[tuple[str, str], ...]
+    limit: RateLimit | None = None
+    hits: int | None = None
+    negative: bool = False
+
+
+@dataclass(slots=True)
+class Status:
+    code: Code
+    limit: RateLimit | None = None
+    remaining: int = 0
+    reset_after: int | None = None
+    quota: bool = False
+    window: float | None = None  # a burst tier's exact window, for the response headers
+
+
+@dataclass(slots=True)
+class Decision:
+    code: Code
+    statuses: tuple[Status, ...]
+    headers: tuple[tuple[str, str], ...] = ()
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a request's descriptors add up to: the overall code and the metadata of the
+    rules that were within their limit (first value wins)."""
+
+    quota_total: int = 0
+    quota_over: int = 0
+    over_hard: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, over: bool, quota: bool, metadata: Mapping[str, Any] | None = None) -> None:
+        if quota:
+            self.quota_total += 1
+            self.quota_over += over
+        elif over:
+            self.over_hard = True
+        if metadata and not over:
+            for name, value in metadata.items():
+                self.metadata.setdefault(name, value)
+
+    @property
+    def code(self) -> Code:
+        """OVER_LIMIT when a hard limit is over, or every quota-mode limit is."""
+        if self.over_hard or (self.quota_total and self.quota_over == self.quota_total):
+            return Code.OVER_LIMIT
+        return Code.OK
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The global switches of the reference service (see Settings)."""
+
+    near_limit_ratio: float = 0.8
+    shadow_mode: bool = False
+    quota_mode: bool = False
+    stop_when_over: bool = False
+    headers: bool = False
+    limit_header: str = "RateLimit-Limit"
+    remaining_header: str = "RateLimit-Remaining"
+    reset_header: str = "RateLimit-Reset"
+    dynamic_metadata: bool = False
+    cache_key_prefix: str = ""
+    local_cache_bytes: int = 0
+    fail_open: bool = False
+
+
+class ConfigSource(Protocol):
+    @property
+    def config(self) -> Config | None: ...
+
+
+def unit_for(window: float) -> Unit:
+    """The smallest unit not shorter than ``window`` (how a burst tier's limit is reported)."""
+    for unit in sorted(UNIT_SECONDS, key=UNIT_SECONDS.__getitem__):
+        if window <= UNIT_SECONDS[unit]:
+            return unit
+    return Unit.YEAR

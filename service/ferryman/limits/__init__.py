@@ -1,1 +1,0 @@
-"""Rate limit decisions."""

@@ -1,0 +1,157 @@
+"""The edge every gRPC API shares: one wrapper around each method of each servicer that
+counts the call, times it, traces it, and turns a ferryman error into its gRPC status
+(from ``errors.STATUSES``, the one table), so that a servicer only converts messages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from opentelemetry.trace import Status, StatusCode
+
+from ferryman.errors import BackendError, FerrymanError, status_of
+from ferryman.stats import Stats, total_requests
+from ferryman.telemetry import Telemetry
+
+__all__ = ["Edge", "Method", "grpc_status"]
+
+log = logging.getLogger("ferryman.server")
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Unary = Callable[[Any, Context], Awaitable[Any]]
+
+
+def grpc_status(error: FerrymanError) -> tuple[grpc.StatusCode, str]:
+    """The status and message a call that failed with ``error`` is answered with."""
+    status = status_of(error)
+    message = f"rate limit backend: {error}" if isinstance(error, BackendError) else str(error)
+    return grpc.StatusCode[status.grpc], message
+
+
+@dataclass(frozen=True)
+class Method:
+    """What the edge records of one method: the prefix of its error counters, and the span
+    attributes read from its request and its response (for the methods that have them)."""
+
+    counters: str
+    request_attributes: Callable[[Any], Mapping[str, str | int]] | None = None
+    response_attributes: Callable[[Any], Mapping[str, str | int]] | None = None
+
+
+class Edge:
+    """Wraps servicers before they are added to the server."""
+
+    def __init__(self, stats: Stats, telemetry: Telemetry | None = None) -> None:
+        self._stats = stats
+        self._latency = telemetry.request_latency if telemetry is not None else None
+        self._telemetry = telemetry if telemetry is not None and telemetry.tracer else None
+        self.methods: list[str] = []
+
+    def wrap(self, servicer: Any, service: ServiceDescriptor, methods: Mapping[str, Method]) -> Any:
+        """``servicer`` with each unary method of ``service`` wrapped (``methods`` says how);
+        streaming methods are counted on entry only."""
+        for m in service.methods:
+            self.methods.append(m.name)
+            fn = getattr(servicer, m.name)
+            if m.client_streaming or m.server_streaming:
+                setattr(servicer, m.name, self._counted_stream(m.name, fn))
+            else:
+                setattr(
+                    servicer, m.name, self._unary(service.full_name, m.name, methods[m.name], fn)
+                )
+        return servicer
+
+    def _counted_stream(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        stats = self._stats
+        total = total_requests(name)
+
+        async def counted(request: Any, context: Context) -> AsyncIterator[Any]:
+            stats.inc(total)
+            replies = fn(request, context)
+            try:
+                async for reply in replies:
+                    yield reply
+            finally:
+                await replies.aclose()
+
+        return counted
+
+    async def _fail(self, error: FerrymanError, counters: str, context: Context) -> NoReturn:
+        code, message = grpc_status(error)
+        self._stats.inc(f"{counters}.{status_of(error).counter}")
+        if isinstance(error, BackendError):
+            # Counted, and the backend logs its own state changes: one line per failed call
+            # would flood the log during an outage.
+            log.debug("%s", message)
+        await context.abort(code, message)
+
+    def _unary(self, service: str, name: str, method: Method, fn: Unary) -> Unary:
+        stats = self._stats
+        total = total_requests(name)
+        counters = method.counters
+
+        latency = self._latency
+        telemetry = self._telemetry
+        if latency is None and telemetry is None:
+
+            async def plain(request: Any, context: Context) -> Any:
+                # The plain path: no clock read, no span, nothing but the answer.
+                stats.inc(total)
+                try:
+                    return await fn(request, context)
+                except FerrymanError as error:
+                    await self._fail(error, counters, context)
+
+            return plain
+
+        attributes = {"grpc_method": name}
+
+        async def observed(request: Any, context: Context) -> Any:
+            stats.inc(total)
+            start = perf_counter()
+            try:
+                if telemetry is None:
+                    try:
+                        return await fn(request, context)
+                    except FerrymanError as error:
+                        await self._fail(error, counters, context)
+                return await self._traced(service, name, method, fn, request, context, telemetry)
+            finally:
+                if latency is not None:
+                    latency.record(perf_counter() - start, attributes)
+
+        return observed
+
+    async def _traced(
+        self,
+        service: str,
+        name: str,
+        method: Method,
+        fn: Unary,
+        request: Any,
+        context: Context,
+        telemetry: Telemetry,
+    ) -> Any:
+        extra = method.request_attributes(request) if method.request_attributes else {}
+        failed: FerrymanError | None = None
+        with telemetry.server_span(context.invocation_metadata(), service, name, extra) as span:
+            try:
+                response = await fn(request, context)
+            except FerrymanError as error:
+                failed = error
+                code, message = grpc_status(error)
+                span.set_status(Status(StatusCode.ERROR, message))
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+            else:
+                span.set_attribute("rpc.grpc.status_code", 0)
+                if method.response_attributes is not None:
+                    for key, value in method.response_attributes(response).items():
+                        span.set_attribute(key, value)
+        if failed is not None:
+            await self._fail(failed, method.counters, context)
+        return response

@@ -1,0 +1,101 @@
+"""The package's shape: its parts import each other in one direction only."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "service" / "ferryman"
+
+
+def _part(module: str) -> str | None:
+    """The part of the package a module belongs to: ``ferryman.engine.model`` -> ``engine``."""
+    names = module.split(".")
+    if names[0] != "ferryman":
+        return None
+    return names[1] if len(names) > 1 else "ferryman"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Part -> the other parts it imports (at any depth: function-level imports count)."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        if "_proto" in rel.parts:
+            continue
+        parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+        source = _part(".".join(parts))
+        assert source is not None
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules = [node.module]
+                if node.module == "ferryman":
+                    modules = [f"ferryman.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                target = _part(module)
+                if target is not None and target != source:
+                    edges[source].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first walk, each as the parts along it."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_cycle_finder_finds_a_planted_cycle() -> None:
+    """The checker itself: a graph with a cycle is reported, one without is not."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b", "c"}, "b": {"c"}}) == []
+
+
+def test_no_import_cycle_between_the_parts_of_the_package() -> None:
+    """No part of ferryman imports, directly or not, a part that imports it back."""
+    edges = import_graph()
+    assert "engine" in edges and "algorithms" in edges["engine"]  # the graph was read
+    assert cycles(edges) == []
+
+
+def test_algorithms_and_connections_sit_below_engine_backends_and_server() -> None:
+    """The algorithms know nothing of the engine, the backends, the config or the server."""
+    edges = import_graph()
+    assert edges["algorithms"] <= {"clock", "connections", "errors"}
+    assert edges["connections"] <= {"errors"}
+    assert "server" not in edges["engine"] and "telemetry" not in edges["engine"]
+
+
+def test_pure_parts_import_without_grpc_or_the_client() -> None:
+    """Config, algorithms and the engine load without grpc; ``ferryman.Client`` still works."""
+    code = (
+        "import sys\n"
+        "import ferryman, ferryman.config, ferryman.engine, ferryman.algorithms.burst.model\n"
+        "assert 'grpc' not in sys.modules and 'ferryman.client' not in sys.modules\n"
+        "assert ferryman.Client.__name__ == 'Client'\n"
+        "assert 'grpc' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
