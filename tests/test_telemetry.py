@@ -105,6 +105,9 @@ class FailingWindows:
     async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
         raise BackendError("connection refused")
 
+    def clear(self) -> None:
+        pass
+
 
 class FailingBackend(MemoryBackend):
     """A backend whose fixed windows are always down."""
