@@ -101,7 +101,7 @@ class Node:
 
     def counts(self) -> dict[str, int]:
         if isinstance(self.backend, MemoryBackend):
-            return self.backend.copies.ledger.counts(self.node)
+            return self.backend.copies.counts(self.node)
         assert self.port is not None
         client = (
             redis.RedisCluster(host="127.0.0.1", port=self.port)

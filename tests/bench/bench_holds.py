@@ -28,7 +28,7 @@ Memory per hold. N tenants (``--tenants``) each hold ``--copies`` copies, spread
   not in any key (the Lua VM, allocator), so at small N the key sum is the better figure;
 - both backends: the ferryman server's resident memory (VmRSS) with the holds minus before,
   divided by N (coarse: it includes the session hold sets and allocator slack);
-- memory backend, in process: tracemalloc's traced memory of a ``CopyLedger`` after N
+- memory backend, in process: tracemalloc's traced memory of the memory copy store after N
   reservations minus before, divided by N, and of N entries of a session's hold set (the
   ``{(node, tenant, groups): copies}`` dict a server keeps per session).
 
@@ -54,9 +54,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar, cast
 
 import grpc
 
@@ -81,6 +81,7 @@ descriptors:
         - {{name: everyone, limit: {BIG}, members: ["*"]}}
 """
 NODE = f"ferryman_copies_{DOMAIN}.{KEY}"  # RateLimitEngine.copies_node, no key prefix
+T = TypeVar("T")
 START_TIMEOUT = 30.0
 INFLIGHT = 64  # reservations in flight at once while taking the holds
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -548,24 +549,34 @@ def hold_memory(
 
 
 def ledger_memory(tenants: int, copies: int) -> dict[str, Any]:
-    """In process: tracemalloc over a CopyLedger and a session hold set, per hold."""
-    from ferryman.algorithms.copies.memory import CopyLedger
+    """In process: tracemalloc over the memory copy store and a session hold set, per hold."""
+    from ferryman.algorithms.copies.memory import MemoryCopies
     from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
+    from ferryman.clock import ManualClock
 
     group = CopyGroup("everyone", BIG, ("*",))
     policy = CopyPolicy(limit=TENANT_LIMIT, global_limit=BIG, groups=(group,))
     groups = (group,)
-    server, lease_ms, now = "0123456789abcdef", 10_000, 1_700_000_000_000
-    ledger = CopyLedger()
-    ledger.reserve(NODE, "warm-up", policy, groups, 1, 1, server, lease_ms, now)
-    ledger.release(NODE, "warm-up", ("everyone",), 1, server, lease_ms, now)
+    server, lease_ms, now = "0123456789abcdef", 10_000, 1_700_000_000.0
+    ledger = MemoryCopies(ManualClock(now))
+
+    def run(call: Coroutine[Any, Any, T]) -> T:
+        # The memory store never awaits: one step of the coroutine is the whole call.
+        try:
+            call.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+        raise RuntimeError("the memory copy store awaited")
+
+    run(ledger.reserve(NODE, "warm-up", policy, groups, 1, 1, server, lease_ms, now))
+    run(ledger.release(NODE, "warm-up", ("everyone",), 1, server, lease_ms, now))
     names = [tenant_name(i) for i in range(tenants)]  # allocated before measuring
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for name in names:
-            ledger.reserve(NODE, name, policy, groups, copies, copies, server, lease_ms, now)
+            run(ledger.reserve(NODE, name, policy, groups, copies, copies, server, lease_ms, now))
         gc.collect()
         ledger_bytes = tracemalloc.get_traced_memory()[0] - before
         # What HoldManager keeps per session: {(node, tenant, groups): copies}.

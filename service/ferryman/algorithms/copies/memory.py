@@ -21,7 +21,7 @@ from ferryman.algorithms.copies.model import (
 from ferryman.clock import Clock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 
-__all__ = ["CopyLedger", "MemoryCopies"]
+__all__ = ["MemoryCopies"]
 
 
 @dataclass
@@ -49,10 +49,13 @@ def _fields(tenant: str, groups: tuple[str, ...]) -> list[str]:
     return [f"d:{tenant}", "all", *(f"g:{g}" for g in groups)]
 
 
-class CopyLedger:
-    """Held copies of every copy-limited node, kept in this process."""
+class MemoryCopies:
+    """The copy store of the memory backend: held copies of every copy-limited node, each
+    operation atomic under one lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
         # Transfers that lapsed unclaimed, all nodes together (copies.lua reports the same
         # count per call, which the Redis backend adds up under the same name).
@@ -100,7 +103,7 @@ class CopyLedger:
             state.envoy[hold_id] = (expiry, tenant, held - n, groups)
         return n
 
-    def envoy_reserve(
+    async def envoy_reserve(
         self,
         node: str,
         tenant: str,
@@ -108,38 +111,45 @@ class CopyLedger:
         groups: tuple[CopyGroup, ...],
         copies: int,
         hold_id: str,
-        hold_ttl_ms: int,
         server: str,
-        now_ms: int,
+        now: float | None = None,
     ) -> ReserveOutcome:
-        """Hold copies for Envoy: no server owns them; they expire after ``hold_ttl_ms``."""
-        state = self._node(node, server, 0, now_ms, serving=False)
-        granted = self._room(state, tenant, policy, groups, copies, copies)
-        if granted:
-            names = tuple(g.name for g in groups)
-            for f in _fields(tenant, names):
-                self._add(state.counts, f, granted)
-            state.envoy[hold_id] = (now_ms + hold_ttl_ms, tenant, granted, names)
-            order = state.envoy_order.setdefault(tenant, deque())
-            while order and order[0] not in state.envoy:
-                order.popleft()
-            order.append(hold_id)
-        return self._outcome(state, tenant, groups, granted)
+        """Hold copies for Envoy: no server owns them; they expire after the policy's
+        ``hold_ttl``."""
+        now_ms = self._ms(now)
+        hold_ttl_ms = round(policy.hold_ttl * 1000)
+        with self._lock:
+            state = self._node(node, server, 0, now_ms, serving=False)
+            granted = self._room(state, tenant, policy, groups, copies, copies)
+            if granted:
+                names = tuple(g.name for g in groups)
+                for f in _fields(tenant, names):
+                    self._add(state.counts, f, granted)
+                state.envoy[hold_id] = (now_ms + hold_ttl_ms, tenant, granted, names)
+                order = state.envoy_order.setdefault(tenant, deque())
+                while order and order[0] not in state.envoy:
+                    order.popleft()
+                order.append(hold_id)
+            return self._outcome(state, tenant, groups, granted)
 
-    def envoy_release(self, node: str, tenant: str, copies: int, server: str, now_ms: int) -> int:
+    async def envoy_release(
+        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
+    ) -> int:
         """Release up to ``copies`` of a tenant's Envoy holds, oldest first."""
-        state = self._node(node, server, 0, now_ms, serving=False)
-        order = state.envoy_order.get(tenant, deque())
-        released = 0
-        while released < copies and order:
-            hold_id = order.popleft()
-            if hold_id in state.envoy:
-                released += self._drop_envoy(state, hold_id, copies - released)
+        now_ms = self._ms(now)
+        with self._lock:
+            state = self._node(node, server, 0, now_ms, serving=False)
+            order = state.envoy_order.get(tenant, deque())
+            released = 0
+            while released < copies and order:
+                hold_id = order.popleft()
                 if hold_id in state.envoy:
-                    order.appendleft(hold_id)
-        if not order:
-            state.envoy_order.pop(tenant, None)
-        return released
+                    released += self._drop_envoy(state, hold_id, copies - released)
+                    if hold_id in state.envoy:
+                        order.appendleft(hold_id)
+            if not order:
+                state.envoy_order.pop(tenant, None)
+            return released
 
     @staticmethod
     def _room(
@@ -187,7 +197,7 @@ class CopyLedger:
             self._add(state.counts, f, -n)
         return bool(held)
 
-    def reserve(
+    async def reserve(
         self,
         node: str,
         tenant: str,
@@ -197,16 +207,18 @@ class CopyLedger:
         min_copies: int,
         server: str,
         lease_ms: int,
-        now_ms: int,
+        now: float | None = None,
     ) -> ReserveOutcome:
-        state = self._node(node, server, lease_ms, now_ms)
-        granted = self._room(state, tenant, policy, groups, copies, min_copies)
-        if granted:
-            mine = state.contributions.setdefault(server, {})
-            for f in _fields(tenant, tuple(g.name for g in groups)):
-                self._add(state.counts, f, granted)
-                self._add(mine, f, granted)
-        return self._outcome(state, tenant, groups, granted)
+        now_ms = self._ms(now)
+        with self._lock:
+            state = self._node(node, server, lease_ms, now_ms)
+            granted = self._room(state, tenant, policy, groups, copies, min_copies)
+            if granted:
+                mine = state.contributions.setdefault(server, {})
+                for f in _fields(tenant, tuple(g.name for g in groups)):
+                    self._add(state.counts, f, granted)
+                    self._add(mine, f, granted)
+            return self._outcome(state, tenant, groups, granted)
 
     def _take(
         self, state: _Node, server: str, tenant: str, groups: tuple[str, ...], n: int
@@ -220,88 +232,6 @@ class CopyLedger:
         for f in _fields(tenant, groups):
             self._add(mine, f, -n)
 
-    def release(
-        self,
-        node: str,
-        tenant: str,
-        groups: tuple[str, ...],
-        copies: int,
-        server: str,
-        lease_ms: int,
-        now_ms: int,
-    ) -> None:
-        state = self._node(node, server, lease_ms, now_ms)
-        self._take(state, server, tenant, groups, copies)
-        for f in _fields(tenant, groups):
-            self._add(state.counts, f, -copies)
-
-    def transfer(
-        self,
-        node: str,
-        tenant: str,
-        groups: tuple[str, ...],
-        copies: int,
-        ttl_ms: int,
-        transfer_id: str,
-        server: str,
-        lease_ms: int,
-        now_ms: int,
-    ) -> None:
-        state = self._node(node, server, lease_ms, now_ms)
-        self._take(state, server, tenant, groups, copies)
-        state.transfers[transfer_id] = _Transfer(tenant, copies, groups, now_ms + ttl_ms)
-
-    def seize(self, node: str, transfer_id: str, server: str, lease_ms: int, now_ms: int) -> Seized:
-        state = self._node(node, server, lease_ms, now_ms)
-        transfer = state.transfers.pop(transfer_id, None)
-        if transfer is None:
-            raise NotFoundError("transfer_id", "unknown or expired transfer")
-        mine = state.contributions.setdefault(server, {})
-        for f in _fields(transfer.tenant, transfer.groups):
-            self._add(mine, f, transfer.copies)
-        return Seized(node, transfer.tenant, transfer.copies, transfer.groups)
-
-    def renew(self, node: str, server: str, lease_ms: int, now_ms: int) -> None:
-        self._node(node, server, lease_ms, now_ms)
-
-    def counts(self, node: str) -> dict[str, int]:
-        """A copy of a node's counts (for status pages and tests)."""
-        state = self._nodes.get(node)
-        return dict(state.counts) if state is not None else {}
-
-
-class MemoryCopies:
-    """The copy store of the memory backend: a CopyLedger behind one lock, on a clock."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.ledger = CopyLedger()
-
-    @property
-    def transfers_expired(self) -> int:
-        return self.ledger.transfers_expired
-
-    def _ms(self, now: float | None) -> int:
-        return round((self._clock.now() if now is None else now) * 1000)
-
-    async def reserve(
-        self,
-        node: str,
-        tenant: str,
-        policy: CopyPolicy,
-        groups: tuple[CopyGroup, ...],
-        copies: int,
-        min_copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
-    ) -> ReserveOutcome:
-        with self._lock:
-            return self.ledger.reserve(
-                node, tenant, policy, groups, copies, min_copies, server, lease_ms, self._ms(now)
-            )
-
     async def release(
         self,
         node: str,
@@ -312,8 +242,12 @@ class MemoryCopies:
         lease_ms: int,
         now: float | None = None,
     ) -> None:
+        now_ms = self._ms(now)
         with self._lock:
-            self.ledger.release(node, tenant, groups, copies, server, lease_ms, self._ms(now))
+            state = self._node(node, server, lease_ms, now_ms)
+            self._take(state, server, tenant, groups, copies)
+            for f in _fields(tenant, groups):
+                self._add(state.counts, f, -copies)
 
     async def transfer(
         self,
@@ -327,41 +261,36 @@ class MemoryCopies:
         lease_ms: int,
         now: float | None = None,
     ) -> None:
+        now_ms = self._ms(now)
+        ttl_ms = round(ttl * 1000)
         with self._lock:
-            self.ledger.transfer(
-                node, tenant, groups, copies, round(ttl * 1000), transfer_id, server, lease_ms,
-                self._ms(now),
-            )  # fmt: skip
+            state = self._node(node, server, lease_ms, now_ms)
+            self._take(state, server, tenant, groups, copies)
+            state.transfers[transfer_id] = _Transfer(tenant, copies, groups, now_ms + ttl_ms)
 
     async def seize(
         self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
     ) -> Seized:
+        now_ms = self._ms(now)
         with self._lock:
-            return self.ledger.seize(node, transfer_id, server, lease_ms, self._ms(now))
+            state = self._node(node, server, lease_ms, now_ms)
+            transfer = state.transfers.pop(transfer_id, None)
+            if transfer is None:
+                raise NotFoundError("transfer_id", "unknown or expired transfer")
+            mine = state.contributions.setdefault(server, {})
+            for f in _fields(transfer.tenant, transfer.groups):
+                self._add(mine, f, transfer.copies)
+            return Seized(node, transfer.tenant, transfer.copies, transfer.groups)
 
     async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
+        now_ms = self._ms(now)
         with self._lock:
-            self.ledger.renew(node, server, lease_ms, self._ms(now))
+            self._node(node, server, lease_ms, now_ms)
 
-    async def envoy_reserve(
-        self,
-        node: str,
-        tenant: str,
-        policy: CopyPolicy,
-        groups: tuple[CopyGroup, ...],
-        copies: int,
-        hold_id: str,
-        server: str,
-        now: float | None = None,
-    ) -> ReserveOutcome:
-        with self._lock:
-            return self.ledger.envoy_reserve(
-                node, tenant, policy, groups, copies, hold_id, round(policy.hold_ttl * 1000),
-                server, self._ms(now),
-            )  # fmt: skip
+    def _ms(self, now: float | None) -> int:
+        return round((self._clock.now() if now is None else now) * 1000)
 
-    async def envoy_release(
-        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
-    ) -> int:
-        with self._lock:
-            return self.ledger.envoy_release(node, tenant, copies, server, self._ms(now))
+    def counts(self, node: str) -> dict[str, int]:
+        """A copy of a node's counts (for status pages and tests)."""
+        state = self._nodes.get(node)
+        return dict(state.counts) if state is not None else {}
