@@ -1,64 +1,65 @@
-"""``ferryman serve | check | query``: the command line."""
+"""``ferryman serve | check | query``: the command line.
+
+Exit status, for every command: 0 success; 1 a finding (a configuration with errors, an
+answer over the limit); 2 a usage or I/O error (a bad flag or variable, a missing or
+unreadable directory, a port in use, a service that cannot be reached).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ferryman import logs
 from ferryman.config.loader import load_directory
-from ferryman.errors import ConfigError, FerrymanError
+from ferryman.errors import ConfigError, FerrymanError, SettingsError
 from ferryman.settings import Settings
 
 __all__ = ["main"]
 
-_LEVELS = {
-    "DEBUG": logging.DEBUG,
-    "INFO": logging.INFO,
-    "WARN": logging.WARNING,
-    "WARNING": logging.WARNING,
-    "ERROR": logging.ERROR,
-    "FATAL": logging.CRITICAL,
-    "PANIC": logging.CRITICAL,
-    "TRACE": logging.DEBUG,
-}
+
+def _version() -> str:
+    try:
+        return version("ferryman")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def _setup_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if settings.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(_LEVELS.get(settings.log_level, logging.WARNING))
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0: any free)")
+    return int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ferryman", description="A rate limit service for Envoy.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the service")
-    serve.add_argument("--config", type=Path, help="descriptor directory (default: descriptors/)")
+    # --debug is accepted before or after the command; SUPPRESS keeps a later default from
+    # overriding an earlier flag.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the traceback of an error (for a bug report)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="ferryman", description="A rate limit service for Envoy.", parents=[debug]
+    )
+    parser.add_argument("--version", action="version", version=f"ferryman {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the service", parents=[debug])
+    serve.add_argument(
+        "--config",
+        type=Path,
+        help="descriptor directory (default: descriptors/ in the current directory)",
+    )
     serve.add_argument(
         "--backend",
         help="memory (default), redis://host:port, rediss://..., redis+cluster://h:p,h:p, "
@@ -70,16 +71,27 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="answer OK (counted as degraded) when the backend fails (FAIL_OPEN)",
     )
-    serve.add_argument("--grpc-port", type=int, help="gRPC port (GRPC_PORT, default 8081)")
-    serve.add_argument("--http-port", type=int, help="HTTP port (PORT, default 8080)")
-    serve.add_argument("--debug-port", type=int, help="debug HTTP port (DEBUG_PORT, default 6070)")
-    check = sub.add_parser("check", help="validate a descriptor directory")
+    serve.add_argument("--grpc-port", type=_port, help="gRPC port (GRPC_PORT, default 8081)")
+    serve.add_argument("--http-port", type=_port, help="HTTP port (PORT, default 8080)")
+    serve.add_argument(
+        "--debug-port", type=_port, help="debug HTTP port (DEBUG_PORT, default 6070)"
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warn", "error"),
+        help="log level (LOG_LEVEL, default info)",
+    )
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), help="log format (LOG_FORMAT, default text)"
+    )
+    check = sub.add_parser("check", help="validate a descriptor directory", parents=[debug])
     check.add_argument("directory", type=Path)
     query = sub.add_parser(
         "query",
         help="ask a running service (ShouldRateLimit); exit 0 OK, 1 OVER_LIMIT, 2 error",
         description="Ask a running ferryman ShouldRateLimit and print the answer. Exit status: "
         "0 when the overall code is OK, 1 when it is OVER_LIMIT, 2 on any error.",
+        parents=[debug],
     )
     query.add_argument(
         "--target", help="host:port of the gRPC service (default 127.0.0.1:$GRPC_PORT, 8081)"
@@ -127,12 +139,21 @@ def _serve(args: argparse.Namespace) -> int:
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),
         ("debug_port", "debug_port"),
+        ("log_level", "log_level"),
+        ("log_format", "log_format"),
     ):
         value = getattr(args, flag)
         if value is not None:
             changes[name] = value
     settings = settings.with_overrides(**changes)
-    _setup_logging(settings)
+    logs.setup(settings.log_level, settings.log_format)
+    if args.config is not None:
+        origin = "the path given to --config"
+    elif settings.runtime_root is not None:
+        origin = "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY"
+    else:
+        origin = "the default: run ferryman where descriptors/ is, or pass --config DIR"
+    _require_directory(settings.config_dir, origin)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -145,9 +166,28 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_directory(directory: Path, origin: str) -> None:
+    """Raise SettingsError unless ``directory`` is a directory this process can read."""
+    shown = str(directory)
+    if not directory.is_absolute():
+        shown += f" (in {Path.cwd()})"
+    if not directory.exists():
+        raise SettingsError(f"config directory {shown} does not exist; check {origin}")
+    if not directory.is_dir():
+        raise SettingsError(f"config directory {shown} is not a directory; check {origin}")
+    try:
+        os.listdir(directory)
+    except OSError as exc:
+        raise SettingsError(
+            f"config directory {shown} cannot be read ({exc.strerror}): "
+            "give this user read access to it"
+        ) from None
+
+
 def _check(args: argparse.Namespace) -> int:
     directory: Path = args.directory
     settings = Settings.from_env()
+    _require_directory(directory, "the path given to ferryman check")
     try:
         config = load_directory(
             directory,
@@ -224,20 +264,42 @@ def _query(args: argparse.Namespace) -> int:
     return 0 if result.code is Code.OK else 1 if result.code is Code.OVER_LIMIT else 2
 
 
+_COMMANDS = {"serve": _serve, "check": _check, "query": _query}
+
+
+def _report(message: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    if logs.json_enabled():
+        logging.getLogger("ferryman").critical(message)
+    else:
+        print(f"ferryman: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 a finding, 2 an error)."""
     args = _parser().parse_args(argv)
+    debug: bool = getattr(args, "debug", False)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "query":
-            return _query(args)
-        return _check(args)
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
     except ConfigError as exc:
-        print(f"ferryman: configuration rejected:\n{exc}", file=sys.stderr)
+        _report(f"configuration rejected:\n{exc}", debug)
         return 1
-    except FerrymanError as exc:
-        print(f"ferryman: {exc}", file=sys.stderr)
-        return 1
+    except SettingsError as exc:
+        message = str(exc)
+        if message.split("=", 1)[0].isupper():
+            message += "\n  (an environment variable: fix it, or unset it for the default)"
+        _report(message, debug)
+        return 2
+    except (FerrymanError, OSError) as exc:
+        _report(str(exc), debug)
+        return 2
+    except Exception as exc:
+        hint = "" if debug else " (add --debug for the traceback)"
+        _report(f"unexpected error: {type(exc).__name__}: {exc}{hint}", debug)
+        return 2
 
 
 if __name__ == "__main__":

@@ -74,22 +74,35 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def describe_change(old: Config | None, new: Config) -> str:
-    """One line: the size of ``new`` and which domains were added, removed or changed."""
+def change_fields(old: Config | None, new: Config) -> dict[str, object]:
+    """The structured form of describe_change, for JSON log lines."""
     before = {} if old is None else old.domains
     after = new.domains
-    added = sorted(set(after) - set(before))
-    removed = sorted(set(before) - set(after))
-    changed = sorted(
-        name
-        for name in set(after) & set(before)
-        if _domain_signature(after[name]) != _domain_signature(before[name])
-    )
-    parts = [f"{_count(len(after), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
-    for label, names in (("added", added), ("removed", removed), ("changed", changed)):
+    return {
+        "domains": sorted(after),
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "changed": sorted(
+            name
+            for name in set(after) & set(before)
+            if _domain_signature(after[name]) != _domain_signature(before[name])
+        ),
+        "limits": len(new.iter_limits()),
+    }
+
+
+def describe_change(old: Config | None, new: Config) -> str:
+    """One line: the size of ``new`` and which domains were added, removed or changed."""
+    fields = change_fields(old, new)
+    domains = fields["domains"]
+    assert isinstance(domains, list)
+    parts = [f"{_count(len(domains), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
+    for label in ("added", "removed", "changed"):
+        names = fields[label]
+        assert isinstance(names, list)
         if names:
             parts.append(f"{label}: {', '.join(names)}")
-    if not (added or removed or changed):
+    if not (fields["added"] or fields["removed"] or fields["changed"]):
         parts.append("no domain changed")
     return "; ".join(parts)
 
@@ -139,11 +152,15 @@ class Reloader:
         config = self._read()
         assert config is not None
         change = describe_change(self.holder.config, config)
+        fields = change_fields(self.holder.config, config)
         self.holder.swap(config)
         self._stats.inc(CONFIG_LOAD_SUCCESS)
-        # Loads are rare and matter to operators: logged at the default level (WARN).
-        log.warning(
-            "config loaded (version %d) from %s: %s", self.holder.version, self.directory, change
+        log.info(
+            "config loaded (version %d) from %s: %s",
+            self.holder.version,
+            self.directory,
+            change,
+            extra={"fields": {"version": self.holder.version, **fields}},
         )
         return config
 
@@ -214,6 +231,12 @@ class Reloader:
                 self.holder.version,
                 len(exc.problems),
                 "; ".join(str(p) for p in exc.problems),
+                extra={
+                    "fields": {
+                        "version": self.holder.version,
+                        "problems": [str(p) for p in exc.problems],
+                    }
+                },
             )
             self._stats.inc(CONFIG_LOAD_ERROR)
             self.holder.last_error = message
@@ -224,9 +247,15 @@ class Reloader:
             return False
         self.holder.last_error = None
         change = describe_change(self.holder.config, config)
+        fields = change_fields(self.holder.config, config)
         self.holder.swap(config)
         self._stats.inc(CONFIG_LOAD_SUCCESS)
-        log.warning("config reloaded (version %d): %s", self.holder.version, change)
+        log.info(
+            "config reloaded (version %d): %s",
+            self.holder.version,
+            change,
+            extra={"fields": {"version": self.holder.version, **fields}},
+        )
         return True
 
     async def stop(self) -> None:
