@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,3 +246,77 @@ def test_serve_loads_descriptors_of_the_current_directory(serve: type[Serve], co
         reply = stub.ShouldRateLimit(request, timeout=5)
     assert reply.statuses[0].current_limit.requests_per_unit == 5
     assert server.stop() == 0
+
+
+# --------------------------------------------------------------------------- undecodable requests
+
+SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+BAD_UTF8 = rls_pb2.RateLimitRequest(domain="d").SerializeToString()[:-1] + b"\xff"
+CORRUPT = b"\xff\xff\xff"
+
+
+def stat(server: Serve, name: str) -> int:
+    """One counter from the debug port's /stats."""
+    url = f"http://127.0.0.1:{server.debug_port}/stats"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+    return 0
+
+
+def test_a_flood_of_undecodable_requests_writes_a_bounded_log(
+    serve: type[Serve], config: Path
+) -> None:
+    """10,000 requests that do not decode: each answered INVALID_ARGUMENT and counted, and
+    the log gets one line per 10 s interval with a count, no traceback."""
+    server = serve(config.parent, "--config", str(config))
+    before = len(server.lines)
+    codes: dict[grpc.StatusCode, int] = {}
+    started = time.monotonic()
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        call = channel.unary_unary(SHOULD_RATE_LIMIT)
+        for batch in range(100):
+            body = BAD_UTF8 if batch % 2 else CORRUPT
+            pending = [call.future(body, timeout=30) for _ in range(100)]
+            for future in pending:
+                error = future.exception()
+                assert isinstance(error, grpc.RpcError)
+                codes[error.code()] = codes.get(error.code(), 0) + 1
+    elapsed = time.monotonic() - started
+    assert codes == {grpc.StatusCode.INVALID_ARGUMENT: 10_000}
+    assert stat(server, "ratelimit.service.undecodable_requests") == 10_000
+    assert stat(server, "ratelimit.service.call.should_rate_limit.service_error") == 10_000
+    assert server.stop() == 0
+    logged = [ln for ln in server.lines[before:] if "undecodable request" in ln]
+    # One line at the first request, then at most one per started 10 s interval.
+    assert 1 <= len(logged) <= 2 + elapsed / 10, logged
+    assert all(" WARNING ferryman.grpc: " in ln for ln in logged)
+    assert "Traceback" not in server.text
+    assert len(server.text) < 10_000
+
+
+def test_undecodable_requests_on_every_service_are_refused_alike(
+    serve: type[Serve], config: Path
+) -> None:
+    """ferryman.v1.Limiter's calls and streams and the health service refuse bytes that do
+    not decode with INVALID_ARGUMENT, and good calls still work after them."""
+    server = serve(config.parent, "--config", str(config))
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        for method in ("/ferryman.v1.Limiter/Request", "/grpc.health.v1.Health/Check"):
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(method)(CORRUPT, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        session = channel.stream_stream("/ferryman.v1.Limiter/Session")
+        with pytest.raises(grpc.RpcError) as info:
+            list(session(iter([CORRUPT]), timeout=10))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
+        assert (
+            stub.ShouldRateLimit(request, timeout=10).overall_code == rls_pb2.RateLimitResponse.OK
+        )
+    assert stat(server, "ratelimit.service.undecodable_requests") == 3
+    assert server.stop() == 0
+    assert "Traceback" not in server.text

@@ -25,12 +25,13 @@ from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.errors import BackendError, RequestError, SettingsError
 from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
 from ferryman.server.convert import decision_to_proto, request_from_proto
+from ferryman.server.decoding import GuardedServer
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.limiter import LimiterServicer
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, check_redis_url, split_address
-from ferryman.stats import CALL, Stats
+from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 
 __all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
@@ -44,6 +45,8 @@ HEALTH_NAMES = (
     "ferryman.v1.Limiter",
 )
 
+
+SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 # Clients may ping a quiet connection this often (the Python client: every 10 s by default).
 CLIENT_PING_INTERVAL_MS = 1_000
@@ -244,13 +247,21 @@ class Service:
         await self.reloader.start()
         await self.holds.start()
         server = grpc.aio.server(options=grpc_server_options(s))
+        # Registered through the guard, so that a request that does not decode is counted
+        # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
+        guarded = GuardedServer(
+            server,
+            self.stats,
+            {SHOULD_RATE_LIMIT: (TOTAL_REQUESTS, f"{CALL}.service_error")},
+        )
+        self.undecodable = guarded.reporter
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            RateLimitServicer(self.engine, self.stats, self.telemetry), server
+            RateLimitServicer(self.engine, self.stats, self.telemetry), guarded
         )
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
-            LimiterServicer(self.engine, self.holds, self.stats), server
+            LimiterServicer(self.engine, self.holds, self.stats), guarded
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
         try:
             self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
