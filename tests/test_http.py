@@ -191,3 +191,43 @@ def test_malformed_requests_get_an_answer_then_the_connection_closes(
     assert closed
     assert server.http("GET", "/healthcheck") == (200, b"OK")  # the server serves on
     assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_json_calls_count_in_total_requests_with_the_grpc_ones(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/stats total_requests counts ShouldRateLimit calls on both ports; a bad /json body
+    counts as a service error too."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+    server.ask("web", [("user", "g")])
+    server.http("POST", "/json", body("web", "j1"))
+    server.http("POST", "/json", body("web", "j2"))
+    server.http("POST", "/json", b"{not json")
+    raw = server.http("GET", "/stats", debug=True)[1].decode()
+    assert "ratelimit_server.ShouldRateLimit.total_requests: 4\n" in raw
+    assert "ratelimit.service.call.should_rate_limit.service_error: 1\n" in raw
+
+
+def test_json_leaves_out_limit_remaining_when_it_is_zero_as_the_reference(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """The reference writes its answer with protojson, which leaves out zero values: the
+    over-limit status has currentLimit and durationUntilReset but no limitRemaining."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+    first = json.loads(server.http("POST", "/json", body("web", "z"))[1])
+    assert "limitRemaining" not in first["statuses"][0]  # 1 per minute: 0 left after it
+    status, raw = server.http("POST", "/json", body("web", "z"))
+    assert status == 429
+    over = json.loads(raw)["statuses"][0]
+    assert over["code"] == "OVER_LIMIT"
+    assert "limitRemaining" not in over
+    assert over["currentLimit"] == {"requestsPerUnit": 1, "unit": "MINUTE"}
+    assert over["durationUntilReset"].endswith("s")
+    request = {
+        "domain": "web",
+        "descriptors": [{"entries": [{"key": "client", "value": "app-1"}]}],
+    }
+    within = json.loads(server.http("POST", "/json", json.dumps(request).encode())[1])
+    assert within["statuses"][0]["limitRemaining"] == 9

@@ -345,17 +345,22 @@ class Service:
         return HttpResponse(500, b"unhealthy")
 
     async def _json(self, request: HttpRequest) -> HttpResponse:
+        # A ShouldRateLimit call like the gRPC ones, and counted with them.
+        self.stats.inc(TOTAL_REQUESTS)
         message = rls_pb2.RateLimitRequest()
         try:
             json_format.Parse(request.body.decode("utf-8"), message)
             domain, descriptors, hits = request_from_proto(message)
             decision = await self.engine.should_rate_limit(domain, descriptors, hits)
         except (json_format.ParseError, UnicodeDecodeError, RequestError) as exc:
+            self.stats.inc(f"{CALL}.service_error")
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         except BackendError as exc:
             self.stats.inc(f"{CALL}.redis_error")
             return HttpResponse(500, f"backend error: {exc}\n".encode())
         status = {Code.OK: 200, Code.OVER_LIMIT: 429}.get(decision.code, 500)
+        # As the reference's protojson.Marshal: fields at their zero value are left out
+        # (an over-limit status has no limitRemaining).
         body = json_format.MessageToJson(decision_to_proto(decision), indent=None)
         return HttpResponse(status, body.encode(), "application/json")
 
