@@ -320,3 +320,38 @@ def test_undecodable_requests_on_every_service_are_refused_alike(
     assert stat(server, "ratelimit.service.undecodable_requests") == 3
     assert server.stop() == 0
     assert "Traceback" not in server.text
+
+
+# --------------------------------------------------------------------------- failed reloads
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"domain: [\n", b"domain: caf\xe9\n"],
+    ids=["yaml-error", "not-utf8"],
+)
+def test_status_clears_the_error_once_the_offending_file_is_removed(
+    bad: bytes, serve: type[Serve], config: Path
+) -> None:
+    """A rejected reload shows on /status until the bad file is gone: then the error is
+    cleared, even though the files are back to the configuration in force."""
+    server = serve(config.parent, "--config", str(config))
+    (config / "bad.yaml").write_bytes(bad)
+    wait_for("the error on /status", lambda: server.status()["config"]["last_error"])
+    assert "bad.yaml" in server.status()["config"]["last_error"]
+    (config / "bad.yaml").unlink()
+    wait_for("the error cleared", lambda: server.status()["config"]["last_error"] is None)
+    status = server.status()["config"]
+    assert (status["domains"], status["last_error_at"]) == (1, None)
+    assert server.stop() == 0
+    assert server.text.count("config rejected") == 1  # reported once, not at every poll
+
+
+def test_sigterm_after_a_failed_reload_exits_0(serve: type[Serve], config: Path) -> None:
+    """SIGTERM while a rejected configuration is pending stops cleanly: exit 0, no traceback."""
+    server = serve(config.parent, "--config", str(config))
+    (config / "d.yaml").write_text("domain: d\ndescriptors: [{key: k, ratelimit: {}}]\n")
+    wait_for("the rejection", lambda: "config rejected" in server.text)
+    assert server.stop() == 0
+    assert "Traceback" not in server.text
+    assert server.lines[-1].endswith("INFO ferryman: stopped")

@@ -146,6 +146,7 @@ class Reloader:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._attempted: str | None = None
+        self._read_failure: str | None = None
 
     def load(self) -> Config:
         """Load synchronously (startup); raises ConfigError so a bad start is fatal."""
@@ -165,7 +166,18 @@ class Reloader:
         return config
 
     def _read(self, skip_unchanged: bool = False) -> Config | None:
-        sources = read_directory(self.directory, ignore_dotfiles=self._ignore_dotfiles)
+        try:
+            sources = read_directory(self.directory, ignore_dotfiles=self._ignore_dotfiles)
+        except ConfigError as exc:
+            # Files that cannot be read have no digest: forget the last attempt, so that
+            # the next readable state is loaded even if it is the one in force (which clears
+            # the error), and report the same failure once, not at every poll.
+            self._attempted = None
+            if skip_unchanged and str(exc) == self._read_failure:
+                return None
+            self._read_failure = str(exc)
+            raise
+        self._read_failure = None
         digest = digest_sources(sources)
         if skip_unchanged and digest == self._attempted:
             return None
@@ -217,7 +229,15 @@ class Reloader:
                 await asyncio.sleep(self._debounce)
                 if not self._wake.is_set() or loop.time() >= deadline:
                     break
-            await self.reload()
+            try:
+                await self.reload()
+            except Exception as exc:
+                # A bug, not a bad file: keep watching, keep the config in force, and say so.
+                log.exception(
+                    "config reload failed unexpectedly; keeping version %d", self.holder.version
+                )
+                self.holder.last_error = f"reload failed: {type(exc).__name__}: {exc}"
+                self.holder.last_error_at = time.time()
 
     async def reload(self) -> bool:
         """Reload if the files changed; returns True when a new config was swapped in."""
