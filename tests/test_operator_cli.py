@@ -3,7 +3,10 @@ every operator mistake (bad flag, bad variable, port in use, missing config dire
 
 from __future__ import annotations
 
+import json
 import os
+import pty
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +15,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+
+from conftest import ConfigDir, ServerFactory
 
 CONFIG = (
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
@@ -181,3 +186,155 @@ def test_an_unreadable_config_directory_exits_2(tmp_path: Path) -> None:
     finally:
         locked.chmod(0o700)
     assert_short_error(result, "cannot be read")
+
+
+# --------------------------------------------------------------------------- help, formats
+
+
+@pytest.mark.parametrize("command", ["serve", "check", "query", "completion"])
+def test_every_command_has_help_with_an_example(command: str, tmp_path: Path) -> None:
+    """`ferryman COMMAND --help` exits 0 and shows at least one example of the command."""
+    result = ferryman(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    examples = result.stdout.split("examples:\n", 1)[1]
+    assert f"  ferryman {command} " in examples or f"(ferryman {command} " in examples
+
+
+def test_check_format_json_lists_domains_and_limits(workdir: Path) -> None:
+    """`check --format json` prints one JSON document with the domains and their limits."""
+    result = ferryman("check", "--format", "json", "descriptors", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    [domain] = report["domains"]
+    assert (domain["name"], domain["files"]) == ("d", ["descriptors/d.yaml"])
+    assert domain["limits"] == [
+        {"key": "d.k", "limit": "5/minute", "name": None, "shadow_mode": False, "quota_mode": False}
+    ]
+
+
+def test_check_format_json_reports_errors_with_their_place(tmp_path: Path) -> None:
+    """`check --format json` on a bad directory: each error with file, line and path, exit 1."""
+    (tmp_path / "x.yaml").write_text("domain: x\ndescriptors:\n  - key: a\n    ratelimit: {}\n")
+    result = ferryman("check", "--format", "json", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    [error] = report["errors"]
+    assert (error["file"], error["line"], error["path"]) == (
+        str(tmp_path / "x.yaml"),
+        4,
+        "descriptors[0].ratelimit",
+    )
+    assert "unknown key 'ratelimit'" in error["message"]
+
+
+def test_query_format_json_gives_the_answer_and_exit_status(
+    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """`query --format json` prints the overall code and each descriptor's limit and
+    remaining as JSON, exit 0 while OK and 1 once over the limit."""
+    config_dir.write("d.yaml", CONFIG)
+    server = make_server()
+    target = f"127.0.0.1:{server.service.grpc_port}"
+    args = ("query", "--target", target, "--domain", "d", "--descriptor", "k=v", "--hits", "3")
+    first = ferryman(*args, "--format", "json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    answer = json.loads(first.stdout)
+    assert answer["overall"] == "OK"
+    [status] = answer["descriptors"]
+    assert status["entries"] == [["k", "v"]]
+    assert status["limit"] == {"requests_per_unit": 5, "unit": "minute", "name": None}
+    assert status["remaining"] == 2
+    second = ferryman(*args, "--format", "json", cwd=tmp_path)
+    assert second.returncode == 1
+    assert json.loads(second.stdout)["overall"] == "OVER_LIMIT"
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_check_shows_progress_on_a_terminal_only(workdir: Path) -> None:
+    """`check` writes its progress to stderr when it is a terminal, nothing when piped."""
+    piped = ferryman("check", "descriptors", cwd=workdir)
+    assert piped.returncode == 0
+    assert piped.stderr == ""
+    main, secondary = pty.openpty()
+    env = {"PATH": os.environ.get("PATH", "")}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    try:
+        on_tty = subprocess.run(
+            [sys.executable, "-m", "ferryman", "check", "descriptors"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        os.close(secondary)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal is closed once everything has been read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(main)
+    assert on_tty.returncode == 0
+    assert b"validating 1 file(s) of descriptors" in shown
+    assert on_tty.stdout == piped.stdout  # the result itself is the same
+
+
+# --------------------------------------------------------------------------- completion
+
+
+def complete(script: str, *words: str, cwd: Path | None = None) -> list[str]:
+    """What the bash completion offers after ``ferryman WORDS`` (the last word is partial)."""
+    line = " ".join(["ferryman", *words])
+    program = (
+        f"{script}\n"
+        f"COMP_WORDS=(ferryman {' '.join(repr(w) for w in words)})\n"
+        f"COMP_CWORD={len(words)}\n"
+        f"COMP_LINE={line!r}\n"
+        "_ferryman\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    result = subprocess.run(
+        ["bash", "-c", program], cwd=cwd, capture_output=True, text=True, timeout=30, check=True
+    )
+    return result.stdout.split()
+
+
+def test_bash_completion_offers_commands_options_and_values(workdir: Path) -> None:
+    """`ferryman completion bash` completes commands, each command's options, choices and
+    directories."""
+    result = ferryman("completion", "bash", cwd=workdir)
+    assert result.returncode == 0
+    script = result.stdout
+    commands = ["serve", "check", "query", "completion"]
+    assert complete(script, "") == [*commands, "--version", "--help", "--debug"]
+    assert complete(script, "se") == ["serve"]
+    assert "--grpc-port" in complete(script, "serve", "--")
+    assert complete(script, "serve", "--log-level", "") == ["debug", "info", "warn", "error"]
+    assert complete(script, "query", "--format", "j") == ["json"]
+    assert complete(script, "completion", "") == ["--help", "--debug", "bash", "zsh"]
+    assert complete(script, "check", "desc", cwd=workdir) == ["descriptors"]
+
+
+def test_zsh_completion_wraps_the_same_function(tmp_path: Path) -> None:
+    """`ferryman completion zsh` is a #compdef file that loads bash completion in zsh."""
+    result = ferryman("completion", "zsh", cwd=tmp_path)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "#compdef ferryman"
+    assert "bashcompinit" in lines[1]
+    assert "complete -F _ferryman ferryman" in lines
+    if shutil.which("zsh"):
+        syntax = subprocess.run(["zsh", "-n"], input=result.stdout, text=True, check=False)
+        assert syntax.returncode == 0
