@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -505,7 +506,9 @@ async def run(service: Service, stop: asyncio.Event) -> None:
     try:
         await service.start()
     except BaseException:
-        await service.stop(grace=0)
+        # The start's own error is the one to report, not a failure to undo half of it.
+        with contextlib.suppress(Exception):
+            await service.stop(grace=0)
         raise
     await stop.wait()
     log.info("shutting down: draining in-flight calls")
