@@ -137,11 +137,11 @@ def test_check_accepts_the_repo_descriptors(tmp_path: Path) -> None:
 
 
 def test_check_rejects_a_missing_directory(tmp_path: Path) -> None:
-    """`ferryman check` on a path that is not a directory exits 1 naming it."""
+    """`ferryman check` on a path that does not exist is a usage error: exit 2 naming it."""
     missing = tmp_path / "no-such-dir"
     result = ferryman("check", str(missing), cwd=tmp_path)
-    assert result.returncode == 1
-    assert f"error: {missing}: not a directory" in result.stdout
+    assert result.returncode == 2
+    assert f"config directory {missing} does not exist" in result.stderr
 
 
 @pytest.mark.parametrize(

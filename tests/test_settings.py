@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-import ferryman.settings as settings_module
 from ferryman.errors import SettingsError
 from ferryman.server.app import grpc_server_options
 from ferryman.settings import Settings, default_config_dir
@@ -82,24 +81,13 @@ def test_invalid_values_are_rejected_naming_the_variable(name: str, value: str) 
         Settings.from_env({name: value})
 
 
-def test_default_config_dir_is_descriptors_here_then_the_checkout_then_here_again(
+def test_default_config_dir_is_descriptors_of_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """./descriptors when it exists; else the source checkout's (an editable install); else
-    ./descriptors all the same, so that the error names the place a user would look."""
-    run = tmp_path / "run"
-    run.mkdir()
-    monkeypatch.chdir(run)
-    module = tmp_path / "checkout" / "service" / "ferryman" / "settings.py"
-    monkeypatch.setattr(settings_module, "__file__", str(module))
-    checkout = tmp_path / "checkout" / "descriptors"
-    checkout.mkdir(parents=True)
-    assert default_config_dir() == checkout
-    (run / "descriptors").mkdir()
-    assert default_config_dir() == run / "descriptors"
-    (run / "descriptors").rmdir()
-    checkout.rmdir()  # installed from a wheel: no checkout
-    assert default_config_dir() == run / "descriptors"
+    """One rule: descriptors/ relative to where ferryman runs, wherever it is installed."""
+    monkeypatch.chdir(tmp_path)
+    assert default_config_dir() == tmp_path / "descriptors"
+    assert Settings.from_env({}).config_dir == tmp_path / "descriptors"
 
 
 def test_grpc_keepalive_reaches_the_server_options() -> None:

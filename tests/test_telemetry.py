@@ -206,7 +206,7 @@ def test_config_load_counters_and_one_log_line_per_load(
     config_dir: ConfigDir, make_server: ServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Loads count success or error on /metrics and each logs one line naming what changed."""
-    caplog.set_level(logging.WARNING, logger="ferryman")
+    caplog.set_level(logging.INFO, logger="ferryman")
     config_dir.write("shop.yaml", CONFIG)
     config_dir.write("gone.yaml", "domain: gone\ndescriptors: [{key: a}]\n")
     server = make_server(**PROMETHEUS)

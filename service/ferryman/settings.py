@@ -13,8 +13,9 @@ from pathlib import Path
 
 from ferryman.durations import parse_duration
 from ferryman.errors import SettingsError
+from ferryman.logs import parse_level
 
-__all__ = ["Settings", "default_config_dir", "split_address"]
+__all__ = ["Settings", "check_redis_url", "default_config_dir", "split_address"]
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
@@ -43,6 +44,15 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdigit() or int(raw) > 65535:
+        raise SettingsError(f"{name}={raw!r} is not a port number (0-65535; 0 picks a free one)")
+    return int(raw)
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -83,13 +93,27 @@ def split_address(address: str, name: str = "address") -> tuple[str, int]:
 
 
 def default_config_dir() -> Path:
-    """The descriptors directory served when neither ``--config`` nor RUNTIME_* is given."""
-    here = Path.cwd() / "descriptors"
-    if here.is_dir():
-        return here
-    checkout = Path(__file__).resolve().parents[2] / "descriptors"  # an editable install's
-    # Installed from a wheel there is no checkout: name the place a user would look.
-    return checkout if checkout.is_dir() else here
+    """The one default: ``descriptors/`` in the current directory, wherever ferryman is
+    installed (``--config`` and the RUNTIME_* variables choose another)."""
+    return Path.cwd() / "descriptors"
+
+
+def check_redis_url(kind: str, url: str, socket_type: str, prefix: str) -> None:
+    """Catch the usual mix-ups of the reference's REDIS_URL forms before connecting."""
+    url_name, socket_name = f"{prefix}_URL", f"{prefix}_SOCKET_TYPE"
+    if socket_type not in ("unix", "tcp"):
+        raise SettingsError(f"{socket_name}={socket_type!r} must be unix or tcp")
+    if "://" in url:
+        raise SettingsError(
+            f"{url_name}={url!r} is a URL, but {url_name} takes the reference's forms: "
+            f"host:port with {socket_name}=tcp, or a socket path; "
+            "to give a URL use --backend URL instead"
+        )
+    if kind == "single" and socket_type == "unix" and "/" not in url and ":" in url:
+        raise SettingsError(
+            f"{url_name}={url!r} looks like host:port, but {socket_name} is unix "
+            f"(the default): set {socket_name}=tcp"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,7 +126,7 @@ class Settings:
     grpc_port: int = 8081
     debug_host: str = "0.0.0.0"
     debug_port: int = 6070
-    log_level: str = "WARN"
+    log_level: str = "info"
     log_format: str = "text"
 
     config_dir: Path = field(default_factory=default_config_dir)
@@ -202,14 +226,16 @@ class Settings:
         log_format = env.get("LOG_FORMAT", d.log_format).lower()
         if log_format not in ("text", "json"):
             raise SettingsError(f"LOG_FORMAT={log_format!r} must be text or json")
+        log_level = env.get("LOG_LEVEL", "") or d.log_level
+        parse_level(log_level)
         return cls(
             host=env.get("HOST", d.host),
-            port=_int(env, "PORT", d.port),
+            port=_port(env, "PORT", d.port),
             grpc_host=env.get("GRPC_HOST", d.grpc_host),
-            grpc_port=_int(env, "GRPC_PORT", d.grpc_port),
+            grpc_port=_port(env, "GRPC_PORT", d.grpc_port),
             debug_host=env.get("DEBUG_HOST", d.debug_host),
-            debug_port=_int(env, "DEBUG_PORT", d.debug_port),
-            log_level=env.get("LOG_LEVEL", d.log_level).upper(),
+            debug_port=_port(env, "DEBUG_PORT", d.debug_port),
+            log_level=log_level.lower(),
             log_format=log_format,
             config_dir=config_dir,
             runtime_root=runtime_root,

@@ -74,22 +74,35 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def describe_change(old: Config | None, new: Config) -> str:
-    """One line: the size of ``new`` and which domains were added, removed or changed."""
+def change_fields(old: Config | None, new: Config) -> dict[str, object]:
+    """The structured form of describe_change, for JSON log lines."""
     before = {} if old is None else old.domains
     after = new.domains
-    added = sorted(set(after) - set(before))
-    removed = sorted(set(before) - set(after))
-    changed = sorted(
-        name
-        for name in set(after) & set(before)
-        if _domain_signature(after[name]) != _domain_signature(before[name])
-    )
-    parts = [f"{_count(len(after), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
-    for label, names in (("added", added), ("removed", removed), ("changed", changed)):
+    return {
+        "domains": sorted(after),
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "changed": sorted(
+            name
+            for name in set(after) & set(before)
+            if _domain_signature(after[name]) != _domain_signature(before[name])
+        ),
+        "limits": len(new.iter_limits()),
+    }
+
+
+def describe_change(old: Config | None, new: Config) -> str:
+    """One line: the size of ``new`` and which domains were added, removed or changed."""
+    fields = change_fields(old, new)
+    domains = fields["domains"]
+    assert isinstance(domains, list)
+    parts = [f"{_count(len(domains), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
+    for label in ("added", "removed", "changed"):
+        names = fields[label]
+        assert isinstance(names, list)
         if names:
             parts.append(f"{label}: {', '.join(names)}")
-    if not (added or removed or changed):
+    if not (fields["added"] or fields["removed"] or fields["changed"]):
         parts.append("no domain changed")
     return "; ".join(parts)
 
@@ -133,22 +146,38 @@ class Reloader:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._attempted: str | None = None
+        self._read_failure: str | None = None
 
     def load(self) -> Config:
         """Load synchronously (startup); raises ConfigError so a bad start is fatal."""
         config = self._read()
         assert config is not None
         change = describe_change(self.holder.config, config)
+        fields = change_fields(self.holder.config, config)
         self.holder.swap(config)
         self._stats.inc(CONFIG_LOAD_SUCCESS)
-        # Loads are rare and matter to operators: logged at the default level (WARN).
-        log.warning(
-            "config loaded (version %d) from %s: %s", self.holder.version, self.directory, change
+        log.info(
+            "config loaded (version %d) from %s: %s",
+            self.holder.version,
+            self.directory,
+            change,
+            extra={"fields": {"version": self.holder.version, **fields}},
         )
         return config
 
     def _read(self, skip_unchanged: bool = False) -> Config | None:
-        sources = read_directory(self.directory, ignore_dotfiles=self._ignore_dotfiles)
+        try:
+            sources = read_directory(self.directory, ignore_dotfiles=self._ignore_dotfiles)
+        except ConfigError as exc:
+            # Files that cannot be read have no digest: forget the last attempt, so that
+            # the next readable state is loaded even if it is the one in force (which clears
+            # the error), and report the same failure once, not at every poll.
+            self._attempted = None
+            if skip_unchanged and str(exc) == self._read_failure:
+                return None
+            self._read_failure = str(exc)
+            raise
+        self._read_failure = None
         digest = digest_sources(sources)
         if skip_unchanged and digest == self._attempted:
             return None
@@ -200,7 +229,15 @@ class Reloader:
                 await asyncio.sleep(self._debounce)
                 if not self._wake.is_set() or loop.time() >= deadline:
                     break
-            await self.reload()
+            try:
+                await self.reload()
+            except Exception as exc:
+                # A bug, not a bad file: keep watching, keep the config in force, and say so.
+                log.exception(
+                    "config reload failed unexpectedly; keeping version %d", self.holder.version
+                )
+                self.holder.last_error = f"reload failed: {type(exc).__name__}: {exc}"
+                self.holder.last_error_at = time.time()
 
     async def reload(self) -> bool:
         """Reload if the files changed; returns True when a new config was swapped in."""
@@ -214,6 +251,12 @@ class Reloader:
                 self.holder.version,
                 len(exc.problems),
                 "; ".join(str(p) for p in exc.problems),
+                extra={
+                    "fields": {
+                        "version": self.holder.version,
+                        "problems": [str(p) for p in exc.problems],
+                    }
+                },
             )
             self._stats.inc(CONFIG_LOAD_ERROR)
             self.holder.last_error = message
@@ -224,9 +267,15 @@ class Reloader:
             return False
         self.holder.last_error = None
         change = describe_change(self.holder.config, config)
+        fields = change_fields(self.holder.config, config)
         self.holder.swap(config)
         self._stats.inc(CONFIG_LOAD_SUCCESS)
-        log.warning("config reloaded (version %d): %s", self.holder.version, change)
+        log.info(
+            "config reloaded (version %d): %s",
+            self.holder.version,
+            change,
+            extra={"fields": {"version": self.holder.version, **fields}},
+        )
         return True
 
     async def stop(self) -> None:

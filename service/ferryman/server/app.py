@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
+import socket
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -22,6 +25,7 @@ from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.errors import BackendError, FerrymanError, SettingsError, status_of
+from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
@@ -29,8 +33,8 @@ from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
-from ferryman.settings import Settings, split_address
-from ferryman.stats import CALL, Stats
+from ferryman.settings import Settings, check_redis_url, split_address
+from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 
 __all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
@@ -46,6 +50,8 @@ HEALTH_NAMES = (
     "ferryman.v1.Limiter",
 )
 
+
+SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 # Clients may ping a quiet connection this often (the Python client: every 10 s by default).
 CLIENT_PING_INTERVAL_MS = 1_000
@@ -105,6 +111,14 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     jitter = s.expiration_jitter_max_seconds
     window, limit = s.redis_pipeline_window, s.redis_pipeline_limit
     if s.backend == "redis":
+        check_redis_url(s.redis_type, s.redis_url, s.redis_socket_type, "REDIS")
+        if s.redis_persecond:
+            check_redis_url(
+                s.redis_persecond_type,
+                s.redis_persecond_url,
+                s.redis_persecond_socket_type,
+                "REDIS_PERSECOND",
+            )
         main = RedisBackend(
             replace(
                 target_from_env_style(
@@ -233,30 +247,49 @@ class Service:
 
     async def start(self) -> None:
         s = self.settings
+        # Ports first: a port in use is the commonest mistake, and it should be reported
+        # before anything else starts (and before gRPC's own resolver logs about it).
+        for host, port, what in self._ports():
+            _probe_port(host, port, what)
         self.reloader.load()
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
         server = grpc.aio.server(options=grpc_server_options(s))
+        # Registered through the guard, so that a request that does not decode is counted
+        # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
+        guarded = GuardedServer(
+            server,
+            self.stats,
+            {SHOULD_RATE_LIMIT: (TOTAL_REQUESTS, f"{CALL}.service_error")},
+        )
+        self.undecodable = guarded.reporter
         edge = self._edge
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(self.rls, RLS_SERVICE, RLS_METHODS), server
+            edge.wrap(self.rls, RLS_SERVICE, RLS_METHODS), guarded
         )
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
             edge.wrap(LimiterServicer(self.engine, self.holds), LIMITER_SERVICE, LIMITER_METHODS),
-            server,
+            guarded,
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
-        await server.start()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
+        try:
+            self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+        except RuntimeError:
+            raise SettingsError(
+                _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
+            ) from None
+        await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
-        self.http_port = await self._http.start(s.host, s.port)
-        self.debug_port = await self._debug.start(s.debug_host, s.debug_port)
+        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"])
+        self.debug_port = await _listen(
+            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"]
+        )
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
-            self.prometheus_port = await self._metrics.start(host, port)
-        log.warning(
+            self.prometheus_port = await _listen(self._metrics, host, port, "PROMETHEUS_ADDR")
+        log.info(
             "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
             self.grpc_port,
             self.http_port,
@@ -266,6 +299,18 @@ class Service:
             s.config_dir,
             self.telemetry.describe(),
         )
+
+    def _ports(self) -> list[tuple[str, int, str]]:
+        s = self.settings
+        ports = [
+            (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]),
+            (s.host, s.port, _PORT_NAMES["http"]),
+            (s.debug_host, s.debug_port, _PORT_NAMES["debug"]),
+        ]
+        if self._metrics is not None:
+            host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
+            ports.append((host, port, "PROMETHEUS_ADDR"))
+        return ports
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let in-flight ones finish (up to ``grace`` seconds), close."""
@@ -311,24 +356,28 @@ class Service:
         return HttpResponse(500, b"unhealthy")
 
     async def _json(self, request: HttpRequest) -> HttpResponse:
-        """ShouldRateLimit with the protojson of its request and response."""
+        """ShouldRateLimit with the protojson of its request and response, counted with the
+        gRPC calls."""
+        self.stats.inc(TOTAL_REQUESTS)
         message = rls_pb2.RateLimitRequest()
         try:
             json_format.Parse(request.body.decode("utf-8"), message)
         except (json_format.ParseError, UnicodeDecodeError) as exc:
+            self.stats.inc(f"{CALL}.service_error")
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         try:
             response = await self.rls.respond(message)
         except FerrymanError as exc:
             status = status_of(exc)
-            if isinstance(exc, BackendError):
-                self.stats.inc(f"{CALL}.{status.counter}")
-                return HttpResponse(status.http, f"backend error: {exc}\n".encode())
-            return HttpResponse(status.http, f"bad request: {exc}\n".encode())
+            self.stats.inc(f"{CALL}.{status.counter}")
+            what = "backend error" if isinstance(exc, BackendError) else "bad request"
+            return HttpResponse(status.http, f"{what}: {exc}\n".encode())
         code = {
             rls_pb2.RateLimitResponse.OK: 200,
             rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
         }.get(response.overall_code, 500)
+        # As the reference's protojson.Marshal: fields at their zero value are left out
+        # (an over-limit status has no limitRemaining).
         body = json_format.MessageToJson(response, indent=None)
         return HttpResponse(code, body.encode(), "application/json")
 
@@ -416,9 +465,68 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+# What an operator sets to move each port: the variable and the flag.
+_PORT_NAMES = {
+    "grpc": "GRPC_PORT / --grpc-port",
+    "http": "PORT / --http-port",
+    "debug": "DEBUG_PORT / --debug-port",
+}
+_BIND_HINTS = {
+    errno.EADDRINUSE: "already in use: stop the process that holds it "
+    "(`ss -ltnp` names it) or choose another port",
+    errno.EACCES: "permission denied: ports below 1024 need privileges; choose a higher port",
+    errno.EADDRNOTAVAIL: "this host has no such address: check the host setting",
+}
+
+
+def _bind_problem(host: str, port: int, what: str, reason: str) -> str:
+    shown = f"{_host(host) or '*'}:{port}"
+    return f"cannot listen on {shown} ({what}): {reason}"
+
+
+def _bind_error(host: str, port: int, what: str, exc: OSError) -> SettingsError:
+    if isinstance(exc, socket.gaierror):
+        reason = f"unknown host {host!r}: check the host setting"
+    else:
+        reason = _BIND_HINTS.get(exc.errno or 0, exc.strerror or str(exc))
+    return SettingsError(_bind_problem(host, port, what, reason))
+
+
+def _probe_port(host: str, port: int, what: str) -> None:
+    """Raise SettingsError when ``host:port`` cannot be listened on (port 0 always can)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            # As the servers themselves bind: a port in TIME_WAIT is free to take.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise _bind_error(host, port, what, exc) from None
+
+
+async def _listen(server: HttpServer, host: str, port: int, what: str) -> int:
+    try:
+        return await server.start(host, port)
+    except OSError as exc:
+        raise _bind_error(host, port, what, exc) from None
+
+
 async def run(service: Service, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set, then shut down gracefully."""
-    await service.start()
+    """Serve until ``stop`` is set, then shut down gracefully. A start that fails part way
+    releases what it had started before the error goes up."""
+    try:
+        await service.start()
+    except BaseException:
+        # The start's own error is the one to report, not a failure to undo half of it.
+        with contextlib.suppress(Exception):
+            await service.stop(grace=0)
+        raise
     await stop.wait()
-    log.warning("shutting down: draining in-flight calls")
+    log.info("shutting down: draining in-flight calls")
     await service.stop()
+    log.info("stopped")

@@ -21,13 +21,26 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    411: "Length Required",
     413: "Payload Too Large",
+    414: "URI Too Long",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
 MAX_BODY = 1 << 20
+MAX_LINE = 64 << 10  # the request line and each header line
+MAX_HEADERS = 100
 READ_TIMEOUT = 30.0
+
+
+class _Refused(Exception):
+    """A request answered with an error status, after which the connection closes."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.response = HttpResponse(status, f"{reason}\n".encode())
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,7 @@ class HttpServer:
         """Listen on ``host`` (empty or ``::``: every interface, IPv4 and IPv6, as the
         reference does) and ``port`` (0: a free one)."""
         if host and host not in ("::", "[::]"):
-            self._server = await asyncio.start_server(self._serve, host, port)
+            self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
         else:
             # One socket for IPv4 and IPv6, so that port 0 means one port, not one per family.
             dual = socket.has_dualstack_ipv6()
@@ -73,7 +86,7 @@ class HttpServer:
                 dualstack_ipv6=dual,
                 reuse_port=False,
             )
-            self._server = await asyncio.start_server(self._serve, sock=sock)
+            self._server = await asyncio.start_server(self._serve, sock=sock, limit=MAX_LINE)
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -98,31 +111,24 @@ class HttpServer:
             pass
         except asyncio.CancelledError:
             pass
+        except Exception:
+            # Never a traceback per connection at the default level: a client can cause it.
+            log.debug("%s connection failed", self._name, exc_info=True)
         finally:
             self._conns.discard(task)
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        line = await reader.readline()
-        if not line:
-            return False
         try:
-            method, target, version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        except ValueError:
-            await self._write(writer, HttpResponse(400, b"malformed request line\n"), False)
+            request = await self._read(reader)
+        except _Refused as refused:
+            # A client's malformed request: answered, and the connection closed (what follows
+            # it on the connection cannot be trusted to start a request).
+            await self._write(writer, refused.response, False)
             return False
-        headers: dict[str, str] = {}
-        while True:
-            raw = await reader.readline()
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = raw.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0") or 0)
-        if length > MAX_BODY:
-            await self._write(writer, HttpResponse(413, b"body too large\n"), False)
+        if request is None:
             return False
-        body = await reader.readexactly(length) if length else b""
+        method, target, version, headers, body = request
         path, _, query = target.partition("?")
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         handler = self._routes.get((method, path))
@@ -138,6 +144,46 @@ class HttpServer:
                 response = HttpResponse(500, b"internal error\n")
         await self._write(writer, response, keep_alive, head=method == "HEAD")
         return keep_alive
+
+    @staticmethod
+    async def _line(reader: asyncio.StreamReader, status: int, what: str) -> bytes:
+        try:
+            return await reader.readline()
+        except ValueError:  # longer than the reader's limit (MAX_LINE)
+            raise _Refused(status, f"{what} longer than {MAX_LINE} bytes") from None
+
+    async def _read(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[str, str, str, dict[str, str], bytes] | None:
+        """One request, None at the end of the connection; raises _Refused when malformed."""
+        line = await self._line(reader, 414, "request line")
+        if not line:
+            return None
+        try:
+            method, target, version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+        except ValueError:
+            raise _Refused(400, "malformed request line") from None
+        headers: dict[str, str] = {}
+        for _ in range(MAX_HEADERS + 1):
+            raw = await self._line(reader, 431, "header line")
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = raw.decode("latin-1").partition(":")
+            if not colon or not name.strip():
+                raise _Refused(400, "malformed header line")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise _Refused(431, f"more than {MAX_HEADERS} header lines")
+        if "transfer-encoding" in headers:
+            raise _Refused(411, "send the body with a Content-Length")
+        text = headers.get("content-length", "0").strip() or "0"
+        if not text.isdigit():
+            raise _Refused(400, f"Content-Length {text!r} is not a non-negative integer")
+        length = int(text)
+        if length > MAX_BODY:
+            raise _Refused(413, "body too large")
+        body = await reader.readexactly(length) if length else b""
+        return method, target, version, headers, body
 
     @staticmethod
     async def _write(

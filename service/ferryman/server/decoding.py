@@ -1,0 +1,144 @@
+"""Requests whose bytes do not decode (invalid UTF-8 in a string, a corrupt message).
+
+grpc.aio answers those UNKNOWN and logs a traceback per request. Bad input is the client's
+problem: each method's deserializer is wrapped once, at registration, so that such a request
+reaches a small guard instead, which counts it, reports it through a ThrottledLog (one line
+per interval, with a count) and answers INVALID_ARGUMENT. Decodable requests pay one
+isinstance check.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ferryman.logs import ThrottledLog
+from ferryman.stats import Stats
+
+__all__ = ["UNDECODABLE", "GuardedServer"]
+
+log = logging.getLogger("ferryman.grpc")
+
+# Counted for every undecodable request, whichever the method.
+UNDECODABLE = "ratelimit.service.undecodable_requests"
+
+
+class _Undecodable:
+    """What a request that failed to decode is handed on as."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+
+    return parse
+
+
+class GuardedServer:
+    """Stands in for a grpc.aio.Server while servicers are registered on it: every method
+    handler it is given gets the tolerant deserializer and the guard."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        stats: Stats,
+        error_stats: dict[str, tuple[str, ...]] | None = None,
+        interval: float = 10.0,
+    ) -> None:
+        self._server = server
+        self._stats = stats
+        # method path -> the method's own error stat, counted as well
+        self._error_stats = error_stats or {}
+        self.reporter = ThrottledLog(log, interval)
+
+    def add_generic_rpc_handlers(
+        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        # The generated code registers each service twice, as a generic handler and then by
+        # name; the guarded generic handler is added with the named ones, below.
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        guarded = {
+            name: self._guard(f"/{service}/{name}", handler) for name, handler in handlers.items()
+        }
+        # Present on grpc.aio servers, missing from the type stubs.
+        self._server.add_registered_method_handlers(service, guarded)  # type: ignore[attr-defined]
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, guarded),)
+        )
+
+    async def _refuse(self, method: str, bad: _Undecodable, context: Any) -> None:
+        self._stats.inc(UNDECODABLE)
+        for name in self._error_stats.get(method, ()):
+            self._stats.inc(name)
+        peer = context.peer() if hasattr(context, "peer") else "?"
+        self.reporter.report(
+            f"undecodable request to {method} from {peer}: {bad.error}", method=method
+        )
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {bad.error}")
+
+    def _guard(self, method: str, handler: Any) -> Any:
+        if handler.request_deserializer is None:
+            return handler
+        refuse = self._refuse
+
+        async def check(request: Any, context: Any) -> Any:
+            if isinstance(request, _Undecodable):
+                await refuse(method, request, context)
+            return request
+
+        async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for request in requests:
+                yield await check(request, context)
+
+        async def check_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+            return checked(requests, context)
+
+        prepare = check_stream if handler.request_streaming else check
+        changes: dict[str, Any] = {"request_deserializer": _tolerant(handler.request_deserializer)}
+        for field in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            inner = getattr(handler, field)
+            if inner is not None:
+                changes[field] = _wrap(inner, prepare)
+        return handler._replace(**changes)
+
+
+Prepare = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _wrap(inner: Callable[..., Any], prepare: Prepare) -> Callable[..., Any]:
+    """A behaviour of the same kind as ``inner`` (grpc.aio tells them apart) that passes
+    the request through ``prepare`` first."""
+    if inspect.isasyncgenfunction(inner):
+
+        async def generator(request: Any, context: Any) -> AsyncIterator[Any]:
+            async for reply in inner(await prepare(request, context), context):
+                yield reply
+
+        return generator
+    if inspect.iscoroutinefunction(inner):
+
+        async def coroutine(request: Any, context: Any) -> Any:
+            return await inner(await prepare(request, context), context)
+
+        return coroutine
+    return inner
