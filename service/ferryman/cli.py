@@ -1,4 +1,4 @@
-"""``ferryman serve | check | query``: the command line.
+"""``ferryman serve | check | query | explain | completion``: the command line.
 
 Exit status, for every command: 0 success; 1 a finding (a configuration with errors, an
 answer over the limit); 2 a usage or I/O error (a bad flag or variable, a missing or
@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from ferryman import logs
 from ferryman.config.loader import load_sources, read_directory
-from ferryman.errors import ConfigError, FerrymanError, SettingsError
-from ferryman.settings import Settings
+from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
+from ferryman.settings import Settings, split_address
 
 __all__ = ["main"]
 
@@ -53,6 +56,11 @@ _EXAMPLES = {
   ferryman query --domain messaging --descriptor message_type=marketing,to_number=2061111111
   ferryman query --target rl:8081 --domain edge-proxy --descriptor remote_address=10.0.0.1 \\
       --hits 5 --format json""",
+    "explain": """examples:
+  ferryman explain --config descriptors --domain messaging \\
+      --descriptor message_type=marketing,to_number=2061111111
+  ferryman explain --target 127.0.0.1:6070 --domain edge-proxy \\
+      --descriptor remote_address=10.0.0.1 --format json   # with the current counts""",
     "completion": """examples:
   source <(ferryman completion bash)              # in ~/.bashrc
   ferryman completion zsh > "${fpath[1]}/_ferryman" # then restart zsh""",
@@ -156,6 +164,36 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument(
         "--format", choices=("text", "json"), default="text", help="output (default text)"
     )
+    explain = sub.add_parser(
+        "explain",
+        help="why a descriptor is limited (or not), counting nothing",
+        description="Walk each descriptor through its domain's tree and print, level by "
+        "level, what matched (exact value, wildcard, bare key) or what the tree expected, "
+        "the rule reached, what replaces removes, and the counter; against a running server "
+        "(its debug port) also the current count and what is left. Exit 0 when every "
+        "descriptor reaches a rule, 1 when one does not, 2 on an error.",
+        epilog=_EXAMPLES["explain"],
+        formatter_class=raw,
+        parents=[debug],
+    )
+    where = explain.add_mutually_exclusive_group()
+    where.add_argument(
+        "--target", help="host:port of a running server's debug port (default 127.0.0.1:6070)"
+    )
+    where.add_argument("--config", type=Path, help="a descriptor directory, read here")
+    explain.add_argument("--domain", required=True)
+    explain.add_argument(
+        "--descriptor",
+        dest="descriptors",
+        action="append",
+        required=True,
+        type=_descriptor_arg,
+        metavar="K=V[,K=V...]",
+        help="one descriptor's entries, in order; repeat for several descriptors",
+    )
+    explain.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -169,13 +207,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _descriptor_arg(text: str) -> list[tuple[str, str]]:
-    entries = []
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"{part!r} is not key=value (in {text!r})")
-        entries.append((key, value))
-    return entries
+    from ferryman.engine.explain import parse_descriptor
+
+    try:
+        return parse_descriptor(text)
+    except RequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -387,6 +424,51 @@ def _query(args: argparse.Namespace) -> int:
     return exit_code
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from ferryman.engine.explain import explain, render
+    from ferryman.server.app import engine_options
+
+    if args.config is not None:
+        settings = Settings.from_env()
+        _require_directory(args.config, "the path given to --config")
+        config = load_sources(
+            read_directory(args.config, ignore_dotfiles=settings.ignore_dotfiles),
+            merge_domains=settings.merge_domain_config,
+        )
+        options = engine_options(settings)
+        answer = explain(config, args.domain, args.descriptors, options, time.time()).as_dict()
+    else:
+        answer = _explain_remote(args)
+    if args.format == "json":
+        print(json.dumps(answer))
+    else:
+        print(render(answer), end="")
+    reached = answer["domain_found"] and all(
+        d.get("rule", {}).get("kind", "none") != "none" for d in answer["descriptors"]
+    )
+    return 0 if reached else 1
+
+
+def _explain_remote(args: argparse.Namespace) -> dict[str, Any]:
+    target: str = args.target or f"127.0.0.1:{os.environ.get('DEBUG_PORT') or '6070'}"
+    host, port = split_address(target, "--target")
+    query = urlencode(
+        [("domain", args.domain)]
+        + [("descriptor", ",".join(f"{k}={v}" for k, v in d)) for d in args.descriptors]
+    )
+    conn = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", f"/explain?{query}")
+        response = conn.getresponse()
+        body = json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise SettingsError(f"{target}/explain answered {response.status}: {body.get('error')}")
+    answer: dict[str, Any] = body
+    return answer
+
+
 def _completion(args: argparse.Namespace) -> int:
     print(completion_script(args.shell, _parser()), end="")
     return 0
@@ -457,7 +539,13 @@ complete -F _ferryman ferryman
     return "# bash completion for ferryman\n" + body
 
 
-_COMMANDS = {"serve": _serve, "check": _check, "query": _query, "completion": _completion}
+_COMMANDS = {
+    "serve": _serve,
+    "check": _check,
+    "query": _query,
+    "explain": _explain,
+    "completion": _completion,
+}
 
 
 def _report(message: str, debug: bool) -> None:

@@ -10,6 +10,7 @@ import logging
 import socket
 from dataclasses import replace
 from datetime import UTC, datetime
+from urllib.parse import parse_qs
 
 import grpc
 from google.protobuf import json_format
@@ -24,7 +25,8 @@ from ferryman.clock import Clock, SystemClock
 from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
-from ferryman.errors import BackendError, FerrymanError, SettingsError, status_of
+from ferryman.engine.explain import explain, parse_descriptor
+from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge
 from ferryman.server.holds import HoldManager
@@ -231,6 +233,7 @@ class Service:
                 ("GET", "/rlconfig"): self._rlconfig,
                 ("GET", "/stats"): self._stats_page,
                 ("GET", "/status"): self._status_page,
+                ("GET", "/explain"): self._explain,
             },
             "debug",
         )
@@ -385,7 +388,8 @@ class Service:
         return HttpResponse(
             200,
             b"/rlconfig: the limits in force\n/stats: counters\n"
-            b"/status: configuration, backend and cache state (JSON)\n",
+            b"/status: configuration, backend and cache state (JSON)\n"
+            b"/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n",
         )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
@@ -414,6 +418,29 @@ class Service:
                 line += ", unlimited: true"
             lines.append(line)
         return HttpResponse(200, ("\n".join(lines) + "\n").encode() if lines else b"")
+
+    async def _explain(self, request: HttpRequest) -> HttpResponse:
+        """/explain?domain=D&descriptor=k=v[,k=v...] (repeatable): why a request is limited,
+        with the current counts, counting nothing (JSON)."""
+        params = parse_qs(request.query)
+        domain = params.get("domain", [""])[0]
+        try:
+            requests = [parse_descriptor(text) for text in params.get("descriptor", [])]
+            if not requests:
+                raise RequestError("descriptor", "give one or more descriptor=k=v[,k=v...]")
+            config = self.holder.config
+            if config is None:
+                raise RequestError("domain", "no rate limit configuration is loaded")
+            now = self.clock.now()
+            answer = explain(config, domain, requests, self.engine.options, now)
+            if answer.ops:
+                values = await self.backend.windows.peek(list(answer.ops.values()))
+                answer.add_counts(values, now)
+        except FerrymanError as exc:
+            body = json.dumps({"error": str(exc)}) + "\n"
+            return HttpResponse(status_of(exc).http, body.encode(), "application/json")
+        body = json.dumps(answer.as_dict(), indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
 
     async def _stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.stats)

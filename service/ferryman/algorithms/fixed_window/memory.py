@@ -84,6 +84,11 @@ class MemoryFixedWindows:
                 results.append(CounterResult(value, value - before))
             return results
 
+    async def peek(self, ops: Sequence[CounterOp]) -> list[int]:
+        with self._lock:
+            now = self._clock.now()
+            return [self._current(op.key, now) for op in ops]
+
     def clear(self) -> None:
         with self._lock:
             self._counts.clear()

@@ -55,6 +55,10 @@ class FixedWindowStore(Protocol):
         """
         ...
 
+    async def peek(self, ops: Sequence[CounterOp]) -> list[int]:
+        """The current value of each op's counter (0 when absent), changing nothing."""
+        ...
+
 
 def over_limit(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
     """The ops that would end above their limit, replayed in order from the counters'

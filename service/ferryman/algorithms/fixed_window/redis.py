@@ -81,7 +81,7 @@ class RedisFixedWindows:
         if stop_when_over and len(groups) > 1:
             # No script can span slots: read first, apply second, as the reference does
             # everywhere; a second round trip that only this configuration pays.
-            current = await self.read([op.key for op in ops])
+            current = await self.peek(ops)
             return await apply_only_over(
                 ops, current, lambda chosen: self.apply(chosen, stop_when_over=False)
             )
@@ -95,9 +95,11 @@ class RedisFixedWindows:
                 out[i] = CounterResult(reply[2 * j], reply[2 * j + 1])
         return [r for r in out if r is not None]
 
-    async def read(self, keys: Sequence[str]) -> list[int]:
-        """The current value of each counter (0 when absent), without changing any."""
-        return await self.connection.mget(list(keys))
+    async def peek(self, ops: Sequence[CounterOp]) -> list[int]:
+        """The current value of each op's counter (0 when absent), without changing any."""
+        if not ops:
+            return []
+        return await self.connection.mget([op.key for op in ops])
 
 
 async def apply_only_over(
@@ -146,17 +148,22 @@ class RoutedFixedWindows:
         slow, fast = self._split(ops)
         if stop_when_over and fast and slow:
             # One script cannot see both Redis: read every counter, then apply.
-            main_now, fast_now = await asyncio.gather(
-                self._main.read([ops[i].key for i in slow]),
-                self._per_second.read([ops[i].key for i in fast]),
-            )
-            current = [0] * len(ops)
-            for i, value in [*zip(slow, main_now, strict=True), *zip(fast, fast_now, strict=True)]:
-                current[i] = value
+            current = await self.peek(ops)
             return await apply_only_over(
                 ops, current, lambda chosen: self._route(chosen, stop_when_over=False)
             )
         return await self._route(ops, stop_when_over=stop_when_over)
+
+    async def peek(self, ops: Sequence[CounterOp]) -> list[int]:
+        slow, fast = self._split(ops)
+        main_now, fast_now = await asyncio.gather(
+            self._main.peek([ops[i] for i in slow]),
+            self._per_second.peek([ops[i] for i in fast]),
+        )
+        current = [0] * len(ops)
+        for i, value in [*zip(slow, main_now, strict=True), *zip(fast, fast_now, strict=True)]:
+            current[i] = value
+        return current
 
     async def _route(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
