@@ -26,9 +26,12 @@ from urllib.parse import urlencode
 from ferryman import logs
 from ferryman.config.loader import load_sources, read_directory
 from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
+from ferryman.server.workers import WORKER_ENV
 from ferryman.settings import Settings, split_address
 
 __all__ = ["main"]
+
+log = logging.getLogger("ferryman")
 
 
 def _version() -> str:
@@ -112,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=_port, help="HTTP port (PORT, default 8080)")
     serve.add_argument(
         "--debug-port", type=_port, help="debug HTTP port (DEBUG_PORT, default 6070)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the same ports (WORKERS, default 1; more needs Redis)",
     )
     serve.add_argument(
         "--log-level",
@@ -233,6 +241,7 @@ def _serve(args: argparse.Namespace) -> int:
         ("debug_port", "debug_port"),
         ("log_level", "log_level"),
         ("log_format", "log_format"),
+        ("workers", "workers"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -246,6 +255,10 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         origin = "the default: run ferryman where descriptors/ is, or pass --config DIR"
     _require_directory(settings.config_dir, origin)
+    if settings.workers < 1:
+        raise SettingsError(f"--workers {settings.workers}: give 1 or more")
+    if settings.workers > 1 and WORKER_ENV not in os.environ:
+        return _supervise(args, settings)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -256,6 +269,33 @@ def _serve(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _supervise(args: argparse.Namespace, settings: Settings) -> int:
+    """Run ``serve`` as ``settings.workers`` processes sharing the same ports."""
+    from ferryman.server import workers
+
+    workers.check(settings)
+    # Every worker must bind the same ports: a port given as 0 is chosen here, once.
+    grpc_port = settings.grpc_port or workers.free_port(settings.grpc_host)
+    port = settings.port or workers.free_port(settings.host)
+    debug_port = settings.debug_port or workers.free_port(settings.debug_host)
+    argv = ["serve", "--config", str(settings.config_dir), "--workers", str(settings.workers)]
+    argv += ["--grpc-port", str(grpc_port), "--http-port", str(port)]
+    argv += ["--debug-port", str(debug_port)]
+    if args.backend is not None:
+        argv += ["--backend", args.backend]
+    if settings.fail_open:
+        argv.append("--fail-open")
+    argv += ["--log-level", settings.log_level, "--log-format", settings.log_format]
+    log.info(
+        "%d workers on grpc :%d, http :%d, debug :%d",
+        settings.workers,
+        grpc_port,
+        port,
+        debug_port,
+    )
+    return workers.Supervisor(argv, settings.workers, settings.shutdown_grace_seconds).run()
 
 
 def _require_directory(directory: Path, origin: str) -> None:

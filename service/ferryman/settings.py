@@ -185,6 +185,8 @@ class Settings:
     # which ends its sessions (and frees their holds) when a client host dies silently.
     grpc_keepalive_time: float = 10.0
     grpc_keepalive_timeout: float = 5.0
+    # Processes serving the same ports (SO_REUSEPORT); more than one needs a shared backend.
+    workers: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -310,6 +312,7 @@ class Settings:
             shutdown_grace_seconds=_duration(
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),
+            workers=_int(env, "WORKERS", d.workers, minimum=1),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -60,11 +60,12 @@ CLIENT_PING_INTERVAL_MS = 1_000
 
 
 def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
-    """The gRPC server's channel arguments: no shared port; keepalive pings on every
+    """The gRPC server's channel arguments: a port shared only between workers; keepalive
+    pings on every
     connection, so that a client host that dies without closing its connection (power
     loss, partition) is noticed and its sessions end; client pings allowed."""
     options = [
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
     ]
     if settings.grpc_keepalive_time > 0:
@@ -252,8 +253,9 @@ class Service:
         s = self.settings
         # Ports first: a port in use is the commonest mistake, and it should be reported
         # before anything else starts (and before gRPC's own resolver logs about it).
-        for host, port, what in self._ports():
-            _probe_port(host, port, what)
+        if s.workers == 1:  # workers share their ports: each may bind what another holds
+            for host, port, what in self._ports():
+                _probe_port(host, port, what)
         self.reloader.load()
         await self.backend.start()
         await self.reloader.start()
@@ -285,13 +287,16 @@ class Service:
             ) from None
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
-        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"])
+        shared = s.workers > 1
+        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"], shared)
         self.debug_port = await _listen(
-            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"]
+            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"], shared
         )
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
-            self.prometheus_port = await _listen(self._metrics, host, port, "PROMETHEUS_ADDR")
+            self.prometheus_port = await _listen(
+                self._metrics, host, port, "PROMETHEUS_ADDR", shared
+            )
         log.info(
             "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
             self.grpc_port,
@@ -536,9 +541,11 @@ def _probe_port(host: str, port: int, what: str) -> None:
         raise _bind_error(host, port, what, exc) from None
 
 
-async def _listen(server: HttpServer, host: str, port: int, what: str) -> int:
+async def _listen(
+    server: HttpServer, host: str, port: int, what: str, reuse_port: bool = False
+) -> int:
     try:
-        return await server.start(host, port)
+        return await server.start(host, port, reuse_port)
     except OSError as exc:
         raise _bind_error(host, port, what, exc) from None
 

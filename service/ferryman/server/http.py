@@ -72,11 +72,14 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         """Listen on ``host`` (empty or ``::``: every interface, IPv4 and IPv6, as the
-        reference does) and ``port`` (0: a free one)."""
+        reference does) and ``port`` (0: a free one); ``reuse_port``: shared with other
+        processes (workers)."""
         if host and host not in ("::", "[::]"):
-            self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+            self._server = await asyncio.start_server(
+                self._serve, host, port, limit=MAX_LINE, reuse_port=reuse_port
+            )
         else:
             # One socket for IPv4 and IPv6, so that port 0 means one port, not one per family.
             dual = socket.has_dualstack_ipv6()
@@ -84,7 +87,7 @@ class HttpServer:
                 ("::" if dual else "0.0.0.0", port),
                 family=socket.AF_INET6 if dual else socket.AF_INET,
                 dualstack_ipv6=dual,
-                reuse_port=False,
+                reuse_port=reuse_port,
             )
             self._server = await asyncio.start_server(self._serve, sock=sock, limit=MAX_LINE)
         sock = self._server.sockets[0]

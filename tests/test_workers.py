@@ -1,0 +1,170 @@
+"""``ferryman serve --workers N``: several processes on one set of ports, supervised."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from redis_procs import RedisProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = (
+    "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 4}\n"
+)
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (from /proc)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+def listeners(port: int) -> int:
+    """Sockets listening on ``port`` (IPv4 and IPv6), from /proc/net."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def ask(port: int, value: str) -> int:
+    """POST /json for (k, value); the HTTP status (200 OK, 429 over the limit)."""
+    body = {"domain": "w", "descriptors": [{"entries": [{"key": "k", "value": value}]}]}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/json", data=json.dumps(body).encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+class Workers:
+    def __init__(self, tmp_path: Path, backend: str, n: int) -> None:
+        config = tmp_path / "config"
+        config.mkdir()
+        (config / "w.yaml").write_text(LIMIT)
+        self.http_port = free_port()
+        command = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
+        command += ["--workers", str(n), "--backend", backend]
+        command += ["--grpc-port", str(free_port()), "--http-port", str(self.http_port)]
+        command += ["--debug-port", str(free_port())]
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def up(self) -> bool:
+        """Both workers listening on the HTTP port (the last port a worker binds)."""
+        return listeners(self.http_port) == 2
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}/healthcheck", timeout=2
+            ) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # its workers get SIGTERM when it dies
+            return self.proc.wait()
+
+    def output(self) -> str:
+        """Everything the supervisor and its workers printed (once they have exited)."""
+        stdout = self.proc.stdout
+        if stdout is None or stdout.closed:
+            return ""
+        with stdout:
+            return stdout.read()
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path, redis_server: RedisProcess) -> Iterator[Workers]:
+    workers = Workers(tmp_path, redis_server.url, 2)
+    yield workers
+    workers.stop()
+    workers.output()
+
+
+def test_two_workers_serve_one_port_and_share_counters_through_redis(
+    two_workers: Workers,
+) -> None:
+    """Two processes answer on one port; the limit holds across them."""
+    wait_for("both workers listening", two_workers.up, 60)
+    wait_for("the port answers", two_workers.healthy, 60)
+    value = f"v{time.time_ns()}"
+    statuses = [ask(two_workers.http_port, value) for _ in range(8)]
+    assert statuses == [200] * 4 + [429] * 4
+
+
+def test_a_dead_worker_is_started_again_and_sigterm_stops_all_with_0(
+    two_workers: Workers,
+) -> None:
+    """kill -9 of a worker: a new one takes its place; SIGTERM: everyone exits, status 0."""
+    wait_for("both workers listening", two_workers.up, 60)
+    wait_for("the port answers", two_workers.healthy, 60)
+    first = children(two_workers.proc.pid)
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        "a new worker",
+        lambda: len(now := children(two_workers.proc.pid)) == 2 and victim not in now,
+        30,
+    )
+    wait_for("both workers listening again", two_workers.up, 60)
+    assert ask(two_workers.http_port, f"v{time.time_ns()}") == 200
+    workers = children(two_workers.proc.pid)
+    assert two_workers.stop() == 0
+    assert all(not Path(f"/proc/{pid}").exists() or children(pid) == set() for pid in workers)
+    output = two_workers.output()
+    assert "exited with" in output and "starting it again" in output
+
+
+def test_workers_stop_when_the_supervisor_is_killed(two_workers: Workers) -> None:
+    """SIGKILL of the supervisor: its workers do not outlive it."""
+    wait_for("both workers up", lambda: len(children(two_workers.proc.pid)) == 2, 30)
+    workers = children(two_workers.proc.pid)
+    two_workers.proc.kill()
+    two_workers.proc.wait()
+    wait_for("the workers gone", lambda: not any(Path(f"/proc/{p}").exists() for p in workers), 30)
+
+
+def test_the_memory_backend_is_refused_with_several_workers(tmp_path: Path) -> None:
+    """Counters in one process cannot be shared: exit 2, the message says to use Redis."""
+    workers = Workers(tmp_path, "memory", 2)
+    assert workers.proc.wait(60) == 2
+    output = workers.output()
+    assert "memory backend" in output and "Redis" in output
+    assert "Traceback" not in output
