@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferryman.backends.memory import MemoryBackend
-from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.model import RateLimit, Unit
@@ -18,8 +17,9 @@ from ferryman.config.reloader import ConfigHolder
 from ferryman.limits.engine import DescriptorRequest, EngineOptions, RateLimitEngine
 from ferryman.stats import Stats
 
-from conftest import EPOCH
-from redis_procs import RedisCluster, RedisProcess
+from helpers.redis_procs import RedisCluster, RedisProcess
+from helpers.server import EPOCH
+from helpers.stores import redis_backend
 
 # Units of a minute and more only: Redis expires keys in real time while the test clock is
 # manual, and a one-second TTL could lapse during a slow example.
@@ -114,7 +114,7 @@ async def replay(url: str, scenario: Scenario) -> None:
     )
     memory_stats, redis_stats = Stats(), Stats()
     memory = RateLimitEngine(HOLDER, MemoryBackend(clock), clock, memory_stats, options)
-    backend = RedisBackend(parse_backend_url(url, pool_size=4, timeout=5.0))
+    backend = redis_backend(url, pool_size=4, timeout=5.0)
     await backend.start()
     try:
         on_redis = RateLimitEngine(HOLDER, backend, clock, redis_stats, options)

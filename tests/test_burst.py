@@ -17,6 +17,8 @@ from ferryman.limits.burst import (
     decide,
 )
 
+from helpers.bursts import trace_strategy
+
 
 class Node:
     """One node's burst state for several tenants, driven request by request."""
@@ -275,15 +277,6 @@ tiers_strategy = st.lists(
         skippable=st.booleans(),
     ),
     max_size=3,
-)
-trace_strategy = st.lists(
-    st.tuples(
-        st.sampled_from(["a", "b"]),
-        st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 5.0]),
-        st.integers(0, 6),
-        st.integers(0, 6),
-    ),
-    max_size=40,
 )
 
 

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 
 from ferryman.backends.base import BurstRequest
 from ferryman.backends.memory import MemoryBackend
-from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.backends.redis import RedisBackend
 from ferryman.clock import ManualClock
 from ferryman.limits.burst import BurstOutcome, BurstPolicy, Tier
 
-from redis_procs import RedisCluster, RedisProcess
-from test_burst import trace_strategy
+from helpers.bursts import trace_strategy
+from helpers.redis_procs import RedisCluster, RedisProcess
+from helpers.stores import redis_backend
 
 COOKBOOK = {
     "simple": BurstPolicy((Tier(5, 1.0, 3600.0),)),
@@ -68,10 +69,6 @@ def redis_url(
     return cluster.url
 
 
-def redis_backend(url: str) -> RedisBackend:
-    return RedisBackend(parse_backend_url(url, pool_size=4, timeout=5.0), server_time=False)
-
-
 @pytest.mark.parametrize("name", sorted(COOKBOOK))
 def test_cookbook_traces_match_between_memory_and_redis(redis_url: str, name: str) -> None:
     """A fixed trace over each cookbook config gives identical outcomes on both backends."""
@@ -80,7 +77,7 @@ def test_cookbook_traces_match_between_memory_and_redis(redis_url: str, name: st
     trace += [("a", 20.0, 1, 1), ("b", 301.0, 5000, 1), ("a", 86100.0, 10, 10)]
     node = f"n{uuid.uuid4().hex[:10]}"
     memory = replay(MemoryBackend(ManualClock(0.0)), policy, trace, node)
-    redis_ = replay(redis_backend(redis_url), policy, trace, node)
+    redis_ = replay(redis_backend(redis_url, pool_size=4, server_time=False), policy, trace, node)
     assert memory == redis_
     assert any(o.granted for o in memory)
 
@@ -118,7 +115,9 @@ def test_random_traces_match_between_memory_and_redis(
     policy = BurstPolicy(tuple(tiers), hard, glob)
     node = f"n{uuid.uuid4().hex[:10]}"
     memory = replay(MemoryBackend(ManualClock(0.0)), policy, trace, node)
-    redis_ = replay(redis_backend(redis_server.url), policy, trace, node)
+    redis_ = replay(
+        redis_backend(redis_server.url, pool_size=4, server_time=False), policy, trace, node
+    )
     assert memory == redis_
 
 
@@ -126,7 +125,12 @@ def test_redis_burst_state_lives_in_one_cluster_slot(redis_cluster: RedisCluster
     """All keys of a node share one hash tag, so a multi-key script runs on a Cluster."""
     policy = COOKBOOK["penalty"]
     node = f"n{uuid.uuid4().hex[:10]}"
-    outcomes = replay(redis_backend(redis_cluster.url), policy, [("a", 0.0, 8, 8)], node)
+    outcomes = replay(
+        redis_backend(redis_cluster.url, pool_size=4, server_time=False),
+        policy,
+        [("a", 0.0, 8, 8)],
+        node,
+    )
     assert outcomes[0].granted == 8
     assert outcomes[0].burst
 

@@ -13,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ferryman.backends.memory import MemoryBackend
-from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.backends.redis import RedisBackend
 from ferryman.clock import ManualClock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 from ferryman.limits.copies import CopyGroup, CopyPolicy
 
-from redis_procs import RedisCluster, RedisProcess
+from helpers.redis_procs import RedisCluster, RedisProcess
+from helpers.stores import redis_backend
 
 T = TypeVar("T")
 LEASE = 10_000  # ms
@@ -120,11 +121,11 @@ def make_node(
             node = Node(MemoryBackend(ManualClock(0.0)))
         elif request.param == "cluster":
             cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-            url = parse_backend_url(cluster.url, timeout=5.0)
-            node = Node(RedisBackend(url, server_time=False), cluster.nodes[0].port, cluster=True)
+            backend = redis_backend(cluster.url, timeout=5.0, server_time=False)
+            node = Node(backend, cluster.nodes[0].port, cluster=True)
         else:
             server: RedisProcess = request.getfixturevalue("redis_server")
-            backend = RedisBackend(parse_backend_url(server.url, timeout=5.0), server_time=False)
+            backend = redis_backend(server.url, timeout=5.0, server_time=False)
             node = Node(backend, server.port)
         nodes.append(node)
         return node
@@ -291,7 +292,7 @@ def test_random_operations_agree_and_keep_counts_in_bounds(
 ) -> None:
     """Random interleavings across two servers: same answers and counts on both backends."""
     memory = Node(MemoryBackend(ManualClock(0.0)))
-    backend = RedisBackend(parse_backend_url(redis_server.url, timeout=5.0), server_time=False)
+    backend = redis_backend(redis_server.url, timeout=5.0, server_time=False)
     remote = Node(backend, redis_server.port)
     try:
         assert _replay(memory, steps) == _replay(remote, steps)

@@ -32,8 +32,8 @@ import redis
 import ferryman
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
-from conftest import wait_for
-from redis_procs import RedisProcess
+from helpers.redis_procs import RedisProcess
+from helpers.server import wait_for
 
 LEASE = 1.0
 PREFIX = "fx_"

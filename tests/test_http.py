@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, ServerFactory
 
 CONFIG = """
 domain: web

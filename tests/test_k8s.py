@@ -31,9 +31,9 @@ import yaml
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from conftest import descriptor
-from needs import missing
-from redis_procs import RedisProcess
+from helpers.needs import missing
+from helpers.redis_procs import RedisProcess
+from helpers.server import descriptor
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"

@@ -11,9 +11,10 @@ from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.clock import ManualClock
 
-from conftest import ConfigDir, Server, ServerFactory, codes, descriptor, overall
+from helpers.server import ConfigDir, Server, ServerFactory, codes, descriptor, overall
+from helpers.stores import on_stores
 
-pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis", "cluster"], indirect=True)
+pytestmark = on_stores("memory", "redis", "cluster")
 
 COOKBOOK = (Path(__file__).resolve().parents[1] / "descriptors" / "burst-cookbook.yaml").read_text()
 

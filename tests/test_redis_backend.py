@@ -37,7 +37,9 @@ from ferryman.limits.local_cache import OverLimitCache
 from ferryman.server.app import make_backend
 from ferryman.settings import Settings
 
-from conftest import (
+from helpers.ports import free_port
+from helpers.redis_procs import RedisCluster, RedisProcess, require_binary, stop_process
+from helpers.server import (
     EPOCH,
     MIXED,
     MIXED_REQUEST,
@@ -48,7 +50,7 @@ from conftest import (
     overall,
     wait_for,
 )
-from redis_procs import RedisCluster, RedisProcess, free_port, require_binary, stop_process
+from helpers.stores import redis_backend
 
 DAY = 86400
 JITTER = 300
@@ -178,7 +180,7 @@ def test_ferryman_counts_on_top_of_a_counter_the_reference_wrote(
         pipe.expire(key, DAY)
         pipe.execute()
         server = make_server(
-            backend=RedisBackend(parse_backend_url(redis_server.url, timeout=5.0)),
+            backend=redis_backend(redis_server.url, timeout=5.0),
             cache_key_prefix="pfx_",
         )
         entries = [("message_type", "marketing"), ("to_number", "456")]
@@ -231,7 +233,7 @@ def test_a_request_mixing_kinds_sends_its_scripts_in_one_write(
     """A fixed window, burst tiers and held copies in one request: three scripts, and all
     three leave in one write, one round trip, not one after another."""
     config_dir.write("mx.yaml", MIXED)
-    backend = RedisBackend(parse_backend_url(own_redis.url, timeout=5.0))
+    backend = redis_backend(own_redis.url, timeout=5.0)
     server = make_server(backend=backend, cache_key_prefix=unique_prefix())
     request = MIXED_REQUEST
     # Warm-up, with calls at once so that every pooled connection opens: a command takes an
@@ -263,7 +265,7 @@ def test_each_request_is_one_evalsha_and_nothing_else_from_the_client(
     """Ten 3-descriptor requests cost exactly ten EVALSHA calls; every GET/INCRBY is in Lua."""
     config_dir.write("rt.yaml", THREE)
     server = make_server(
-        backend=RedisBackend(parse_backend_url(own_redis.url, timeout=5.0)),
+        backend=redis_backend(own_redis.url, timeout=5.0),
         cache_key_prefix=unique_prefix(),
     )
     request = ([("a", "1")], [("b", "2")], [("c", "3")])
@@ -305,7 +307,7 @@ def test_local_cache_answers_over_limit_without_redis_until_the_window_ends(
     config_dir.write("lc.yaml", LOCAL)
     prefix = unique_prefix()
     server = make_server(
-        backend=RedisBackend(parse_backend_url(own_redis.url, timeout=5.0)),
+        backend=redis_backend(own_redis.url, timeout=5.0),
         cache_key_prefix=prefix,
         local_cache_size_in_bytes=100_000,
     )
@@ -608,7 +610,7 @@ def test_a_read_only_reply_makes_the_client_connect_again(
     ).start()
     try:
         server = make_server(
-            backend=RedisBackend(parse_backend_url(replica.url, timeout=2.0)),
+            backend=redis_backend(replica.url, timeout=2.0),
             cache_key_prefix="ro_",
         )
         entries = [("message_type", "marketing"), ("to_number", "8")]
@@ -809,7 +811,7 @@ def spread_values(prefix: str, keys: tuple[str, ...], window: dict[str, int]) ->
 
 
 def cluster_backend(cluster: RedisCluster) -> RedisBackend:
-    return RedisBackend(parse_backend_url(cluster.url, pool_size=8, timeout=5.0))
+    return redis_backend(cluster.url, pool_size=8, timeout=5.0)
 
 
 def cluster_get(cluster: RedisCluster, keys: list[str]) -> list[int]:
@@ -930,7 +932,7 @@ def test_cluster_stop_increment_when_over_across_slots_matches_memory(
 def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(tmp_path: Path) -> None:
     """With its Redis killed, the backend raises BackendError within its timeout."""
     proc = RedisProcess(tmp_path / "gone").start()
-    backend = RedisBackend(parse_backend_url(proc.url, timeout=1.0))
+    backend = redis_backend(proc.url, timeout=1.0)
 
     async def scenario() -> None:
         await backend.start()
@@ -959,7 +961,7 @@ def test_more_concurrent_requests_than_the_pool_size_wait_for_a_connection(
     """With REDIS_POOL_SIZE=2, 60 concurrent calls all succeed (they queue, never error)."""
     fixture = "redis_server" if kind == "single" else "redis_cluster"
     url = request.getfixturevalue(fixture).url
-    backend = RedisBackend(parse_backend_url(url, pool_size=2, timeout=5.0))
+    backend = redis_backend(url, pool_size=2, timeout=5.0)
     prefix = unique_prefix()
 
     async def scenario() -> list[int]:

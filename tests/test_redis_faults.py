@@ -19,9 +19,11 @@ import grpc
 import pytest
 import redis
 
-from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.backends.redis import RedisBackend
 
-from conftest import (
+from helpers.ports import free_port
+from helpers.redis_procs import RedisProcess
+from helpers.server import (
     MIXED,
     MIXED_REQUEST,
     ConfigDir,
@@ -31,7 +33,7 @@ from conftest import (
     overall,
     wait_for,
 )
-from redis_procs import RedisProcess, free_port
+from helpers.stores import redis_backend
 
 CONFIG = """
 domain: d
@@ -81,7 +83,7 @@ def health(server: Server) -> int:
 
 
 def backend(url: str) -> RedisBackend:
-    return RedisBackend(parse_backend_url(url, pool_size=4, timeout=TIMEOUT))
+    return redis_backend(url, pool_size=4, timeout=TIMEOUT)
 
 
 def script_sha() -> str:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import ConfigDir, Server, ServerFactory, codes
+from helpers.server import ConfigDir, Server, ServerFactory, codes
 
 # The reloader also polls every 5 s; a change seen within this bound came from the watch.
 WATCH_DEADLINE = 2.0

@@ -9,7 +9,8 @@ import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 
-from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+from helpers.server import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+from helpers.stores import on_stores
 
 MESSAGING = """
 domain: messaging
@@ -44,7 +45,7 @@ descriptors:
 """
 
 # Every behaviour here holds on each backend: memory, one Redis, and a 3-node Redis Cluster.
-pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis", "cluster"], indirect=True)
+pytestmark = on_stores("memory", "redis", "cluster")
 
 
 def limit_of(response: rls_pb2.RateLimitResponse, i: int = 0) -> int:

@@ -21,7 +21,7 @@ from ferryman.backends.base import CounterOp, CounterResult
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 
-from conftest import ConfigDir, ServerFactory, descriptor
+from helpers.server import ConfigDir, ServerFactory, descriptor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
-from conftest import ConfigDir, ServerFactory
-from test_holds import Holder
-from test_telemetry import PROMETHEUS, samples, scrape
-
-CONFIG = """
-domain: d
-descriptors:
-  - key: user
-    burst_tiers:
-      - {limit: 2, window: 1s, active: 1h}
-      - {limit: 10, window: 1s, active: 5s, cooldown: 10s}
-  - key: tenant
-    copies: {limit: 5}
-"""
+from helpers.holds import Holder
+from helpers.metrics import FEATURES_CONFIG, PROMETHEUS, samples, scrape
+from helpers.server import ConfigDir, ServerFactory
 
 
 def test_bursts_sessions_and_held_copies_are_exported(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
     """A burst counts once per rule; open sessions and held copies show as gauges."""
-    config_dir.write("d.yaml", CONFIG.replace("domain: d", "domain: jobs"))
+    config_dir.write("d.yaml", FEATURES_CONFIG)
     server = make_server(**PROMETHEUS)
     stub = limiter_pb2_grpc.LimiterStub(server.channel)
     request = limiter_pb2.RateRequest(

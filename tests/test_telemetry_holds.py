@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-from test_telemetry_features import CONFIG as BURST_CONFIG
-
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.clock import ManualClock
 
-from conftest import ConfigDir, Server, ServerFactory, codes
-from test_holds import CONFIG as HOLDS_CONFIG
-from test_holds import Holder
-from test_telemetry import PROMETHEUS, samples, scrape, wait_for
+from helpers.holds import JOBS_CONFIG, Holder
+from helpers.metrics import FEATURES_CONFIG, PROMETHEUS, samples, scrape
+from helpers.server import ConfigDir, Server, ServerFactory, codes, wait_for
+from helpers.stores import on_stores
 
-pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis"], indirect=True)
+pytestmark = on_stores("memory", "redis")
 
 
 def _node(server: Server) -> str:
@@ -24,7 +21,7 @@ def test_granted_hits_are_counted_by_the_tier_they_ended_in(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
     """Limiter/Request and ShouldRateLimit both count granted hits under the tenant's tier."""
-    config_dir.write("d.yaml", BURST_CONFIG.replace("domain: d", "domain: jobs"))
+    config_dir.write("d.yaml", FEATURES_CONFIG)
     server = make_server(**PROMETHEUS)
     stub = limiter_pb2_grpc.LimiterStub(server.channel)
     request = limiter_pb2.RateRequest(
@@ -59,7 +56,7 @@ def test_granted_hits_are_counted_by_the_tier_they_ended_in(
 
 def test_copies_held_per_node_and_group(config_dir: ConfigDir, make_server: ServerFactory) -> None:
     """Gauges sum what this server's sessions hold, per node and per (node, group)."""
-    config_dir.write("jobs.yaml", HOLDS_CONFIG)
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
     server = make_server(**PROMETHEUS)
     first, second = Holder(server, "first"), Holder(server, "second")
     assert first.reserve("acme", 4).granted == 4  # vip, everyone
@@ -79,7 +76,10 @@ def test_copies_held_per_node_and_group(config_dir: ConfigDir, make_server: Serv
     }
     first.release("acme", 4, ["vip", "everyone"])
     second.close()
-    wait_for(lambda: samples(scrape(server))["ratelimit_service_holds_copies_held"] == "0")
+    wait_for(
+        "no copies held",
+        lambda: samples(scrape(server))["ratelimit_service_holds_copies_held"] == "0",
+    )
     values = samples(scrape(server))
     assert not [k for k in values if k.startswith("ratelimit_service_holds_copies_held_by_")]
     first.close()
@@ -90,7 +90,7 @@ def test_transfers_that_lapse_unclaimed_are_counted(
 ) -> None:
     """A transfer past its ttl is expired by the next operation on the node, and counted once;
     a seized one is not."""
-    config_dir.write("jobs.yaml", HOLDS_CONFIG)
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
     server = make_server(**PROMETHEUS)
     sender, receiver = Holder(server, "sender"), Holder(server, "receiver")
     sender.reserve("acme", 6)

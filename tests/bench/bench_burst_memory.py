@@ -44,7 +44,6 @@ import math
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,12 +57,16 @@ from typing import Any
 
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
+
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, RedisTarget
 from ferryman.config.loader import load_sources
 from ferryman.config.model import Config
 from ferryman.limits.engine import RateLimitEngine
 from ferryman.stats import Stats
+
+from helpers.ports import free_port
 
 DOMAIN = "bench"
 KEY = "burst_user"
@@ -262,13 +265,6 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
 
 
 # --------------------------------------------------------------------------- Redis
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

@@ -61,9 +61,12 @@ from typing import IO, Any
 import grpc
 
 # The process helpers of the RLS benchmark next to this script.
-from bench_rls import free_port, http_ok, port_open, wait_ready
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+
+from bench_rls import http_ok, port_open, wait_ready
+from helpers.ports import free_port
 
 DOMAIN = "bench"
 KEY = "tenant"

@@ -63,9 +63,13 @@ from typing import Any, TextIO
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
+
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+
+from helpers.ports import free_port
 
 DOMAIN = "bench"
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -426,13 +430,6 @@ def ceiling_main(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- orchestration
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _prctl() -> Callable[..., int] | None:

@@ -3,40 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-from needs import missing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
-    for _ in range(200):
-        port = random.randrange(20000, 55000)
-        if _bindable(port) and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+from helpers.needs import missing
+from helpers.ports import free_cluster_port, free_port
 
 
 def find_binary(name: str) -> str | None:
