@@ -55,6 +55,14 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of this test alone, so its command stats are this test's."""
+    server = RedisProcess(tmp_path / "own").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def store_kind(request: pytest.FixtureRequest) -> str:
     """Which store the test runs on: memory, redis or cluster (see ``on_stores``)."""
     return str(getattr(request, "param", "memory"))

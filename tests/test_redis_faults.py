@@ -5,6 +5,7 @@ Each test owns its redis-server on a free port, so killing it disturbs no other 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import threading
@@ -19,7 +20,9 @@ import grpc
 import pytest
 import redis
 
+from ferryman.backends.base import CounterOp
 from ferryman.backends.redis import RedisBackend
+from ferryman.errors import BackendError
 
 from helpers.ports import free_port
 from helpers.redis_procs import RedisProcess
@@ -34,6 +37,8 @@ from helpers.server import (
     wait_for,
 )
 from helpers.stores import redis_backend
+
+pytestmark = pytest.mark.redis
 
 CONFIG = """
 domain: d
@@ -289,3 +294,28 @@ def test_a_request_mixing_kinds_fails_as_one_when_redis_is_down(
         assert time.monotonic() - started < TIMEOUT + MARGIN
         counted = f"{CALL}.degraded" if fail_open else f"{CALL}.redis_error"
         assert server.stat(counted) == n
+
+
+def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(tmp_path: Path) -> None:
+    """With its Redis killed, the backend raises BackendError within its timeout."""
+    proc = RedisProcess(tmp_path / "gone").start()
+    backend = redis_backend(proc.url, timeout=1.0)
+
+    async def scenario() -> None:
+        await backend.start()
+        try:
+            op = CounterOp("gone_k", 1, 5, 60, 60)
+            assert [r.after for r in await backend.fixed_window([op], stop_when_over=False)] == [1]
+            proc.kill()
+            started = time.monotonic()
+            with pytest.raises(BackendError):
+                await backend.fixed_window([op], stop_when_over=False)
+            assert time.monotonic() - started < 3
+            assert not backend.healthy()
+        finally:
+            await backend.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proc.stop()

@@ -1,8 +1,13 @@
-"""Traces of burst-tier requests, for properties checked over any model or store."""
+"""Burst-tier traces and policies, replayed on any store to compare what they decide."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
+from ferryman.backends.base import BurstRequest
+from ferryman.limits.burst import BurstOutcome, BurstPolicy, Tier
+
+from helpers.stores import Store
 
 # (tenant, seconds since the previous request, copies, min_copies)
 Trace = list[tuple[str, float, int, int]]
@@ -16,3 +21,26 @@ trace_strategy = st.lists(
     ),
     max_size=40,
 )
+
+COOKBOOK = {
+    "simple": BurstPolicy((Tier(5, 1.0, 3600.0),)),
+    "penalty": BurstPolicy((Tier(5, 1.0, 3600.0), Tier(50, 1.0, 5.0, 15.0))),
+    "prison": BurstPolicy((Tier(5, 1.0, 3600.0), Tier(1, 15.0, 15.0))),
+    "batch": BurstPolicy((Tier(5000, 300.0, 300.0, 86100.0),)),
+    "hard_global": BurstPolicy((Tier(100, 1.0, 100.0),), hard_limit=3, global_limit=4),
+}
+
+
+def replay_burst(store: Store, policy: BurstPolicy, trace: Trace, node: str) -> list[BurstOutcome]:
+    """Every request of ``trace`` on ``node`` of ``store``, at the trace's times; the outcomes."""
+
+    async def main() -> list[BurstOutcome]:
+        out = []
+        now = 1_700_000_000.0
+        for tenant, step, copies, min_copies in trace:
+            now += step
+            request = BurstRequest(node, tenant, policy, copies, min(min_copies, copies))
+            out.append(await store.backend.burst(request, now))
+        return out
+
+    return store.run(main())

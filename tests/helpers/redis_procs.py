@@ -151,3 +151,43 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+class SentinelProcess:
+    """One redis sentinel watching ``mymaster``, its config in a writable file."""
+
+    def __init__(self, workdir: Path, master_port: int) -> None:
+        self.binary = require_binary("redis-server")
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"sentinel monitor mymaster 127.0.0.1 {master_port} 1\n"
+            "sentinel down-after-milliseconds mymaster 1000\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SentinelProcess:
+        self.proc = subprocess.Popen(
+            [self.binary, str(self.conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        with redis.Redis(port=self.port, socket_timeout=2) as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    if client.sentinel_get_master_addr_by_name("mymaster"):
+                        return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"sentinel on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None

@@ -146,6 +146,17 @@ class ConfigDir:
         return target
 
 
+# The reference's README example: five marketing messages a day per number.
+MESSAGING = """
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 5}
+"""
+
 # One request touching each kind of node: a fixed window, burst tiers, held copies.
 MIXED = """
 domain: mx

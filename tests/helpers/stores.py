@@ -9,6 +9,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 import pytest
+import redis
 from _pytest.mark.structures import ParameterSet
 
 from ferryman.backends.base import Backend
@@ -77,6 +78,20 @@ class Store:
         self.run(self.backend.close())
         self.loop.close()
 
+    def __enter__(self) -> Store:
+        return self
 
-def memory_store(clock: ManualClock | None = None) -> MemoryBackend:
-    return MemoryBackend(clock or ManualClock(0.0))
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def redis(self) -> redis.Redis | redis.RedisCluster:
+        """A client of the Redis behind this store, to look at what it wrote."""
+        assert self.port is not None, f"a {self.kind} store has no Redis"
+        if self.kind == "cluster":
+            return redis.RedisCluster(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+
+def memory_store(clock: ManualClock) -> Store:
+    """A started memory store on ``clock``: the reference a Redis store is compared with."""
+    return Store("memory", MemoryBackend(clock), clock, None)
