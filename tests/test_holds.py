@@ -8,11 +8,11 @@ from typing import Any
 import grpc
 import pytest
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.clock import ManualClock
 
 from helpers.holds import JOBS_CONFIG, Holder
-from helpers.server import ConfigDir, Server, ServerFactory, codes, descriptor
+from helpers.server import ConfigDir, Server, ServerFactory, codes, descriptor, limiter_stub
 from helpers.stores import on_stores
 
 pytestmark = on_stores("memory", "redis")
@@ -159,7 +159,7 @@ def test_closing_a_session_releases_what_it_holds(pair: tuple[Server, Server]) -
 def test_calls_without_an_open_session_are_refused(pair: tuple[Server, Server]) -> None:
     """No session metadata, or a session of another server: FAILED_PRECONDITION."""
     a, b = pair
-    stub = limiter_pb2_grpc.LimiterStub(a.channel)
+    stub = limiter_stub(a.channel)
     request = limiter_pb2.ReserveRequest(
         domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value="acme")], copies=1
     )

@@ -29,11 +29,11 @@ import grpc
 import pytest
 import yaml
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 
 from helpers.needs import missing
 from helpers.redis_procs import RedisProcess
-from helpers.server import descriptor
+from helpers.server import descriptor, rls_stub
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -350,7 +350,7 @@ class Reference:
             self.kill()
             raise AssertionError("ferryman did not start:\n" + self.log.read_text()[-3000:])
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
-        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = rls_stub(self.channel)
 
     def ask(self, path: str) -> str:
         request = rls_pb2.RateLimitRequest(

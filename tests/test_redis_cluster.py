@@ -40,6 +40,11 @@ descriptors:
 """
 
 
+def command(client: redis.Redis, *args: object) -> Any:
+    """One raw Redis command (redis-py leaves ``execute_command`` untyped)."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
 def spread_values(prefix: str, keys: tuple[str, ...], window: dict[str, int]) -> list[str]:
     """One value per descriptor key so that the counter keys land on three different nodes."""
     chosen: list[str] = []
@@ -85,24 +90,22 @@ def test_cluster_slot_migration_is_followed_through_ask_and_moved(
         assert overall(server.ask("messaging", entries)) == "OK"
         clients = {n.port: n.client() for n in cluster.nodes}
         try:
-            ids = {
-                port: c.execute_command("CLUSTER", "MYID").decode() for port, c in clients.items()
-            }
+            ids = {port: command(c, "CLUSTER", "MYID").decode() for port, c in clients.items()}
             owner = next(
                 int(row[2][1])
-                for row in clients[cluster.nodes[0].port].execute_command("CLUSTER", "SLOTS")
+                for row in command(clients[cluster.nodes[0].port], "CLUSTER", "SLOTS")
                 if row[0] <= slot <= row[1]
             )
             target = next(port for port in clients if port != owner)
             src, dst = clients[owner], clients[target]
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
-            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
-            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", key)
-            assert dst.execute_command("ASKING") and int(dst.get(key) or 0) == 1
+            command(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
+            command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+            command(src, "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", key)
+            assert command(dst, "ASKING") and int(dst.get(key) or 0) == 1
             assert overall(server.ask("messaging", entries)) == "OK"  # by ASK
-            assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+            assert command(src, "CLUSTER", "COUNTKEYSINSLOT", slot) == 0
             for c in clients.values():
-                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+                command(c, "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
             answers = [overall(server.ask("messaging", entries)) for _ in range(4)]  # by MOVED
             assert answers == ["OK", "OK", "OK", "OVER_LIMIT"]
             assert int(dst.get(key) or 0) == 6

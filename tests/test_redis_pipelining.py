@@ -50,7 +50,7 @@ class CommandLog:
         self._marker_client = server.client()
         self._marker_client.ping()
         self._client = server.client()
-        self._monitor = self._client.monitor()
+        self._monitor = self._client.monitor()  # type: ignore[no-untyped-call]
         self._monitor.__enter__()
         self.commands: list[dict[str, Any]] = []
         self._marker = f"end-{uuid.uuid4().hex}"

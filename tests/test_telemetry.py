@@ -303,8 +303,12 @@ class Collector:
                 collector.traces.append(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self.server)
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            Metrics(), self.server
+        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            Traces(), self.server
+        )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 

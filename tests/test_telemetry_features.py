@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 
 from helpers.holds import Holder
 from helpers.metrics import FEATURES_CONFIG, PROMETHEUS, samples, scrape
-from helpers.server import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, ServerFactory, limiter_stub
 
 
 def test_bursts_sessions_and_held_copies_are_exported(
@@ -15,7 +15,7 @@ def test_bursts_sessions_and_held_copies_are_exported(
     """A burst counts once per rule; open sessions and held copies show as gauges."""
     config_dir.write("d.yaml", FEATURES_CONFIG)
     server = make_server(**PROMETHEUS)
-    stub = limiter_pb2_grpc.LimiterStub(server.channel)
+    stub = limiter_stub(server.channel)
     request = limiter_pb2.RateRequest(
         domain="jobs", descriptor=[limiter_pb2.Entry(key="user", value="u")], copies=1
     )

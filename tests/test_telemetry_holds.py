@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.clock import ManualClock
 
 from helpers.holds import JOBS_CONFIG, Holder
 from helpers.metrics import FEATURES_CONFIG, PROMETHEUS, samples, scrape
-from helpers.server import ConfigDir, Server, ServerFactory, codes, wait_for
+from helpers.server import ConfigDir, Server, ServerFactory, codes, limiter_stub, wait_for
 from helpers.stores import on_stores
 
 pytestmark = on_stores("memory", "redis")
@@ -23,7 +23,7 @@ def test_granted_hits_are_counted_by_the_tier_they_ended_in(
     """Limiter/Request and ShouldRateLimit both count granted hits under the tenant's tier."""
     config_dir.write("d.yaml", FEATURES_CONFIG)
     server = make_server(**PROMETHEUS)
-    stub = limiter_pb2_grpc.LimiterStub(server.channel)
+    stub = limiter_stub(server.channel)
     request = limiter_pb2.RateRequest(
         domain="jobs", descriptor=[limiter_pb2.Entry(key="user", value="u")], copies=1
     )

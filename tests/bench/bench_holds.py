@@ -138,7 +138,10 @@ class Client:
             grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
             for _ in range(channels)
         ]
-        self.stubs = [limiter_pb2_grpc.LimiterStub(ch) for ch in self.channels]
+        self.stubs = [
+            limiter_pb2_grpc.LimiterStub(ch)  # type: ignore[no-untyped-call]
+            for ch in self.channels
+        ]
 
     async def ready(self) -> None:
         for ch in self.channels:
@@ -158,7 +161,7 @@ class Client:
     @staticmethod
     async def end(call: Any) -> None:
         await call.done_writing()
-        while await call.read() is not grpc.aio.EOF:
+        while await call.read() is not grpc.aio.EOF:  # type: ignore[attr-defined]
             pass
 
     async def close(self) -> None:
@@ -250,7 +253,8 @@ async def run_hold(args: argparse.Namespace) -> None:
 
     async def step(report: dict[str, Any]) -> str:
         print(json.dumps(report), flush=True)
-        return (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        line: str = await loop.run_in_executor(None, sys.stdin.readline)
+        return line.strip()
 
     client = Client(args.target, 1)
     try:
@@ -417,6 +421,7 @@ class Stack:
     def redis_client(self) -> Any:
         import redis
 
+        assert self.redis_port is not None, "this run has no Redis"
         return redis.Redis(port=self.redis_port, socket_timeout=10, decode_responses=True)
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ def configmap_swap(root: Path, stamp: int, text: str) -> None:
         (root / old).rmdir()
 
 
-def measure(service: Service, change: Callable[[int], None], rounds: int) -> list[float]:
+def measure(service: Service, change: Callable[[int], object], rounds: int) -> list[float]:
     times = []
     for i in range(rounds):
         version = service.holder.version

@@ -5,9 +5,9 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 
-from helpers.server import Server
+from helpers.server import Server, limiter_stub
 
 JOBS_CONFIG = """
 domain: jobs
@@ -31,7 +31,7 @@ class Holder:
     """A client with an open Session stream on one server."""
 
     def __init__(self, server: Server, name: str = "test") -> None:
-        self.stub = limiter_pb2_grpc.LimiterStub(server.channel)  # type: ignore[no-untyped-call]
+        self.stub = limiter_stub(server.channel)
         self._out: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
         self._stream = self.stub.Session(iter(self._out.get, None))
         self._out.put(

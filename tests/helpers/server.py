@@ -16,6 +16,7 @@ import grpc
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
+from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.clock import ManualClock, SystemClock
 from ferryman.server.app import Service
@@ -50,6 +51,16 @@ def descriptor(
     return d
 
 
+def rls_stub(channel: grpc.Channel) -> rls_pb2_grpc.RateLimitServiceStub:
+    """An Envoy RLS client on ``channel`` (the generated constructor is untyped)."""
+    return rls_pb2_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def limiter_stub(channel: grpc.Channel) -> limiter_pb2_grpc.LimiterStub:
+    """A ``ferryman.v1.Limiter`` client on ``channel`` (the generated constructor is untyped)."""
+    return limiter_pb2_grpc.LimiterStub(channel)  # type: ignore[no-untyped-call]
+
+
 class Server:
     """A Service running on its own event loop thread, with loopback clients."""
 
@@ -74,7 +85,7 @@ class Server:
         self._thread.start()
         self.run(self.service.start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.grpc_port}")
-        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = rls_stub(self.channel)
         self._stopped = False
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
