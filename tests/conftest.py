@@ -21,7 +21,7 @@ from ferryman.settings import Settings
 from ferryman.telemetry import Telemetry
 
 from helpers.client_domain import Echo
-from helpers.redis_procs import RedisCluster, RedisProcess
+from helpers.redis_procs import RedisCluster, RedisFactory, RedisProcess
 from helpers.server import EPOCH, ConfigDir, Server, ServerFactory
 from helpers.stores import REDIS_FIXTURES, Store, redis_backend, unique_prefix
 
@@ -55,11 +55,24 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+def make_redis(tmp_path: Path) -> Iterator[RedisFactory]:
+    """Builds (not starts) redis-servers of this test alone; stops every one at teardown."""
+    made: list[RedisProcess] = []
+
+    def factory(port: int | None = None, *extra: str) -> RedisProcess:
+        proc = RedisProcess(tmp_path / f"redis{len(made)}", port, *extra)
+        made.append(proc)
+        return proc
+
+    yield factory
+    for proc in made:
+        proc.stop()
+
+
+@pytest.fixture
+def own_redis(make_redis: RedisFactory) -> RedisProcess:
     """A redis-server of this test alone, so its command stats are this test's."""
-    server = RedisProcess(tmp_path / "own").start()
-    yield server
-    server.stop()
+    return make_redis().start()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from ferryman.limits.burst import (
     decide,
 )
 
-from helpers.bursts import trace_strategy
+from helpers.bursts import tier_lists, trace_strategy
 
 
 class Node:
@@ -267,17 +267,7 @@ class ExactModel:
         return granted
 
 
-tiers_strategy = st.lists(
-    st.builds(
-        Tier,
-        limit=st.integers(0, 4),
-        window=st.sampled_from([1.0, 2.0, 5.0]),
-        active=st.sampled_from([1.0, 3.0, 10.0, 30.0]),
-        cooldown=st.sampled_from([0.0, 2.0, 7.0]),
-        skippable=st.booleans(),
-    ),
-    max_size=3,
-)
+tiers_strategy = tier_lists([1.0, 2.0, 5.0])
 
 
 @settings(max_examples=300, deadline=None)

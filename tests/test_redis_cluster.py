@@ -120,18 +120,24 @@ def test_cluster_slot_migration_is_followed_through_ask_and_moved(
 WINDOWS = {"tight": int(EPOCH), "broad": int(EPOCH), "wide": int(EPOCH)}
 
 
+def spread_over_three_nodes(prefix: str) -> tuple[list[str], list[list[tuple[str, str]]]]:
+    """The counter keys of ``tight``, ``broad`` and ``wide`` (SLOTS) put on three different
+    nodes, and the three descriptors that name them."""
+    names = ("tight", "broad", "wide")
+    values = spread_values(prefix, names, WINDOWS)
+    pairs = list(zip(names, values, strict=True))
+    return [f"{prefix}cl_{k}_{v}_{WINDOWS[k]}" for k, v in pairs], [[pair] for pair in pairs]
+
+
 def test_cluster_counts_one_request_spread_over_three_nodes(
     config_dir: ConfigDir, make_server: ServerFactory, redis_cluster: RedisCluster
 ) -> None:
     """Three descriptors whose keys live on three nodes are each counted once per hit."""
     config_dir.write("cl.yaml", SLOTS)
     prefix = unique_prefix()
-    names = ("tight", "broad", "wide")
-    values = spread_values(prefix, names, WINDOWS)
-    keys = [f"{prefix}cl_{k}_{v}_{WINDOWS[k]}" for k, v in zip(names, values, strict=True)]
+    keys, request = spread_over_three_nodes(prefix)
     assert len({key_slot(k.encode()) * 3 // 16384 for k in keys}) == 3
     server = make_server(backend=cluster_backend(redis_cluster), cache_key_prefix=prefix)
-    request = [[(k, v)] for k, v in zip(names, values, strict=True)]
     first = server.ask("cl", *request)
     assert (codes(first), remaining(first)) == (["OK"] * 3, [1, 4, 8])
     second = server.ask("cl", *request, hits=2)
@@ -145,10 +151,7 @@ def test_cluster_stop_increment_when_over_across_slots_matches_memory(
     """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT over keys on three nodes answers as memory does."""
     config_dir.write("cl.yaml", SLOTS)
     prefix = unique_prefix()
-    names = ("tight", "broad", "wide")
-    values = spread_values(prefix, names, WINDOWS)
-    keys = [f"{prefix}cl_{k}_{v}_{WINDOWS[k]}" for k, v in zip(names, values, strict=True)]
-    tight, broad, wide = ([(k, v)] for k, v in zip(names, values, strict=True))
+    keys, (tight, broad, wide) = spread_over_three_nodes(prefix)
     cluster = make_server(
         backend=cluster_backend(redis_cluster),
         cache_key_prefix=prefix,

@@ -3,13 +3,9 @@ per-second limits in a Redis of their own (REDIS_PERSECOND)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from ferryman.backends.memory import MemoryBackend
+from ferryman.backends.base import Backend
 from ferryman.backends.redis import (
     RoutedBackend,
 )
@@ -17,7 +13,7 @@ from ferryman.clock import ManualClock
 from ferryman.server.app import make_backend
 from ferryman.settings import Settings
 
-from helpers.redis_procs import RedisProcess
+from helpers.redis_procs import RedisFactory, RedisProcess
 from helpers.server import (
     EPOCH,
     MESSAGING,
@@ -108,21 +104,16 @@ def test_ferryman_counts_on_top_of_a_counter_the_reference_wrote(
         assert 0 < client.ttl(key) <= DAY
 
 
+PerSecond = tuple[RedisProcess, RedisProcess, Backend]
+
+
 @pytest.fixture
-def two_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisProcess]]:
-    main = RedisProcess(tmp_path / "main").start()
-    try:
-        fast = RedisProcess(tmp_path / "persecond").start()
-    except BaseException:
-        main.stop()
-        raise
-    yield main, fast
-    fast.stop()
-    main.stop()
-
-
-def persecond_settings(main: RedisProcess, fast: RedisProcess, **changes: Any) -> Settings:
-    return Settings(
+def persecond(config_dir: ConfigDir, make_redis: RedisFactory, clock: ManualClock) -> PerSecond:
+    """PER_SECOND served by a main Redis and a per-second one (REDIS_PERSECOND): both, and
+    the backend the settings make of them."""
+    config_dir.write("ps.yaml", PER_SECOND)
+    main, fast = make_redis().start(), make_redis().start()
+    settings = Settings(
         backend="redis",
         redis_type="single",
         redis_socket_type="tcp",
@@ -133,20 +124,15 @@ def persecond_settings(main: RedisProcess, fast: RedisProcess, **changes: Any) -
         redis_timeout=5.0,
         # Real-time TTLs while the test clock stands still: keep 1 s keys from lapsing.
         expiration_jitter_max_seconds=3600,
-        **changes,
     )
+    return main, fast, make_backend(settings, clock)
 
 
 def test_persecond_counters_go_to_the_persecond_redis(
-    config_dir: ConfigDir,
-    make_server: ServerFactory,
-    two_redis: tuple[RedisProcess, RedisProcess],
-    clock: ManualClock,
+    make_server: ServerFactory, persecond: PerSecond
 ) -> None:
     """With REDIS_PERSECOND, one request's second-limit key lands there, its minute key in main."""
-    config_dir.write("ps.yaml", PER_SECOND)
-    main, fast = two_redis
-    backend = make_backend(persecond_settings(main, fast), clock)
+    main, fast, backend = persecond
     assert isinstance(backend, RoutedBackend)
     server = make_server(backend=backend, cache_key_prefix="p_")
     response = server.ask("ps", [("sec", "a")], [("min", "b")])
@@ -160,20 +146,16 @@ def test_persecond_counters_go_to_the_persecond_redis(
 
 
 def test_persecond_split_keeps_stop_increment_when_over_across_both_redis(
-    config_dir: ConfigDir,
-    make_server: ServerFactory,
-    two_redis: tuple[RedisProcess, RedisProcess],
-    clock: ManualClock,
+    make_server: ServerFactory, persecond: PerSecond
 ) -> None:
     """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: a per-second over spares the main minute key."""
-    config_dir.write("ps.yaml", PER_SECOND)
-    main, fast = two_redis
+    main, _, backend = persecond
     routed = make_server(
-        backend=make_backend(persecond_settings(main, fast), clock),
+        backend=backend,
         cache_key_prefix="s_",
         stop_cache_key_increment_when_overlimit=True,
     )
-    memory = make_server(backend=MemoryBackend(clock), stop_cache_key_increment_when_overlimit=True)
+    memory = make_server(stop_cache_key_increment_when_overlimit=True)
     for _ in range(3):
         got = routed.ask("ps", [("sec", "a")], [("min", "b")])
         want = memory.ask("ps", [("sec", "a")], [("min", "b")])

@@ -19,6 +19,7 @@ from ferryman.backends.redis import (
 )
 
 from helpers.redis_procs import (
+    RedisFactory,
     RedisProcess,
     SentinelProcess,
 )
@@ -37,16 +38,28 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def sentinel(tmp_path: Path) -> Iterator[tuple[RedisProcess, SentinelProcess]]:
-    master = RedisProcess(tmp_path / "master").start()
-    try:
-        watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
-    except BaseException:
-        master.stop()
-        raise
+def sentinel(
+    make_redis: RedisFactory, tmp_path: Path
+) -> Iterator[tuple[RedisProcess, SentinelProcess]]:
+    master = make_redis().start()
+    watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
     yield master, watcher
     watcher.stop()
-    master.stop()
+
+
+@pytest.fixture
+def replicated(make_redis: RedisFactory) -> tuple[RedisProcess, RedisProcess]:
+    """A master and its replica, replication up."""
+    master = make_redis(None, "--repl-diskless-sync-delay", "0").start()
+    replica = make_redis(None, "--replicaof", "127.0.0.1", str(master.port)).start()
+    with replica.client() as r:
+        wait_for(
+            "replication",
+            lambda: r.info("replication")["master_link_status"] == "up",
+            20,
+            ignoring=(redis.RedisError,),
+        )
+    return master, replica
 
 
 @pytest.mark.parametrize("style", ["url", "env"])
@@ -83,26 +96,18 @@ def test_sentinel_backend_finds_the_master_and_counts_there(
 
 
 def test_sentinel_failover_moves_counting_to_the_new_master(
-    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    replicated: tuple[RedisProcess, RedisProcess],
+    tmp_path: Path,
 ) -> None:
     """The master dies in mid-traffic and Sentinel promotes its replica: calls fail with
     UNAVAILABLE while there is no master, then count on the new one, which has the old
     one's counts, without a restart: exactly the limit is granted over the whole run."""
     config_dir.write("m.yaml", MESSAGING)  # 5 a day
-    master = RedisProcess(tmp_path / "master", None, "--repl-diskless-sync-delay", "0").start()
-    replica = RedisProcess(
-        tmp_path / "replica", None, "--replicaof", "127.0.0.1", str(master.port)
-    ).start()
-    watcher: SentinelProcess | None = None
+    master, replica = replicated
+    watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
     try:
-        with replica.client() as r:
-            wait_for(
-                "replication",
-                lambda: r.info("replication")["master_link_status"] == "up",
-                20,
-                ignoring=(redis.RedisError,),
-            )
-        watcher = SentinelProcess(tmp_path / "sentinel", master.port).start()
         with redis.Redis(port=watcher.port, socket_timeout=2) as s:
             wait_for(
                 "the sentinel seeing the replica",
@@ -110,10 +115,7 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
                 20,
                 ignoring=(redis.RedisError,),
             )
-        target = parse_backend_url(
-            f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=1.0
-        )
-        backend = RedisBackend(target)
+        backend = redis_backend(f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=1.0)
         server = make_server(backend=backend, cache_key_prefix="fo_")
         entries = [("message_type", "marketing"), ("to_number", "7")]
         assert [overall(server.ask("messaging", entries)) for _ in range(2)] == ["OK", "OK"]
@@ -138,43 +140,24 @@ def test_sentinel_failover_moves_counting_to_the_new_master(
             key = f"fo_messaging_message_type_marketing_to_number_7_{int(EPOCH)}"
             assert new_master.get(key) == b"6"
     finally:
-        if watcher is not None:
-            watcher.stop()
-        replica.stop()
-        master.stop()
+        watcher.stop()
 
 
 def test_a_read_only_reply_makes_the_client_connect_again(
-    config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
+    config_dir: ConfigDir, make_server: ServerFactory, replicated: tuple[RedisProcess, RedisProcess]
 ) -> None:
     """A master turned replica answers READONLY: that call is UNAVAILABLE and the connection
     is dropped, so the next call connects again (to whatever Sentinel or DNS names now)."""
     config_dir.write("m.yaml", MESSAGING)
-    master = RedisProcess(tmp_path / "master", None, "--repl-diskless-sync-delay", "0").start()
-    replica = RedisProcess(
-        tmp_path / "replica", None, "--replicaof", "127.0.0.1", str(master.port)
-    ).start()
-    try:
-        server = make_server(
-            backend=redis_backend(replica.url, timeout=2.0),
-            cache_key_prefix="ro_",
-        )
-        entries = [("message_type", "marketing"), ("to_number", "8")]
-        with replica.client() as r:
-            wait_for(
-                "replication",
-                lambda: r.info("replication")["master_link_status"] == "up",
-                20,
-                ignoring=(redis.RedisError,),
-            )
-            with pytest.raises(grpc.RpcError) as refused:
-                server.ask("messaging", entries)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "READONLY" in (refused.value.details() or "")
-            connections = r.info("stats")["total_connections_received"]
-            r.execute_command("REPLICAOF", "NO", "ONE")
-            assert overall(server.ask("messaging", entries)) == "OK"
-            assert r.info("stats")["total_connections_received"] > connections
-    finally:
-        replica.stop()
-        master.stop()
+    _, replica = replicated
+    server = make_server(backend=redis_backend(replica.url, timeout=2.0), cache_key_prefix="ro_")
+    entries = [("message_type", "marketing"), ("to_number", "8")]
+    with replica.client() as r:
+        with pytest.raises(grpc.RpcError) as refused:
+            server.ask("messaging", entries)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "READONLY" in (refused.value.details() or "")
+        connections = r.info("stats")["total_connections_received"]
+        r.execute_command("REPLICAOF", "NO", "ONE")
+        assert overall(server.ask("messaging", entries)) == "OK"
+        assert r.info("stats")["total_connections_received"] > connections

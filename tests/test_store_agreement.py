@@ -20,7 +20,7 @@ from ferryman.limits.burst import BurstPolicy, Tier
 from ferryman.limits.engine import DescriptorRequest, EngineOptions, RateLimitEngine
 from ferryman.stats import Stats
 
-from helpers.bursts import COOKBOOK, Trace, replay_burst, trace_strategy
+from helpers.bursts import COOKBOOK, Trace, replay_burst, tier_lists, trace_strategy
 from helpers.copies import CopyNode, Step, copy_steps, replay_copies
 from helpers.server import EPOCH
 from helpers.stores import Store, memory_store, on_stores
@@ -156,17 +156,7 @@ def test_cookbook_burst_traces_match_memory(store: Store, clock: ManualClock, na
     assert any(o.granted for o in memory)
 
 
-tiers_strategy = st.lists(
-    st.builds(
-        Tier,
-        limit=st.integers(0, 4),
-        window=st.sampled_from([0.5, 1.0, 2.0, 5.0]),
-        active=st.sampled_from([1.0, 3.0, 10.0, 30.0]),
-        cooldown=st.sampled_from([0.0, 2.0, 7.0]),
-        skippable=st.booleans(),
-    ),
-    max_size=3,
-)
+tiers_strategy = tier_lists([0.5, 1.0, 2.0, 5.0])
 
 
 @on_stores("redis")

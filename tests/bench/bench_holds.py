@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
@@ -54,9 +53,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
 
@@ -65,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpe
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 
-from bench_rls import http_ok, port_open, wait_ready
+from bench_rls import Processes, cpu_seconds, http_ok, port_open, wait_ready
 from helpers.ports import free_port
 
 DOMAIN = "bench"
@@ -86,7 +85,6 @@ descriptors:
 NODE = f"ferryman_copies_{DOMAIN}.{KEY}"  # RateLimitEngine.copies_node, no key prefix
 START_TIMEOUT = 30.0
 INFLIGHT = 64  # reservations in flight at once while taking the holds
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 Pb = limiter_pb2
 
 
@@ -104,15 +102,6 @@ def percentile_ms(ordered: Sequence[int], fraction: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))
     return ordered[index] / 1e6
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time of ``pid`` from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -306,68 +295,6 @@ async def run_hold(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def _child_setup() -> Callable[[], None] | None:
-    """What a child runs before exec: get SIGTERM when this script dies (Linux)."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def setup() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return setup
-
-
-class Processes:
-    """Every child process this script starts; close() ends them all, politely then not."""
-
-    def __init__(self) -> None:
-        self.children: list[subprocess.Popen[Any]] = []
-
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        stdout: IO[Any] | int | None,
-        stderr: IO[Any] | int | None,
-        stdin: IO[Any] | int | None = subprocess.DEVNULL,
-        env: Mapping[str, str] | None = None,
-        text: bool = False,
-    ) -> subprocess.Popen[Any]:
-        child = subprocess.Popen(
-            list(argv), stdout=stdout, stderr=stderr, stdin=stdin, env=env, text=text,
-            start_new_session=True,  # Ctrl-C reaches only us; we end the children
-            preexec_fn=_child_setup(),
-        )  # fmt: skip
-        self.children.append(child)
-        return child
-
-    def stop(self, child: subprocess.Popen[Any], grace: float = 5.0) -> None:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(grace)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        for stream in (child.stdin, child.stdout, child.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if child in self.children:
-            self.children.remove(child)
-
-    def close(self) -> None:
-        for child in list(self.children):
-            with contextlib.suppress(Exception):
-                self.stop(child)
 
 
 class Stack:

@@ -59,7 +59,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import grpc
 
@@ -473,30 +473,33 @@ class Processes:
     """Every child process this script starts; close() ends them all, politely then not."""
 
     def __init__(self) -> None:
-        self._children: list[subprocess.Popen[bytes]] = []
+        self._children: list[subprocess.Popen[Any]] = []
 
     def start(
         self,
         argv: Sequence[str],
         *,
-        stdout: TextIO | int | None,
-        stderr: TextIO | int | None,
+        stdout: IO[Any] | int | None,
+        stderr: IO[Any] | int | None,
+        stdin: IO[Any] | int | None = subprocess.DEVNULL,
         env: Mapping[str, str] | None = None,
+        text: bool = False,
         cpus: frozenset[int] | None = None,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[Any]:
         child = subprocess.Popen(
             list(argv),
             stdout=stdout,
             stderr=stderr,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             env=env,
+            text=text,
             start_new_session=True,  # Ctrl-C reaches only us; we end the children
             preexec_fn=_child_setup(cpus),
         )
         self._children.append(child)
         return child
 
-    def stop(self, child: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    def stop(self, child: subprocess.Popen[Any], grace: float = 5.0) -> None:
         if child.poll() is None:
             child.terminate()
             try:
@@ -504,6 +507,10 @@ class Processes:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        for stream in (child.stdin, child.stdout, child.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
         if child in self._children:
             self._children.remove(child)
 

@@ -22,6 +22,22 @@ trace_strategy = st.lists(
     max_size=40,
 )
 
+
+def tier_lists(windows: list[float]) -> st.SearchStrategy[list[Tier]]:
+    """Up to three tiers, each window one of ``windows``."""
+    return st.lists(
+        st.builds(
+            Tier,
+            limit=st.integers(0, 4),
+            window=st.sampled_from(windows),
+            active=st.sampled_from([1.0, 3.0, 10.0, 30.0]),
+            cooldown=st.sampled_from([0.0, 2.0, 7.0]),
+            skippable=st.booleans(),
+        ),
+        max_size=3,
+    )
+
+
 COOKBOOK = {
     "simple": BurstPolicy((Tier(5, 1.0, 3600.0),)),
     "penalty": BurstPolicy((Tier(5, 1.0, 3600.0), Tier(50, 1.0, 5.0, 15.0))),

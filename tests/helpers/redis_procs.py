@@ -6,6 +6,7 @@ import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -91,6 +92,10 @@ class RedisProcess:
         if self.proc is not None:
             stop_process(self.proc)
             self.proc = None
+
+
+RedisFactory = Callable[..., RedisProcess]
+"""Builds a test's own redis-server (not started): ``(port=None, *extra_args)``."""
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
