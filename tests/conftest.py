@@ -1,149 +1,31 @@
-"""Shared fixtures: a real ferryman server on loopback ports, driven over real sockets."""
+"""Every fixture the suite shares, in one layer: clocks, config directories, real Redis
+processes, the store under test and real ferryman servers. Plain helpers live in ``helpers``.
+
+The store a test runs on is chosen one way: ``store_kind`` ("memory" unless a test or module
+is marked with ``helpers.stores.on_stores``), which ``make_store``, ``store`` and
+``make_server`` all follow.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import http.client
-import threading
-import time
-import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import grpc
 import pytest
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.base import Backend
-from ferryman.backends.redis import RedisBackend, parse_backend_url
-from ferryman.clock import ManualClock, SystemClock
-from ferryman.server.app import Service
+from ferryman.backends.memory import MemoryBackend
+from ferryman.clock import ManualClock
 from ferryman.settings import Settings
 from ferryman.telemetry import Telemetry
 
-from redis_procs import RedisCluster, RedisProcess
+from helpers.client_domain import Echo
+from helpers.redis_procs import RedisCluster, RedisFactory, RedisProcess
+from helpers.server import EPOCH, ConfigDir, Server, ServerFactory
+from helpers.stores import REDIS_FIXTURES, Store, redis_backend, unique_prefix
 
-T = TypeVar("T")
-
-# 2023-11-15T00:00:00Z: a multiple of every unit up to a day, so window arithmetic is plain.
-EPOCH = 1_700_006_400.0
-
-Entries = Sequence[tuple[str, str]]
-
-
-def descriptor(
-    entries: Entries,
-    *,
-    hits: int | None = None,
-    limit: tuple[int, int] | None = None,
-    negative: bool = False,
-) -> ratelimit_pb2.RateLimitDescriptor:
-    d = ratelimit_pb2.RateLimitDescriptor(
-        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
-    )
-    if hits is not None:
-        d.hits_addend.value = hits
-    if limit is not None:
-        d.limit.requests_per_unit, d.limit.unit = limit
-    if negative:
-        d.is_negative_hits = True
-    return d
-
-
-class Server:
-    """A Service running on its own event loop thread, with loopback clients."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        clock: ManualClock,
-        backend: Backend | None,
-        telemetry: Telemetry | None = None,
-        real_clock: bool = False,
-    ) -> None:
-        self.settings = settings
-        self.clock = clock  # with real_clock the Service reads the system clock instead
-        self.loop = asyncio.new_event_loop()
-        self.service = Service(
-            settings,
-            clock=SystemClock() if real_clock else clock,
-            backend=backend,
-            telemetry=telemetry,
-        )
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.run(self.service.start())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.grpc_port}")
-        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
-        self._stopped = False
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    @property
-    def stats(self) -> dict[str, int]:
-        return self.service.stats.snapshot()
-
-    def stat(self, name: str) -> int:
-        return self.service.stats.get(name)
-
-    def ask(
-        self,
-        domain: str,
-        *descriptors: Entries | ratelimit_pb2.RateLimitDescriptor,
-        hits: int = 0,
-        metadata: Sequence[tuple[str, str]] | None = None,
-    ) -> rls_pb2.RateLimitResponse:
-        built = [
-            d if isinstance(d, ratelimit_pb2.RateLimitDescriptor) else descriptor(d)
-            for d in descriptors
-        ]
-        request = rls_pb2.RateLimitRequest(domain=domain, descriptors=built, hits_addend=hits)
-        response: rls_pb2.RateLimitResponse = self.stub.ShouldRateLimit(
-            request, timeout=10, metadata=metadata
-        )
-        return response
-
-    def http(
-        self, method: str, path: str, body: bytes | None = None, debug: bool = False
-    ) -> tuple[int, bytes]:
-        port = self.service.debug_port if debug else self.service.http_port
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        try:
-            conn.request(method, path, body=body)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def stop(self, grace: float = 5.0) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        self.channel.close()
-        self.run(self.service.stop(grace))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
-
-
-class ConfigDir:
-    """A descriptor directory that tests write YAML into."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-
-    def write(self, name: str, text: str) -> Path:
-        target = self.path / name
-        target.write_text(text)
-        return target
+StoreFactory = Callable[..., Backend]
 
 
 @pytest.fixture
@@ -154,9 +36,6 @@ def config_dir(tmp_path: Path) -> ConfigDir:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(EPOCH)
-
-
-ServerFactory = Callable[..., Server]
 
 
 @pytest.fixture(scope="session")
@@ -176,39 +55,95 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    """Which backend make_server builds; test modules parametrize it indirectly."""
+def make_redis(tmp_path: Path) -> Iterator[RedisFactory]:
+    """Builds (not starts) redis-servers of this test alone; stops every one at teardown."""
+    made: list[RedisProcess] = []
+
+    def factory(port: int | None = None, *extra: str) -> RedisProcess:
+        proc = RedisProcess(tmp_path / f"redis{len(made)}", port, *extra)
+        made.append(proc)
+        return proc
+
+    yield factory
+    for proc in made:
+        proc.stop()
+
+
+@pytest.fixture
+def own_redis(make_redis: RedisFactory) -> RedisProcess:
+    """A redis-server of this test alone, so its command stats are this test's."""
+    return make_redis().start()
+
+
+@pytest.fixture
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Which store the test runs on: memory, redis or cluster (see ``on_stores``)."""
     return str(getattr(request, "param", "memory"))
 
 
 @pytest.fixture
+def redis_url(store_kind: str, request: pytest.FixtureRequest) -> str:
+    """The URL of the session's Redis of ``store_kind`` (a redis or cluster store only)."""
+    assert store_kind in REDIS_FIXTURES, f"{store_kind} is not a Redis store"
+    url: str = request.getfixturevalue(REDIS_FIXTURES[store_kind]).url
+    return url
+
+
+@pytest.fixture
+def make_store(store_kind: str, clock: ManualClock, request: pytest.FixtureRequest) -> StoreFactory:
+    """Builds a new, unstarted backend of ``store_kind``: memory on the test's clock, or a
+    RedisBackend on the session's redis-server or Cluster (options as ``redis_backend``)."""
+
+    def factory(**options: Any) -> Backend:
+        if store_kind == "memory":
+            return MemoryBackend(clock)
+        return redis_backend(request.getfixturevalue("redis_url"), **options)
+
+    return factory
+
+
+@pytest.fixture
+def store(
+    store_kind: str, make_store: StoreFactory, clock: ManualClock, request: pytest.FixtureRequest
+) -> Iterator[Store]:
+    """A started store of ``store_kind`` for the conformance suite; closed afterwards."""
+    port = None
+    if store_kind != "memory":
+        redis = request.getfixturevalue(REDIS_FIXTURES[store_kind])
+        port = redis.port if store_kind == "redis" else redis.nodes[0].port
+    started = Store(store_kind, make_store(server_time=False), clock, port)
+    yield started
+    started.close()
+
+
+@pytest.fixture
 def make_server(
-    config_dir: ConfigDir, clock: ManualClock, backend_kind: str, request: pytest.FixtureRequest
+    config_dir: ConfigDir, clock: ManualClock, store_kind: str, make_store: StoreFactory
 ) -> Iterator[ServerFactory]:
     servers: list[Server] = []
-    prefix = f"t{uuid.uuid4().hex[:12]}_"
-
-    def default_backend() -> Backend | None:
-        if backend_kind == "redis":
-            url = request.getfixturevalue("redis_server").url
-        elif backend_kind == "cluster":
-            url = request.getfixturevalue("redis_cluster").url
-        else:
-            return None
-        return RedisBackend(parse_backend_url(url, pool_size=8, timeout=5.0), server_time=False)
+    prefix = unique_prefix()
 
     def factory(
         backend: Backend | None = None,
         telemetry: Callable[[Settings], Telemetry] | None = None,
         real_clock: bool = False,
+        store_of: Server | None = None,
         **overrides: Any,
     ) -> Server:
         """A started Server; ``telemetry`` builds the Service's Telemetry from its settings.
 
+        Without ``backend`` it runs on ``store_kind``: memory is the Service's own, on its
+        clock. ``store_of`` shares another server's store (its backend object for memory, a
+        new backend on the same Redis otherwise) under that server's key prefix.
         ``real_clock`` runs the Service on the system clock (for clients that really sleep).
         """
+        if store_of is not None:
+            overrides.setdefault("cache_key_prefix", store_of.settings.cache_key_prefix)
+            if backend is None and store_kind == "memory":
+                backend = store_of.service.backend
         if backend is None:
-            backend = default_backend()
+            if store_kind != "memory":
+                backend = make_store(pool_size=8, server_time=False)
             overrides.setdefault("cache_key_prefix", prefix)
         settings = Settings(
             host="127.0.0.1",
@@ -230,47 +165,9 @@ def make_server(
         server.stop()
 
 
-# One request touching each kind of node: a fixed window, burst tiers, held copies.
-MIXED = """
-domain: mx
-descriptors:
-  - key: fixed
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: tiers
-    burst_tiers:
-      - {limit: 100, window: 1s, active: 1h}
-  - key: seats
-    copies: {limit: 100, hold_ttl: 30s}
-"""
-MIXED_REQUEST = ([("fixed", "a")], [("tiers", "t")], [("seats", "s")])
-
-
-def wait_for(
-    what: str,
-    predicate: Callable[[], object],
-    timeout: float = 5,
-    interval: float = 0.02,
-    ignoring: tuple[type[BaseException], ...] = (),
-) -> float:
-    """Poll ``predicate`` until it is true (an exception in ``ignoring`` counts as not yet);
-    the seconds it took. Fails naming ``what`` once ``timeout`` passes."""
-    start = time.monotonic()
-    while True:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except ignoring:
-            pass
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(interval)
-
-
-def codes(response: rls_pb2.RateLimitResponse) -> list[str]:
-    """Status codes by name, for compact assertions."""
-    name = rls_pb2.RateLimitResponse.Code.Name
-    return [name(s.code) for s in response.statuses]
-
-
-def overall(response: rls_pb2.RateLimitResponse) -> str:
-    return rls_pb2.RateLimitResponse.Code.Name(response.overall_code)
+@pytest.fixture
+def echo() -> Iterator[Echo]:
+    """A running Echo gRPC service, for the client interceptors to guard."""
+    service = Echo()
+    yield service
+    service.stop()

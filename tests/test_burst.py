@@ -17,6 +17,8 @@ from ferryman.algorithms.burst.model import (
     decide,
 )
 
+from helpers.bursts import tier_lists, trace_strategy
+
 
 class Node:
     """One node's burst state for several tenants, driven request by request."""
@@ -265,26 +267,7 @@ class ExactModel:
         return granted
 
 
-tiers_strategy = st.lists(
-    st.builds(
-        Tier,
-        limit=st.integers(0, 4),
-        window=st.sampled_from([1.0, 2.0, 5.0]),
-        active=st.sampled_from([1.0, 3.0, 10.0, 30.0]),
-        cooldown=st.sampled_from([0.0, 2.0, 7.0]),
-        skippable=st.booleans(),
-    ),
-    max_size=3,
-)
-trace_strategy = st.lists(
-    st.tuples(
-        st.sampled_from(["a", "b"]),
-        st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 5.0]),
-        st.integers(0, 6),
-        st.integers(0, 6),
-    ),
-    max_size=40,
-)
+tiers_strategy = tier_lists([1.0, 2.0, 5.0])
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,7 +40,7 @@ def ferryman(*args: str, cwd: Path, timeout: float = 60) -> subprocess.Completed
 
 
 # Directory under tests/data -> every error `check` must print: (file, line, path, message part).
-BAD_DIRS = {
+BAD_DIRS: dict[str, list[tuple[str, int, str | None, str]]] = {
     "bad_unknown_key": [
         ("x.yaml", 3, "descriptor", "unknown key 'descriptor'"),
         ("x.yaml", 7, "descriptors[0].ratelimit", "unknown key 'ratelimit'"),

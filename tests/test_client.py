@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import typing
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -27,36 +24,17 @@ from ferryman.client._backoff import RetrySchedule, jitter
 from ferryman.client._models import normalize_descriptor
 from ferryman.errors import NotFoundError, RequestError, ServiceUnavailableError
 
-from conftest import ConfigDir, Server, ServerFactory
+from helpers.client_domain import CLIENT_CONFIG, ECHO, Echo, route_echo
+from helpers.ports import refused_port, silent_listener
+from helpers.server import ConfigDir, Server, ServerFactory
 
 ROOT = Path(__file__).resolve().parents[1]
-
-CONFIG = """
-domain: client
-descriptors:
-  - key: tight            # two hits per second: a rejected hit gets in about a second later
-    burst_tiers:
-      - {limit: 2, window: 1s, active: 1h}
-  - key: closed           # one hit a minute: retry_after is far beyond any max_wait here
-    burst_tiers:
-      - {limit: 1, window: 60s, active: 1h}
-  - key: shut             # never: retry_after is unset, so the bare backoff schedule runs
-    burst_tiers: []
-  - key: fixed
-    rate_limit: {unit: minute, requests_per_unit: 2, name: fixed_two}
-  - key: outer
-    descriptors:
-      - key: inner
-        rate_limit: {unit: hour, requests_per_unit: 1}
-"""
-
-ECHO = "/test.Echo/Say"
 
 
 @pytest.fixture
 def server(config_dir: ConfigDir, make_server: ServerFactory) -> Server:
     """A ferryman server on the system clock with the client test domain."""
-    config_dir.write("client.yaml", CONFIG)
+    config_dir.write("client.yaml", CLIENT_CONFIG)
     return make_server(real_clock=True, limit_response_headers_enabled=True)
 
 
@@ -71,23 +49,6 @@ def client(target: str) -> Iterator[ferryman.Client]:
         yield c
 
 
-def refused_port() -> int:
-    """A loopback port nothing listens on: connections are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-@contextlib.contextmanager
-def silent_listener() -> Iterator[int]:
-    """A loopback port that accepts TCP connections and never says a word."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(16)
-        yield s.getsockname()[1]
-
-
 @pytest.fixture
 def closed_port() -> int:
     return refused_port()
@@ -97,42 +58,6 @@ def closed_port() -> int:
 def silent_port() -> Iterator[int]:
     with silent_listener() as port:
         yield port
-
-
-class Echo:
-    """A tiny gRPC service (``/test.Echo/Say``, bytes in and out) that counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers(
-            [
-                grpc.method_handlers_generic_handler(
-                    "test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(self._say)}
-                )
-            ]
-        )
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-
-    def _say(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self.calls += 1
-        return b"echo:" + request
-
-    def stop(self) -> None:
-        self.server.stop(None)
-
-
-@pytest.fixture
-def echo() -> Iterator[Echo]:
-    service = Echo()
-    yield service
-    service.stop()
-
-
-def route_echo(method: str, request: bytes) -> ferryman.Route | None:
-    """Echo calls spend the ``tight`` hits of the user named by the request."""
-    return ("client", {"tight": request.decode()}) if method == ECHO else None
 
 
 class FakeTime:

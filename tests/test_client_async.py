@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import TypeVar, cast
 
 import grpc
@@ -15,8 +15,9 @@ import pytest
 import ferryman
 from ferryman.errors import NotFoundError, RequestError, ServiceUnavailableError
 
-from conftest import ConfigDir, ServerFactory
-from test_client import CONFIG, ECHO, Echo, refused_port, route_echo, silent_listener
+from helpers.client_domain import CLIENT_CONFIG, ECHO, Echo, route_echo
+from helpers.ports import refused_port, silent_listener
+from helpers.server import ConfigDir, ServerFactory
 
 T = TypeVar("T")
 
@@ -28,16 +29,9 @@ def run(coro: Coroutine[object, object, T]) -> T:
 @pytest.fixture
 def target(config_dir: ConfigDir, make_server: ServerFactory) -> str:
     """A ferryman server on the system clock with the client test domain."""
-    config_dir.write("client.yaml", CONFIG)
+    config_dir.write("client.yaml", CLIENT_CONFIG)
     server = make_server(real_clock=True)
     return f"127.0.0.1:{server.service.grpc_port}"
-
-
-@pytest.fixture
-def echo() -> Iterator[Echo]:
-    service = Echo()
-    yield service
-    service.stop()
 
 
 def test_async_backoff_waits_and_succeeds_when_capacity_frees_up(target: str) -> None:

@@ -22,8 +22,9 @@ import pytest
 import ferryman
 from ferryman.errors import HoldError, NotFoundError, RequestError, ServiceUnavailableError
 
-from conftest import ConfigDir, Server, ServerFactory, wait_for
-from test_client import refused_port, silent_listener
+from helpers.ports import refused_port, silent_listener
+from helpers.server import ConfigDir, Server, ServerFactory, wait_for
+from helpers.stores import on_stores
 
 T = TypeVar("T")
 
@@ -120,26 +121,12 @@ def other(target: str) -> Iterator[ferryman.Client]:
         yield c
 
 
-@pytest.fixture(params=["memory", "redis"])
-def pair(
-    request: pytest.FixtureRequest, config_dir: ConfigDir, make_server: ServerFactory
-) -> tuple[Server, Server]:
+@pytest.fixture
+def pair(config_dir: ConfigDir, make_server: ServerFactory) -> tuple[Server, Server]:
     """Two servers on one store (memory: one backend object; redis: one redis-server)."""
     config_dir.write("holds.yaml", CONFIG)
-    if request.param == "memory":
-        a = make_server(real_clock=True, cache_key_prefix="m_")
-        b = make_server(backend=a.service.backend, real_clock=True, cache_key_prefix="m_")
-        return a, b
-    from ferryman.backends.redis import RedisBackend, parse_backend_url
-
-    url = request.getfixturevalue("redis_server").url
-    prefix = f"ch{time.monotonic_ns()}_"
-
-    def backend() -> RedisBackend:
-        return RedisBackend(parse_backend_url(url, timeout=5.0), server_time=False)
-
-    a = make_server(backend=backend(), real_clock=True, cache_key_prefix=prefix)
-    b = make_server(backend=backend(), real_clock=True, cache_key_prefix=prefix)
+    a = make_server(real_clock=True)
+    b = make_server(store_of=a, real_clock=True)
     return a, b
 
 
@@ -296,6 +283,7 @@ def test_unclaimed_transfer_expires(client: ferryman.Client, other: ferryman.Cli
         pass
 
 
+@on_stores("memory", "redis")
 def test_transfer_to_a_child_process_on_another_server(pair: tuple[Server, Server]) -> None:
     """Figure 6: a child process seizes 3 of 4 copies on the other server, once and only once."""
     a, b = pair

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from needs import missing
+from helpers.needs import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.burst.model import BurstOutcome, BurstRequest
 from ferryman.backends.memory import MemoryBackend
 from ferryman.errors import BackendError
 from ferryman.stats import CALL, REQUEST_CALL, total_requests
 
-from conftest import MIXED, ConfigDir, ServerFactory
+from helpers.server import MIXED, ConfigDir, ServerFactory, limiter_stub
 
 
 class FailingBursts:
@@ -33,7 +33,7 @@ class BurstsDown(MemoryBackend):
 
 
 def rate(channel: grpc.Channel, domain: str, key: str, value: str) -> limiter_pb2.RateResponse:
-    stub = limiter_pb2_grpc.LimiterStub(channel)
+    stub = limiter_stub(channel)
     request = limiter_pb2.RateRequest(
         domain=domain, descriptor=[limiter_pb2.Entry(key=key, value=value)]
     )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, ServerFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 DESCRIPTORS = ROOT / "descriptors"

@@ -2,118 +2,32 @@
 
 from __future__ import annotations
 
-import queue
 import time
 from typing import Any
 
 import grpc
 import pytest
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.clock import ManualClock
 
-from conftest import ConfigDir, Server, ServerFactory, codes, descriptor
+from helpers.holds import JOBS_CONFIG, Holder
+from helpers.server import ConfigDir, Server, ServerFactory, codes, descriptor, limiter_stub
+from helpers.stores import on_stores
 
-CONFIG = """
-domain: jobs
-descriptors:
-  - key: tenant
-    copies:
-      limit: 10
-      global_limit: 12
-      groups:
-        - {name: probation, limit: 5, members: [new-co, trial-*]}
-        - {name: vip, limit: 50, members: [acme]}
-        - {name: everyone, limit: 9, members: ["*"]}
-  - key: fixed
-    rate_limit: {unit: second, requests_per_unit: 1}
-  - key: upstream
-    copies: {limit: 2, hold_ttl: 30s}
-"""
-
-Entries = list[tuple[str, str]]
-
-
-class Holder:
-    """A client with an open Session stream on one server."""
-
-    def __init__(self, server: Server, name: str = "test") -> None:
-        self.stub = limiter_pb2_grpc.LimiterStub(server.channel)
-        self._out: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
-        self._stream = self.stub.Session(iter(self._out.get, None))
-        self._out.put(
-            limiter_pb2.SessionRequest(open=limiter_pb2.SessionRequest.Open(client_name=name))
-        )
-        opened = next(self._stream)
-        self.session_id = opened.opened.session_id
-        assert self.session_id
-
-    @property
-    def md(self) -> tuple[tuple[str, str], ...]:
-        return (("ferryman-session", self.session_id),)
-
-    def reserve(self, tenant: str, copies: int, min_copies: int | None = None) -> Any:
-        request = limiter_pb2.ReserveRequest(
-            domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
-            copies=copies,
-        )  # fmt: skip
-        if min_copies is not None:
-            request.min_copies = min_copies
-        return self.stub.Reserve(request, metadata=self.md, timeout=10)
-
-    def release(self, tenant: str, copies: int, groups: list[str]) -> Any:
-        return self.stub.Release(
-            limiter_pb2.ReleaseRequest(
-                domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
-                copies=copies, groups=groups,
-            ),
-            metadata=self.md, timeout=10,
-        )  # fmt: skip
-
-    def transfer(self, tenant: str, copies: int, groups: list[str], ttl: float) -> str:
-        request = limiter_pb2.TransferRequest(
-            domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value=tenant)],
-            copies=copies, groups=groups,
-        )  # fmt: skip
-        request.ttl.FromMilliseconds(int(ttl * 1000))
-        reply = self.stub.Transfer(request, metadata=self.md, timeout=10)
-        return str(reply.transfer_id)
-
-    def seize(self, transfer_id: str) -> Any:
-        return self.stub.Seize(
-            limiter_pb2.SeizeRequest(transfer_id=transfer_id), metadata=self.md, timeout=10
-        )
-
-    def close(self) -> None:
-        self._out.put(None)
-        for _ in self._stream:
-            pass
+pytestmark = on_stores("memory", "redis")
 
 
 def groups_of(reply: Any) -> dict[str, tuple[int, int]]:
     return {g.name: (g.limit, g.held) for g in reply.groups}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def pair(
-    request: pytest.FixtureRequest, config_dir: ConfigDir, make_server: ServerFactory
-) -> tuple[Server, Server]:
+@pytest.fixture
+def pair(config_dir: ConfigDir, make_server: ServerFactory) -> tuple[Server, Server]:
     """Two servers on one shared store (memory: the same backend object; redis: one Redis)."""
-    config_dir.write("jobs.yaml", CONFIG)
-    if request.param == "memory":
-        a = make_server(cache_key_prefix="m_", hold_lease_seconds=3.0)
-        b = make_server(backend=a.service.backend, cache_key_prefix="m_", hold_lease_seconds=3.0)
-    else:
-        from ferryman.backends.redis import RedisBackend, parse_backend_url
-
-        url = request.getfixturevalue("redis_server").url
-        prefix = f"h{time.monotonic_ns()}_"
-
-        def backend() -> RedisBackend:
-            return RedisBackend(parse_backend_url(url, timeout=5.0), server_time=False)
-
-        a = make_server(backend=backend(), cache_key_prefix=prefix, hold_lease_seconds=3.0)
-        b = make_server(backend=backend(), cache_key_prefix=prefix, hold_lease_seconds=3.0)
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    a = make_server(hold_lease_seconds=3.0)
+    b = make_server(store_of=a, hold_lease_seconds=3.0)
     return a, b
 
 
@@ -158,7 +72,7 @@ def test_release_names_the_groups_of_the_reservation_after_a_config_change(
     a, _ = pair
     h = Holder(a)
     h.reserve("new-co", 2)
-    config_dir.write("jobs.yaml", CONFIG.replace("[new-co, trial-*]", "[trial-*]"))
+    config_dir.write("jobs.yaml", JOBS_CONFIG.replace("[new-co, trial-*]", "[trial-*]"))
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and a.service.holder.version < 2:
         time.sleep(0.02)
@@ -245,7 +159,7 @@ def test_closing_a_session_releases_what_it_holds(pair: tuple[Server, Server]) -
 def test_calls_without_an_open_session_are_refused(pair: tuple[Server, Server]) -> None:
     """No session metadata, or a session of another server: FAILED_PRECONDITION."""
     a, b = pair
-    stub = limiter_pb2_grpc.LimiterStub(a.channel)
+    stub = limiter_stub(a.channel)
     request = limiter_pb2.ReserveRequest(
         domain="jobs", descriptor=[limiter_pb2.Entry(key="tenant", value="acme")], copies=1
     )

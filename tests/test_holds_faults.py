@@ -30,10 +30,10 @@ import pytest
 import redis
 
 import ferryman
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 
-from conftest import wait_for
-from redis_procs import RedisProcess
+from helpers.redis_procs import RedisProcess
+from helpers.server import limiter_stub, wait_for
 
 LEASE = 1.0
 PREFIX = "fx_"
@@ -187,7 +187,7 @@ class Holder:
     """A client with an open Session stream on one server (the sync stub, as in test_holds)."""
 
     def __init__(self, channel: grpc.Channel, name: str = "test") -> None:
-        self.stub = limiter_pb2_grpc.LimiterStub(channel)
+        self.stub = limiter_stub(channel)
         self._out: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
         self._stream = self.stub.Session(iter(self._out.get, None))
         self._out.put(
@@ -275,13 +275,13 @@ def db(store: RedisProcess) -> Iterator[redis.Redis]:
 
 
 def _counts(db: redis.Redis) -> dict[str, int]:
-    return {k: int(v) for k, v in db.hgetall(COUNTS).items()}
+    return {str(k): int(v) for k, v in db.hgetall(COUNTS).items()}
 
 
 def _leftovers(db: redis.Redis) -> list[str]:
     """Contribution hashes, staged transfers and Envoy holds still in Redis."""
     keys = [k for k in db.keys(f"{TAG}:*") if k not in (COUNTS, LEASES, DEAD)]
-    return sorted(k for k in keys if db.type(k) != "zset" or db.zcard(k) > 0)
+    return sorted(str(k) for k in keys if db.type(k) != "zset" or db.zcard(k) > 0)
 
 
 def test_killed_client_process_copies_come_back(procs: Processes, db: redis.Redis) -> None:
@@ -352,7 +352,7 @@ def test_killed_server_copies_are_freed_by_the_other_after_the_lease(
     observer = Holder(b.channel, "observer")
     contributions = db.keys(f"{TAG}:c:*")
     assert len(contributions) == 1  # A's; B holds nothing yet
-    a_id = contributions[0].rsplit(":", 1)[1]
+    a_id = str(contributions[0]).rsplit(":", 1)[1]
 
     a.kill()
     killed, killed_wall = time.monotonic(), time.time()

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from conftest import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, ServerFactory
 
 CONFIG = """
 domain: web
@@ -105,7 +105,7 @@ def raw_exchange(port: int, data: bytes) -> tuple[bytes, bool]:
     """Send ``data`` on a fresh connection; the whole answer and whether the server closed."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = sock.recv(65536)
             if not chunk:

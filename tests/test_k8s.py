@@ -29,11 +29,12 @@ import grpc
 import pytest
 import yaml
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 
-from conftest import descriptor
-from needs import missing
-from redis_procs import RedisProcess
+from helpers.configmap import configmap_volume
+from helpers.needs import missing
+from helpers.redis_procs import RedisProcess
+from helpers.server import descriptor, rls_stub
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -282,22 +283,6 @@ def ratelimit_alias(bin_dir: Path) -> Path:
     return target
 
 
-def configmap_volume(mount: Path, data: dict[str, str], stamp: str) -> None:
-    """Lay out (or update) a ConfigMap volume as the kubelet does: a timestamped directory,
-    the ..data link swapped atomically, one link per key."""
-    mount.mkdir(parents=True, exist_ok=True)
-    versioned = mount / f"..{stamp}"
-    versioned.mkdir()
-    for key, value in data.items():
-        (versioned / key).write_text(value)
-    link = mount / "..data_tmp"
-    link.symlink_to(versioned.name)
-    os.replace(link, mount / "..data")
-    for key in data:
-        if not (mount / key).is_symlink():
-            (mount / key).symlink_to(f"..data/{key}")
-
-
 class Reference:
     """ferryman started as the guide's Deployment starts the reference: its command (through
     the image's /bin/ratelimit) and its environment, RUNTIME_ROOT and REDIS_URL pointed at
@@ -350,7 +335,7 @@ class Reference:
             self.kill()
             raise AssertionError("ferryman did not start:\n" + self.log.read_text()[-3000:])
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
-        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = rls_stub(self.channel)
 
     def ask(self, path: str) -> str:
         request = rls_pb2.RateLimitRequest(
@@ -410,17 +395,23 @@ def test_istio_reference_env_and_command_serve_the_guides_limits(reference: Refe
     assert reference.stop() == 0
 
 
-@pytest.mark.parametrize("reference", [{"BACKEND_TYPE": "redis"}], indirect=True)
-def test_istio_reference_with_backend_type_redis_counts_in_redis(
+def _one_request_counts_in_redis_as_the_reference_keys_it(
     reference: Reference, redis_server: RedisProcess
 ) -> None:
-    """With BACKEND_TYPE=redis added, counters land in Redis under the reference's keys."""
     path = f"/reviews/{uuid.uuid4().hex}"
     _fresh_minute()
     assert reference.ask(path) == "OK"
     window = int(time.time()) // 60 * 60
     with redis_server.client() as client:
         assert client.get(f"ratelimit_PATH_{path}_{window}") == b"1"
+
+
+@pytest.mark.parametrize("reference", [{"BACKEND_TYPE": "redis"}], indirect=True)
+def test_istio_reference_with_backend_type_redis_counts_in_redis(
+    reference: Reference, redis_server: RedisProcess
+) -> None:
+    """With BACKEND_TYPE=redis added, counters land in Redis under the reference's keys."""
+    _one_request_counts_in_redis_as_the_reference_keys_it(reference, redis_server)
     assert reference.stop() == 0
 
 
@@ -428,12 +419,7 @@ def test_istio_reference_env_alone_counts_in_redis(
     reference: Reference, redis_server: RedisProcess
 ) -> None:
     """With the guide's env alone, counters land in Redis, as with the reference."""
-    path = f"/reviews/{uuid.uuid4().hex}"
-    _fresh_minute()
-    assert reference.ask(path) == "OK"
-    window = int(time.time()) // 60 * 60
-    with redis_server.client() as client:
-        assert client.get(f"ratelimit_PATH_{path}_{window}") == b"1"
+    _one_request_counts_in_redis_as_the_reference_keys_it(reference, redis_server)
 
 
 def test_istio_reference_http_port_answers_over_ipv4(reference: Reference) -> None:

@@ -8,12 +8,21 @@ import grpc
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.clock import ManualClock
 
-from conftest import ConfigDir, Server, ServerFactory, codes, descriptor, overall
+from helpers.server import (
+    ConfigDir,
+    Server,
+    ServerFactory,
+    codes,
+    descriptor,
+    limiter_stub,
+    overall,
+)
+from helpers.stores import on_stores
 
-pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis", "cluster"], indirect=True)
+pytestmark = on_stores("memory", "redis", "cluster")
 
 COOKBOOK = (Path(__file__).resolve().parents[1] / "descriptors" / "burst-cookbook.yaml").read_text()
 
@@ -55,7 +64,7 @@ def ask(
     server: Server, domain: str, entries: list[tuple[str, str]], copies: int = 1,
     min_copies: int | None = None,
 ) -> limiter_pb2.RateResponse:  # fmt: skip
-    stub = limiter_pb2_grpc.LimiterStub(server.channel)
+    stub = limiter_stub(server.channel)
     request = limiter_pb2.RateRequest(
         domain=domain,
         descriptor=[limiter_pb2.Entry(key=k, value=v) for k, v in entries],

@@ -1,4 +1,4 @@
-"""The code base passes ruff (lint and format) and mypy --strict."""
+"""The code base, service and tests alike, passes ruff (lint and format) and mypy --strict."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""The memory backend: atomic multi-counter updates, bounded memory, thread safety."""
+"""What only the memory store does: sweeping what expired, thread safety, bounded burst state.
+
+What every store does is in the conformance suite, tests/test_store_*.py."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
+from ferryman.algorithms.burst.model import BurstPolicy, BurstRequest, Tier
 from ferryman.algorithms.fixed_window.model import CounterOp
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
@@ -28,15 +30,6 @@ def test_expired_windows_are_dropped_so_memory_tracks_live_windows() -> None:
     assert len(backend.windows) == 100
 
 
-def test_counts_accumulate_and_never_go_below_zero() -> None:
-    """Hits add up within a window; a refund larger than the count stops at zero."""
-    backend = MemoryBackend(ManualClock(0.0))
-    assert backend.windows.apply_now([op("a", 3)], stop_when_over=False)[0].after == 3
-    assert backend.windows.apply_now([op("a", 4)], stop_when_over=False)[0].after == 7
-    refund = backend.windows.apply_now([op("a", -10)], stop_when_over=False)[0]
-    assert (refund.after, refund.applied) == (0, -7)
-
-
 def test_a_window_that_ended_reads_as_zero_even_before_it_is_swept() -> None:
     """A counter past its expiry counts from zero again."""
     clock = ManualClock(0.0)
@@ -46,25 +39,6 @@ def test_a_window_that_ended_reads_as_zero_even_before_it_is_swept() -> None:
     assert (
         backend.windows.apply_now([op("a", 1, expires_at=120)], stop_when_over=False)[0].after == 1
     )
-
-
-def test_stop_when_over_applies_only_the_over_counters() -> None:
-    """With stop_when_over, an over counter is incremented and the others are left alone."""
-    backend = MemoryBackend(ManualClock(0.0))
-    backend.windows.apply_now(
-        [op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True
-    )
-    results = backend.windows.apply_now(
-        [op("tight", 1, limit=1), op("broad", 1, limit=5)], stop_when_over=True
-    )
-    assert [(r.after, r.applied) for r in results] == [(2, 1), (1, 0)]
-
-
-def test_the_same_key_twice_in_one_call_counts_both() -> None:
-    """Two ops on one counter in one call see each other's hits."""
-    backend = MemoryBackend(ManualClock(0.0))
-    results = backend.windows.apply_now([op("a", 2), op("a", 3)], stop_when_over=False)
-    assert [r.after for r in results] == [2, 5]
 
 
 def test_concurrent_threads_lose_no_hits() -> None:
@@ -83,17 +57,26 @@ def test_concurrent_threads_lose_no_hits() -> None:
     assert backend.windows.apply_now([op("shared", 0)], stop_when_over=False)[0].after == 16000
 
 
-def test_concurrent_coroutines_lose_no_hits() -> None:
-    """1000 concurrent fixed_window calls on one loop add up exactly."""
+def test_memory_forgets_idle_tenants() -> None:
+    """Burst state of a tenant is dropped once its tiers can no longer matter."""
     backend = MemoryBackend(ManualClock(0.0))
+    policy = BurstPolicy((Tier(5, 1.0, 10.0, 5.0),))
+    for i in range(100):
+        backend.bursts.decide_now(BurstRequest("node", f"t{i}", policy, 1, 1), 0.0)
+    assert backend.bursts.tenants == 100
+    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
+    assert backend.bursts.tenants == 1
 
-    async def main() -> int:
-        await asyncio.gather(
-            *(
-                backend.windows.apply([op("c", 1, limit=10**9)], stop_when_over=False)
-                for _ in range(1000)
-            )
-        )
-        return (await backend.windows.apply([op("c", 0)], stop_when_over=False))[0].after
 
-    assert asyncio.run(main()) == 1000
+def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
+    """Thousands of grants to a few tenants leave a handful of expiry entries, not thousands."""
+    backend = MemoryBackend(ManualClock(0.0))
+    policy = BurstPolicy((Tier(10**6, 1.0, 3600.0),))
+    for i in range(5000):
+        backend.bursts.decide_now(BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01)
+    assert backend.bursts.tenants == 3
+    assert len(backend.bursts._heap) == 3
+    # Past the horizon they all go, heap entries included.
+    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
+    assert backend.bursts.tenants == 1
+    assert len(backend.bursts._heap) == 1

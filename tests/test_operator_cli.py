@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, ServerFactory
 
 CONFIG = (
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,9 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 
-from conftest import descriptor, wait_for
+from helpers.ports import free_port
+from helpers.server import descriptor, rls_stub, wait_for
 
 CONFIG = """
 domain: d
@@ -130,14 +130,6 @@ def config(tmp_path: Path) -> Path:
     return directory
 
 
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def replace_file(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (a rename), so a reload never sees half a file."""
     temp = path.with_name(f".{path.name}.tmp")
@@ -190,16 +182,16 @@ def test_json_logs_are_one_object_per_line_with_stable_fields(
         assert {"time", "level", "logger", "message"} <= set(entry), entry
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
 
-    def entry(prefix: str) -> dict[str, Any]:
+    def entry_of(prefix: str) -> dict[str, Any]:
         [found] = [e for e in entries if e["message"].startswith(prefix)]
-        return found
+        return dict(found)
 
-    loaded = entry("config loaded")
+    loaded = entry_of("config loaded")
     assert (loaded["level"], loaded["logger"]) == ("info", "ferryman.config")
     assert (loaded["version"], loaded["domains"]) == (1, ["d"])
-    reloaded = entry("config reloaded")
+    reloaded = entry_of("config reloaded")
     assert (reloaded["version"], reloaded["domains"], reloaded["added"]) == (2, ["d", "e"], ["e"])
-    rejected = entry("config rejected, keeping version 2: 1 problem")
+    rejected = entry_of("config rejected, keeping version 2: 1 problem")
     assert rejected["level"] == "error" and rejected["version"] == 2
     assert "bad.yaml" in rejected["problems"][0]
 
@@ -239,7 +231,7 @@ def test_serve_loads_descriptors_of_the_current_directory(serve: type[Serve], co
     assert status["domains"] == 1
     assert "added: only-here" in server.text
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        stub = rls_stub(channel)
         request = rls_pb2.RateLimitRequest(
             domain="only-here", descriptors=[descriptor([("k", "v")])]
         )
@@ -276,7 +268,7 @@ def test_a_flood_of_undecodable_requests_writes_a_bounded_log(
     codes: dict[grpc.StatusCode, int] = {}
     started = time.monotonic()
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        call = channel.unary_unary(SHOULD_RATE_LIMIT)
+        call = channel.unary_unary(SHOULD_RATE_LIMIT, None, None)
         for batch in range(100):
             body = BAD_UTF8 if batch % 2 else CORRUPT
             pending = [call.future(body, timeout=30) for _ in range(100)]
@@ -306,13 +298,13 @@ def test_undecodable_requests_on_every_service_are_refused_alike(
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         for method in ("/ferryman.v1.Limiter/Request", "/grpc.health.v1.Health/Check"):
             with pytest.raises(grpc.RpcError) as info:
-                channel.unary_unary(method)(CORRUPT, timeout=10)
+                channel.unary_unary(method, None, None)(CORRUPT, timeout=10)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
-        session = channel.stream_stream("/ferryman.v1.Limiter/Session")
+        session = channel.stream_stream("/ferryman.v1.Limiter/Session", None, None)
         with pytest.raises(grpc.RpcError) as info:
             list(session(iter([CORRUPT]), timeout=10))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        stub = rls_stub(channel)
         request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
         assert (
             stub.ShouldRateLimit(request, timeout=10).overall_code == rls_pb2.RateLimitResponse.OK

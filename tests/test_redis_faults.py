@@ -5,23 +5,26 @@ Each test owns its redis-server on a free port, so killing it disturbs no other 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 import grpc
 import pytest
 import redis
 
-from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.algorithms.fixed_window.model import CounterOp
+from ferryman.backends.redis import RedisBackend
+from ferryman.errors import BackendError
 
-from conftest import (
+from helpers.ports import free_port
+from helpers.redis_procs import RedisFactory
+from helpers.server import (
     MIXED,
     MIXED_REQUEST,
     ConfigDir,
@@ -31,7 +34,9 @@ from conftest import (
     overall,
     wait_for,
 )
-from redis_procs import RedisProcess, free_port
+from helpers.stores import redis_backend
+
+pytestmark = pytest.mark.redis
 
 CONFIG = """
 domain: d
@@ -47,8 +52,6 @@ OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 _values = itertools.count()
-
-RedisFactory = Callable[..., RedisProcess]
 
 
 @dataclass(frozen=True)
@@ -81,27 +84,12 @@ def health(server: Server) -> int:
 
 
 def backend(url: str) -> RedisBackend:
-    return RedisBackend(parse_backend_url(url, pool_size=4, timeout=TIMEOUT))
+    return redis_backend(url, pool_size=4, timeout=TIMEOUT)
 
 
 def script_sha() -> str:
     source = resources.files("ferryman.algorithms.fixed_window").joinpath("fixed_window.lua")
     return hashlib.sha1(source.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def redis_factory(tmp_path: Path) -> Iterator[RedisFactory]:
-    """Builds (not starts) redis-servers in tmp_path; stops every one at teardown."""
-    made: list[RedisProcess] = []
-
-    def factory(port: int | None = None, *extra: str) -> RedisProcess:
-        proc = RedisProcess(tmp_path / f"redis{len(made)}", port, *extra)
-        made.append(proc)
-        return proc
-
-    yield factory
-    for proc in made:
-        proc.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -110,10 +98,10 @@ def _config(config_dir: ConfigDir) -> None:
 
 
 def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """After SIGKILL of Redis mid-traffic every call is UNAVAILABLE within the timeout."""
-    proc = redis_factory().start()
+    proc = make_redis().start()
     server = make_server(backend=backend(proc.url))
     wait_for("healthy at start", lambda: health(server) == 200, 5)
     errors_before = server.stat(f"{CALL}.redis_error")
@@ -146,17 +134,17 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
 
 
 def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """A brand new, empty Redis on the same port is used again without restarting ferryman."""
-    first = redis_factory().start()
+    first = make_redis().start()
     server = make_server(backend=backend(first.url))
     assert call(server).code is OK
     first.kill()
     wait_for("calls fail once Redis is gone", lambda: call(server).code is UNAVAILABLE, 5)
     wait_for("/healthcheck turns 500", lambda: health(server) == 500, 5)
 
-    second = redis_factory(first.port).start()
+    second = make_redis(first.port).start()
     with second.client() as client:
         assert client.script_exists(script_sha()) == [False]
     wait_for("calls succeed again", lambda: call(server).code is OK, 5)
@@ -169,10 +157,10 @@ def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
 
 
 def test_script_flush_on_live_redis_is_handled_by_reloading_the_script(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """After SCRIPT FLUSH the next call still succeeds: NOSCRIPT reloads the script."""
-    proc = redis_factory().start()
+    proc = make_redis().start()
     server = make_server(backend=backend(proc.url))
     value = fresh()
     assert call(server, value).overall == "OK"
@@ -191,10 +179,10 @@ def test_script_flush_on_live_redis_is_handled_by_reloading_the_script(
 
 
 def test_stalled_redis_fails_calls_within_the_timeout_and_recovers(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """During DEBUG SLEEP 3 calls are UNAVAILABLE within the timeout; afterwards they succeed."""
-    proc = redis_factory(None, "--enable-debug-command", "local").start()
+    proc = make_redis(None, "--enable-debug-command", "local").start()
     server = make_server(backend=backend(proc.url))
     assert call(server).code is OK
 
@@ -228,7 +216,7 @@ def test_stalled_redis_fails_calls_within_the_timeout_and_recovers(
 
 
 def test_service_starts_without_redis_and_connects_when_it_appears(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """With no Redis listening ferryman starts unhealthy, fails fast, and heals once it starts."""
     port = free_port()
@@ -240,17 +228,17 @@ def test_service_starts_without_redis_and_connects_when_it_appears(
         assert outcome.seconds < TIMEOUT + MARGIN
     assert server.stat(f"{CALL}.redis_error") == 3
 
-    redis_factory(port).start()
+    make_redis(port).start()
     wait_for("/healthcheck turns 200", lambda: health(server) == 200, 5)
     value = fresh()
     assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
 
 
 def test_fail_open_answers_ok_and_counts_degraded_while_redis_is_down(
-    redis_factory: RedisFactory, make_server: ServerFactory
+    make_redis: RedisFactory, make_server: ServerFactory
 ) -> None:
     """With fail_open and Redis killed, every call answers OK and is counted as degraded."""
-    proc = redis_factory().start()
+    proc = make_redis().start()
     server = make_server(backend=backend(proc.url), fail_open=True)
     value = fresh()
     assert [call(server, value).overall for _ in range(4)] == ["OK", "OK", "OK", "OVER_LIMIT"]
@@ -267,12 +255,12 @@ def test_fail_open_answers_ok_and_counts_degraded_while_redis_is_down(
 
 @pytest.mark.parametrize("fail_open", [False, True], ids=["fail-closed", "fail-open"])
 def test_a_request_mixing_kinds_fails_as_one_when_redis_is_down(
-    config_dir: ConfigDir, redis_factory: RedisFactory, make_server: ServerFactory, fail_open: bool
+    config_dir: ConfigDir, make_redis: RedisFactory, make_server: ServerFactory, fail_open: bool
 ) -> None:
     """A fixed window, burst tiers and held copies started together: with Redis killed the
     request gets one answer within the timeout, UNAVAILABLE or (fail-open) OK, counted once."""
     config_dir.write("mx.yaml", MIXED)
-    proc = redis_factory().start()
+    proc = make_redis().start()
     server = make_server(backend=backend(proc.url), fail_open=fail_open)
     assert codes(server.ask("mx", *MIXED_REQUEST)) == ["OK"] * 3
     proc.kill()
@@ -287,3 +275,27 @@ def test_a_request_mixing_kinds_fails_as_one_when_redis_is_down(
         assert time.monotonic() - started < TIMEOUT + MARGIN
         counted = f"{CALL}.degraded" if fail_open else f"{CALL}.redis_error"
         assert server.stat(counted) == n
+
+
+def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(
+    make_redis: RedisFactory,
+) -> None:
+    """With its Redis killed, the backend raises BackendError within its timeout."""
+    proc = make_redis().start()
+    backend = redis_backend(proc.url, timeout=1.0)
+
+    async def scenario() -> None:
+        await backend.start()
+        try:
+            op = CounterOp("gone_k", 1, 5, 60, 60)
+            assert [r.after for r in await backend.windows.apply([op], stop_when_over=False)] == [1]
+            proc.kill()
+            started = time.monotonic()
+            with pytest.raises(BackendError):
+                await backend.windows.apply([op], stop_when_over=False)
+            assert time.monotonic() - started < 3
+            assert not backend.healthy()
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import ConfigDir, Server, ServerFactory, codes
+from helpers.configmap import configmap_volume
+from helpers.server import ConfigDir, Server, ServerFactory, codes
 
 # The reloader also polls every 5 s; a change seen within this bound came from the watch.
 WATCH_DEADLINE = 2.0
@@ -71,31 +72,14 @@ def test_atomic_rename_over_a_file_reloads(
     wait_for(lambda: limit_now(server) == 11)
 
 
-def _configmap(root: Path, stamp: str, text: str) -> None:
-    """Lay out or update a Kubernetes ConfigMap volume: ..<stamp>/, ..data, app.yaml links."""
-    versioned = root / f"..{stamp}"
-    versioned.mkdir()
-    (versioned / "app.yaml").write_text(text)
-    tmp_link = root / "..data_tmp"
-    tmp_link.symlink_to(versioned.name)
-    old = os.readlink(root / "..data") if (root / "..data").is_symlink() else None
-    os.replace(tmp_link, root / "..data")
-    if not (root / "app.yaml").is_symlink():
-        (root / "app.yaml").symlink_to("..data/app.yaml")
-    if old is not None:
-        for f in (root / old).iterdir():
-            f.unlink()
-        (root / old).rmdir()
-
-
 def test_configmap_data_symlink_swap_reloads_once(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
     """A ConfigMap update (..data swapped to a new timestamped dir) reloads, not double-loads."""
-    _configmap(config_dir.path, "2026_11_21_01", rule(3))
+    configmap_volume(config_dir.path, {"app.yaml": rule(3)}, "2026_11_21_01")
     server = make_server()
     assert limit_now(server) == 3
-    _configmap(config_dir.path, "2026_11_21_02", rule(13))
+    configmap_volume(config_dir.path, {"app.yaml": rule(13)}, "2026_11_21_02")
     wait_for(lambda: limit_now(server) == 13)
     assert server.stat("ratelimit.service.config_load_error") == 0
 

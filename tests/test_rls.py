@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.clock import ManualClock
 
-from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+from helpers.server import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall
+from helpers.stores import on_stores
 
 MESSAGING = """
 domain: messaging
@@ -44,7 +47,7 @@ descriptors:
 """
 
 # Every behaviour here holds on each backend: memory, one Redis, and a 3-node Redis Cluster.
-pytestmark = pytest.mark.parametrize("backend_kind", ["memory", "redis", "cluster"], indirect=True)
+pytestmark = on_stores("memory", "redis", "cluster")
 
 
 def limit_of(response: rls_pb2.RateLimitResponse, i: int = 0) -> int:
@@ -117,7 +120,7 @@ def test_bare_key_gives_every_value_its_own_counter(
 
 
 def test_fixed_window_status_fields_and_epoch_aligned_reset(
-    config_dir: ConfigDir, make_server: ServerFactory, clock
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
     """current_limit, limit_remaining and duration_until_reset follow the epoch window."""
     config_dir.write("m.yaml", MESSAGING)
@@ -346,7 +349,7 @@ def test_detailed_metric_and_value_to_metric_put_request_values_in_stat_keys(
 
 
 def test_response_headers_come_from_the_descriptor_with_least_remaining(
-    config_dir: ConfigDir, make_server: ServerFactory, clock
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
     """RateLimit-* headers: a 10/minute limit over at t=2222 gives 10, 0, 58."""
     config_dir.write(
@@ -402,7 +405,7 @@ def test_dynamic_metadata_merges_rule_metadata_first_value_wins(
     assert md["extra"] is True
     assert md["tier"] == 2
     assert md["hitsAddend"] == 1
-    assert md["descriptors"][1]["entries"][0]["key"] == "meta2"
+    assert cast(Any, md["descriptors"])[1]["entries"][0]["key"] == "meta2"
 
 
 def test_near_and_over_limit_stats_follow_the_reference_arithmetic(

@@ -16,13 +16,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 
-from conftest import ConfigDir, ServerFactory, descriptor
+from helpers.server import ConfigDir, ServerFactory, descriptor, rls_stub
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (
@@ -65,7 +65,7 @@ def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(
     stopping = server.submit(server.service.stop(grace=5))
     time.sleep(0.1)
     with grpc.insecure_channel(f"127.0.0.1:{server.service.grpc_port}") as late:
-        stub = rls_pb2_grpc.RateLimitServiceStub(late)
+        stub = rls_stub(late)
         with pytest.raises(grpc.RpcError) as info:
             stub.ShouldRateLimit(request, timeout=2)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -107,7 +107,7 @@ def test_serve_on_the_default_config_answers_and_exits_0_on_sigterm(tmp_path: Pa
     )
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            stub = rls_stub(channel)
             request = rls_pb2.RateLimitRequest(
                 domain="messaging",
                 descriptors=[descriptor([("message_type", "marketing"), ("to_number", "1")])],

@@ -8,8 +8,7 @@ import logging
 import os
 import re
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,15 @@ from opentelemetry.trace import SpanKind
 
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.backends.memory import MemoryBackend
-from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.errors import BackendError, SettingsError
 from ferryman.settings import Settings
 from ferryman.stats import FIXED_WINDOW_STATS, STATS_OVERFLOW, Stats
 from ferryman.telemetry import Telemetry
 
-from conftest import ConfigDir, Server, ServerFactory, codes, overall
-from redis_procs import RedisProcess
+from helpers.metrics import PROMETHEUS, samples, scrape
+from helpers.redis_procs import RedisProcess
+from helpers.server import ConfigDir, Server, ServerFactory, codes, overall, wait_for
+from helpers.stores import redis_backend
 
 CONFIG = """
 domain: shop
@@ -55,41 +55,6 @@ descriptors:
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
-PROMETHEUS = {"use_prometheus": True, "prometheus_addr": "127.0.0.1:0"}
-
-
-def scrape(server: Server) -> list[str]:
-    """GET the real /metrics endpoint; its lines."""
-    port = server.service.prometheus_port
-    assert port is not None
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", server.settings.prometheus_path)
-        response = conn.getresponse()
-        body = response.read().decode()
-        assert response.status == 200, body
-        assert response.getheader("Content-Type", "").startswith("text/plain; version=0.0.4")
-    finally:
-        conn.close()
-    return body.splitlines()
-
-
-def samples(lines: Sequence[str]) -> dict[str, str]:
-    """``name{labels}`` -> value, for every sample line."""
-    out = {}
-    for line in lines:
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            out[series] = value
-    return out
-
-
-def wait_for(predicate: Callable[[], bool], deadline: float = 5.0) -> None:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > deadline:
-            raise AssertionError(f"condition not met within {deadline} s")
-        time.sleep(0.01)
 
 
 def replace_file(config_dir: ConfigDir, name: str, text: str) -> None:
@@ -212,12 +177,15 @@ def test_config_load_counters_and_one_log_line_per_load(
     server = make_server(**PROMETHEUS)
     holder = server.service.holder
     replace_file(config_dir, "shop.yaml", "domain: shop\ndescriptors: [{key: k, ratelimit: {}}]\n")
-    wait_for(lambda: server.stat("ratelimit.service.config_load_error") == 1)
+    wait_for("the load error", lambda: server.stat("ratelimit.service.config_load_error") == 1)
     replace_file(config_dir, "shop.yaml", CONFIG.replace("per_unit: 10}", "per_unit: 11}"))
-    wait_for(lambda: holder.version == 2)
+    wait_for("version 2", lambda: holder.version == 2)
     (config_dir.path / "gone.yaml").unlink()
     replace_file(config_dir, "new.yaml", "domain: new\ndescriptors: [{key: a}]\n")
-    wait_for(lambda: holder.config is not None and set(holder.config.domains) == {"new", "shop"})
+    wait_for(
+        "both domains",
+        lambda: holder.config is not None and set(holder.config.domains) == {"new", "shop"},
+    )
     got = samples(scrape(server))
     assert got["ratelimit_service_config_load_error"] == "1"
     assert got["ratelimit_service_config_load_success"] == str(holder.version)
@@ -344,8 +312,12 @@ class Collector:
                 collector.traces.append(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self.server)
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            Metrics(), self.server
+        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            Traces(), self.server
+        )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
@@ -535,7 +507,7 @@ def test_backend_outage_logs_one_line_each_way_and_shows_on_status(
     redis_server = RedisProcess(tmp_path / "redis").start()
     try:
         caplog.set_level(logging.WARNING)
-        backend = RedisBackend(parse_backend_url(redis_server.url, pool_size=2, timeout=0.5))
+        backend = redis_backend(redis_server.url, pool_size=2, timeout=0.5)
         server = make_server(backend)
 
         def backend_healthy() -> bool:
@@ -544,11 +516,11 @@ def test_backend_outage_logs_one_line_each_way_and_shows_on_status(
             healthy: bool = json.loads(body)["backend"]["healthy"]
             return healthy
 
-        wait_for(backend_healthy)
+        wait_for("healthy", backend_healthy)
         redis_server.kill()
-        wait_for(lambda: not backend_healthy())
+        wait_for("unhealthy", lambda: not backend_healthy())
         redis_server.start()
-        wait_for(backend_healthy)
+        wait_for("healthy again", backend_healthy)
         lines = [r.getMessage() for r in caplog.records if r.name == "ferryman.redis"]
         assert len(lines) == 3, lines
         assert "reachable" in lines[0] and "reachable" in lines[2]
@@ -584,7 +556,7 @@ def test_status_page_reports_config_backend_and_cache(
     assert "nodes" not in page
 
     replace_file(config_dir, "shop.yaml", "domain: shop\ndescriptors: [{key: k, ratelimit: {}}]\n")
-    wait_for(lambda: status()["config"]["last_error"] is not None)
+    wait_for("the last error", lambda: status()["config"]["last_error"] is not None)
     config = status()["config"]
     assert config["version"] == 1 and "ratelimit" in config["last_error"]
     assert config["last_error_at"] is not None

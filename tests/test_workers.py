@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
-from redis_procs import RedisProcess, free_port
+from helpers.ports import free_port
+from helpers.redis_procs import RedisProcess
+from helpers.server import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = (
@@ -88,7 +89,7 @@ class Workers:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.http_port}/healthcheck", timeout=2
             ) as response:
-                return response.status == 200
+                return bool(response.status == 200)
         except OSError:
             return False
 

@@ -42,10 +42,7 @@ import gc
 import json
 import math
 import random
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,12 +55,16 @@ from typing import Any
 
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
+
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, RedisTarget
 from ferryman.config.loader import load_sources
 from ferryman.config.model import Config
 from ferryman.engine import RateLimitEngine
 from ferryman.stats import Stats
+
+from helpers.redis_procs import RedisProcess
 
 DOMAIN = "bench"
 KEY = "burst_user"
@@ -264,57 +265,15 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
 # --------------------------------------------------------------------------- Redis
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def redis_server() -> Iterator[int]:
     """A throwaway redis-server on a free loopback port, without persistence; its port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not on PATH")
     with tempfile.TemporaryDirectory(prefix="ferryman-burst-mem-") as tmp:
-        port = free_port()
-        log = Path(tmp) / "redis.log"
-        argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
-        argv += ["--appendonly", "no", "--dir", tmp]
-        with log.open("w") as out:
-            child = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        server = RedisProcess(Path(tmp)).start()
         try:
-            client = redis.Redis(host="127.0.0.1", port=port)
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                if child.poll() is not None:
-                    raise RuntimeError(
-                        f"redis-server exited with {child.returncode}: {log.read_text()[-2000:]}"
-                    )
-                try:
-                    if client.ping():
-                        break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            client.close()
-            yield port
+            yield server.port
         finally:
-            if child.poll() is None:
-                child.terminate()
-                try:
-                    child.wait(5)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+            server.stop()
 
 
 def _text(value: bytes | str) -> str:

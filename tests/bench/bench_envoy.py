@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
 from envoy_procs import (
     ADMIN,
@@ -47,10 +48,10 @@ from envoy_procs import (
     Client,
     EnvoyProcess,
     FerrymanProcess,
-    free_port,
     render,
     request,
 )
+from helpers.ports import free_port
 
 # Limits that are counted but never reached, so every answer is 200 and comes from upstream.
 BENCH_DESCRIPTORS = """\

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
@@ -54,16 +53,19 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 
 # The process helpers of the RLS benchmark next to this script.
-from bench_rls import free_port, http_ok, port_open, wait_ready
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+
+from bench_rls import Processes, cpu_seconds, http_ok, port_open, wait_ready
+from helpers.ports import free_port
 
 DOMAIN = "bench"
 KEY = "tenant"
@@ -84,7 +86,6 @@ NODE = f"ferryman_copies_{DOMAIN}.{KEY}"  # RateLimitEngine.copies_node, no key 
 T = TypeVar("T")
 START_TIMEOUT = 30.0
 INFLIGHT = 64  # reservations in flight at once while taking the holds
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 Pb = limiter_pb2
 
 
@@ -102,15 +103,6 @@ def percentile_ms(ordered: Sequence[int], fraction: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))
     return ordered[index] / 1e6
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time of ``pid`` from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -136,7 +128,10 @@ class Client:
             grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
             for _ in range(channels)
         ]
-        self.stubs = [limiter_pb2_grpc.LimiterStub(ch) for ch in self.channels]
+        self.stubs = [
+            limiter_pb2_grpc.LimiterStub(ch)  # type: ignore[no-untyped-call]
+            for ch in self.channels
+        ]
 
     async def ready(self) -> None:
         for ch in self.channels:
@@ -156,7 +151,7 @@ class Client:
     @staticmethod
     async def end(call: Any) -> None:
         await call.done_writing()
-        while await call.read() is not grpc.aio.EOF:
+        while await call.read() is not grpc.aio.EOF:  # type: ignore[attr-defined]
             pass
 
     async def close(self) -> None:
@@ -248,7 +243,8 @@ async def run_hold(args: argparse.Namespace) -> None:
 
     async def step(report: dict[str, Any]) -> str:
         print(json.dumps(report), flush=True)
-        return (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        line: str = await loop.run_in_executor(None, sys.stdin.readline)
+        return line.strip()
 
     client = Client(args.target, 1)
     try:
@@ -302,68 +298,6 @@ async def run_hold(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- processes
 
 
-def _child_setup() -> Callable[[], None] | None:
-    """What a child runs before exec: get SIGTERM when this script dies (Linux)."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def setup() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return setup
-
-
-class Processes:
-    """Every child process this script starts; close() ends them all, politely then not."""
-
-    def __init__(self) -> None:
-        self.children: list[subprocess.Popen[Any]] = []
-
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        stdout: IO[Any] | int | None,
-        stderr: IO[Any] | int | None,
-        stdin: IO[Any] | int | None = subprocess.DEVNULL,
-        env: Mapping[str, str] | None = None,
-        text: bool = False,
-    ) -> subprocess.Popen[Any]:
-        child = subprocess.Popen(
-            list(argv), stdout=stdout, stderr=stderr, stdin=stdin, env=env, text=text,
-            start_new_session=True,  # Ctrl-C reaches only us; we end the children
-            preexec_fn=_child_setup(),
-        )  # fmt: skip
-        self.children.append(child)
-        return child
-
-    def stop(self, child: subprocess.Popen[Any], grace: float = 5.0) -> None:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(grace)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        for stream in (child.stdin, child.stdout, child.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if child in self.children:
-            self.children.remove(child)
-
-    def close(self) -> None:
-        for child in list(self.children):
-            with contextlib.suppress(Exception):
-                self.stop(child)
-
-
 class Stack:
     """A ferryman server (and its redis-server) in a directory of its own."""
 
@@ -415,6 +349,7 @@ class Stack:
     def redis_client(self) -> Any:
         import redis
 
+        assert self.redis_port is not None, "this run has no Redis"
         return redis.Redis(port=self.redis_port, socket_timeout=10, decode_responses=True)
 
     def close(self) -> None:

@@ -13,14 +13,19 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
+
 from ferryman.server.app import Service
 from ferryman.settings import Settings
+
+from helpers.configmap import configmap_volume
 
 
 def rule(limit: int) -> str:
@@ -30,23 +35,7 @@ def rule(limit: int) -> str:
     )
 
 
-def configmap_swap(root: Path, stamp: int, text: str) -> None:
-    versioned = root / f"..v{stamp}"
-    versioned.mkdir()
-    (versioned / "bench.yaml").write_text(text)
-    link = root / "..data_tmp"
-    link.symlink_to(versioned.name)
-    old = os.readlink(root / "..data") if (root / "..data").is_symlink() else None
-    os.replace(link, root / "..data")
-    if not (root / "bench.yaml").is_symlink():
-        (root / "bench.yaml").symlink_to("..data/bench.yaml")
-    if old is not None:
-        for f in (root / old).iterdir():
-            f.unlink()
-        (root / old).rmdir()
-
-
-def measure(service: Service, change: Callable[[int], None], rounds: int) -> list[float]:
+def measure(service: Service, change: Callable[[int], object], rounds: int) -> list[float]:
     times = []
     for i in range(rounds):
         version = service.holder.version
@@ -72,7 +61,7 @@ def main() -> None:
         (plain / "bench.yaml").write_text(rule(1))
         cm = Path(tmp) / "configmap"
         cm.mkdir()
-        configmap_swap(cm, 0, rule(1))
+        configmap_volume(cm, {"bench.yaml": rule(1)}, "v0")
         for name, directory in (("plain", plain), ("configmap", cm)):
             settings = Settings(
                 host="127.0.0.1", port=0, grpc_host="127.0.0.1", grpc_port=0,
@@ -106,7 +95,9 @@ def main() -> None:
                     results["rename over"] = measure(service, rename, args.rounds)
                 else:
                     results["configmap swap"] = measure(
-                        service, lambda i: configmap_swap(cm, i + 1, rule(i + 100)), args.rounds
+                        service,
+                        lambda i: configmap_volume(cm, {"bench.yaml": rule(i + 100)}, f"v{i + 1}"),
+                        args.rounds,
                     )
             finally:
                 asyncio.run_coroutine_threadsafe(service.stop(1), loop).result(10)

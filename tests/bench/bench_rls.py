@@ -59,13 +59,17 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+
+from helpers.ports import free_port
 
 DOMAIN = "bench"
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -428,13 +432,6 @@ def ceiling_main(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- orchestration
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _prctl() -> Callable[..., int] | None:
     """libc's prctl, loaded in this (single-threaded) process before any fork."""
     if sys.platform != "linux":
@@ -476,30 +473,33 @@ class Processes:
     """Every child process this script starts; close() ends them all, politely then not."""
 
     def __init__(self) -> None:
-        self._children: list[subprocess.Popen[bytes]] = []
+        self._children: list[subprocess.Popen[Any]] = []
 
     def start(
         self,
         argv: Sequence[str],
         *,
-        stdout: TextIO | int | None,
-        stderr: TextIO | int | None,
+        stdout: IO[Any] | int | None,
+        stderr: IO[Any] | int | None,
+        stdin: IO[Any] | int | None = subprocess.DEVNULL,
         env: Mapping[str, str] | None = None,
+        text: bool = False,
         cpus: frozenset[int] | None = None,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[Any]:
         child = subprocess.Popen(
             list(argv),
             stdout=stdout,
             stderr=stderr,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             env=env,
+            text=text,
             start_new_session=True,  # Ctrl-C reaches only us; we end the children
             preexec_fn=_child_setup(cpus),
         )
         self._children.append(child)
         return child
 
-    def stop(self, child: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    def stop(self, child: subprocess.Popen[Any], grace: float = 5.0) -> None:
         if child.poll() is None:
             child.terminate()
             try:
@@ -507,6 +507,10 @@ class Processes:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        for stream in (child.stdin, child.stdout, child.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
         if child in self._children:
             self._children.remove(child)
 

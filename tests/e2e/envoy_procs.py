@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from needs import missing
+from helpers.needs import missing
 
 T = TypeVar("T")
 
@@ -30,12 +29,6 @@ ENVOY_DIR = ROOT / "envoy"
 
 # The ports the committed configs use; tests map each one to a free loopback port.
 ADMIN, LISTENER, UPSTREAM, FERRYMAN = 9901, 10000, 8000, 8081
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_envoy() -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from envoy_procs import (
     ADMIN,
     ENVOY_DIR,
@@ -22,12 +23,12 @@ from envoy_procs import (
     EnvoyProcess,
     FerrymanProcess,
     Reply,
-    free_port,
     render,
     request,
     require_envoy,
     wait_for,
 )
+from helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

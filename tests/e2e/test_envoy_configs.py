@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from envoy_procs import ADMIN, ENVOY_DIR, FERRYMAN, LISTENER, ROOT, UPSTREAM, envoy_validate, render
 
 from ferryman.config.loader import load_directory
+
+from envoy_procs import ADMIN, ENVOY_DIR, FERRYMAN, LISTENER, ROOT, UPSTREAM, envoy_validate, render
 
 pytestmark = pytest.mark.e2e
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from envoy_procs import (
     ADMIN,
     ENVOY_DIR,
@@ -24,7 +25,6 @@ from envoy_procs import (
     FerrymanProcess,
     Reply,
     Upstream,
-    free_port,
     in_one_window,
     render,
     request,
@@ -32,6 +32,7 @@ from envoy_procs import (
     wait_for,
     within,
 )
+from helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -3,40 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
-import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
-from needs import missing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
-    for _ in range(200):
-        port = random.randrange(20000, 55000)
-        if _bindable(port) and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+from helpers.needs import missing
+from helpers.ports import free_cluster_port, free_port
 
 
 def find_binary(name: str) -> str | None:
@@ -118,6 +94,10 @@ class RedisProcess:
             self.proc = None
 
 
+RedisFactory = Callable[..., RedisProcess]
+"""Builds a test's own redis-server (not started): ``(port=None, *extra_args)``."""
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if it has not exited within 5 s; reaped either way."""
     proc.terminate()
@@ -176,3 +156,43 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+class SentinelProcess:
+    """One redis sentinel watching ``mymaster``, its config in a writable file."""
+
+    def __init__(self, workdir: Path, master_port: int) -> None:
+        self.binary = require_binary("redis-server")
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"sentinel monitor mymaster 127.0.0.1 {master_port} 1\n"
+            "sentinel down-after-milliseconds mymaster 1000\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SentinelProcess:
+        self.proc = subprocess.Popen(
+            [self.binary, str(self.conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        with redis.Redis(port=self.port, socket_timeout=2) as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    if client.sentinel_get_master_addr_by_name("mymaster"):
+                        return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"sentinel on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None

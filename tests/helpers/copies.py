@@ -1,0 +1,137 @@
+"""One copy-limited node on any store, seen from named servers at controlled times."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import strategies as st
+
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Seized
+from ferryman.backends.memory import MemoryBackend
+from ferryman.errors import HoldError, LeaseLostError, NotFoundError
+
+from helpers.stores import Store
+
+LEASE = 10_000  # ms
+
+PROBATION = CopyGroup("probation", 5, ("new-co", "trial-*"))
+VIP = CopyGroup("vip", 50, ("acme",))
+WIDE = CopyGroup("wide", 8, ("*",))
+POLICY = CopyPolicy(limit=10, global_limit=12, groups=(PROBATION, VIP, WIDE), hold_ttl=20.0)
+
+
+class CopyNode:
+    """A fresh node named for this test on ``store``, its clock ``now`` moved by the test."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.backend = store.backend
+        self.node = f"copies{uuid.uuid4().hex[:10]}"
+        self.now = 1_700_000_000.0
+
+    def reserve(self, tenant: str, copies: int, min_copies: int = 1, server: str = "A") -> int:
+        groups = POLICY.groups_of(tenant)
+        out = self.store.run(
+            self.backend.copies.reserve(
+                self.node, tenant, POLICY, groups, copies, min_copies, server, LEASE, self.now
+            )
+        )
+        return out.granted
+
+    def release(
+        self, tenant: str, copies: int, groups: tuple[str, ...] | None = None, server: str = "A"
+    ) -> None:
+        names = tuple(g.name for g in POLICY.groups_of(tenant)) if groups is None else groups
+        self.store.run(
+            self.backend.copies.release(self.node, tenant, names, copies, server, LEASE, self.now)
+        )
+
+    def transfer(self, tenant: str, copies: int, ttl: float, server: str = "A") -> str:
+        names = tuple(g.name for g in POLICY.groups_of(tenant))
+        tid = uuid.uuid4().hex
+        self.store.run(
+            self.backend.copies.transfer(
+                self.node, tenant, names, copies, ttl, tid, server, LEASE, self.now
+            )
+        )
+        return tid
+
+    def seize(self, tid: str, server: str = "B") -> Seized:
+        return self.store.run(self.backend.copies.seize(self.node, tid, server, LEASE, self.now))
+
+    def ereserve(self, tenant: str, copies: int) -> int:
+        groups = POLICY.groups_of(tenant)
+        hold = uuid.uuid4().hex
+        out = self.store.run(
+            self.backend.copies.envoy_reserve(
+                self.node, tenant, POLICY, groups, copies, hold, "envoy", self.now
+            )
+        )
+        return out.granted
+
+    def erelease(self, tenant: str, copies: int) -> int:
+        return self.store.run(
+            self.backend.copies.envoy_release(self.node, tenant, copies, "envoy", self.now)
+        )
+
+    def renew(self, server: str) -> None:
+        self.store.run(self.backend.copies.renew(self.node, server, LEASE, self.now))
+
+    def counts(self) -> dict[str, int]:
+        """What the node counts: per tenant (d:), per group (g:) and in all."""
+        if isinstance(self.backend, MemoryBackend):
+            return self.backend.copies.counts(self.node)
+        with self.store.redis() as client:
+            raw = client.hgetall("{" + self.node + "}:n")
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+
+# (operation, tenant, copies or seconds, server)
+Step = tuple[str, str, int, str]
+
+copy_steps = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["reserve", "release", "transfer", "seize", "tick", "renew", "ereserve", "erelease"]
+        ),
+        st.sampled_from(["acme", "new-co", "trial-9", "solo"]),
+        st.integers(1, 6),
+        st.sampled_from(["A", "B"]),
+    ),
+    max_size=40,
+)
+
+
+def replay_copies(node: CopyNode, steps: list[Step]) -> list[object]:
+    """Every step on ``node``: what each answered and the counts after it, kept in bounds."""
+    seen: list[object] = []
+    transfers: list[str] = []
+    for op, tenant, n, server in steps:
+        try:
+            if op == "reserve":
+                seen.append(node.reserve(tenant, n, min_copies=1, server=server))
+            elif op == "release":
+                node.release(tenant, n, server=server)
+                seen.append("released")
+            elif op == "transfer":
+                transfers.append(node.transfer(tenant, n, ttl=n, server=server))
+                seen.append("staged")
+            elif op == "seize" and transfers:
+                seen.append(node.seize(transfers[n % len(transfers)], server=server).copies)
+            elif op == "ereserve":
+                seen.append(("envoy", node.ereserve(tenant, n)))
+            elif op == "erelease":
+                seen.append(("released", node.erelease(tenant, n)))
+            elif op == "tick":
+                node.now += n * 1.5
+                seen.append("tick")
+            else:
+                node.renew(server)
+                seen.append("renewed")
+        except (HoldError, NotFoundError, LeaseLostError) as exc:
+            seen.append(type(exc).__name__)
+        counts = node.counts()
+        assert all(v > 0 for v in counts.values())
+        assert counts.get("all", 0) <= (POLICY.global_limit or 10**9)
+        seen.append(counts)
+    return seen
