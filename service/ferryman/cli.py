@@ -183,6 +183,9 @@ def _check(args: argparse.Namespace) -> int:
             suffix = f" [{', '.join(flags)}]" if flags else ""
             named = f" name={limit.name}" if limit is not None and limit.name else ""
             print(f"  {rule.stats_key}: {what}{named}{suffix}")
+    if config.quota is not None:
+        print(f"token buckets ({config.quota.file})")
+        print("".join(f"  {line}\n" for line in config.quota.describe()), end="")
     print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import random
@@ -585,6 +586,17 @@ class RedisBackend:
                 return await self._on_cluster(source, sha_attr, keys, args)
             command = ["EVALSHA", getattr(self, sha_attr), len(keys), *keys, *args]
             return await self._on_single(source, sha_attr, command)
+
+    async def run_script(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run the Lua ``source`` on the slot of ``keys`` (which share one), loading it when
+        Redis lacks it; driver errors become BackendError."""
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        sha_attr = f"_script_sha_{sha}"
+        if not hasattr(self, sha_attr):
+            setattr(self, sha_attr, sha)
+        reply = await self._script_call(source, sha_attr, keys, args)
+        self._healthy = True
+        return reply
 
     async def _copies(
         self,

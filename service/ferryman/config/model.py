@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ferryman.config.quota import QuotaConfig
 from ferryman.limits.burst import BurstPolicy
 from ferryman.limits.copies import CopyPolicy
 
@@ -154,6 +155,7 @@ class Config:
     files: tuple[str, ...] = ()
     digest: str = ""
     notes: tuple[str, ...] = ()
+    quota: QuotaConfig | None = None  # the token buckets of the quota file, if there is one
 
     def iter_limits(self) -> list[tuple[str, Rule]]:
         """Every rule that carries a limit, as (domain, rule), in config order."""

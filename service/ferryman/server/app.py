@@ -15,6 +15,7 @@ from grpc_health.v1._async import HealthServicer
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
@@ -26,6 +27,12 @@ from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.limiter import LimiterServicer
+from ferryman.server.quota import (
+    QuotaEventHub,
+    QuotaEventsServicer,
+    QuotaServicer,
+    make_bucket_store,
+)
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, split_address
 from ferryman.stats import CALL, Stats
@@ -40,6 +47,7 @@ HEALTH_NAMES = (
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ferryman.v1.Limiter",
+    "quotaservice.QuotaService",
 )
 
 
@@ -189,6 +197,15 @@ class Service:
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
+        self.quota_events = QuotaEventHub(self.stats)
+        self.quota_events.observe(self.telemetry)
+        self.quota = QuotaServicer(
+            self.holder,
+            make_bucket_store(self.backend, self.clock, settings.cache_key_prefix),
+            self.quota_events,
+            self.stats,
+            fail_open=settings.fail_open,
+        )
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -235,6 +252,10 @@ class Service:
         )
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
             LimiterServicer(self.engine, self.holds, self.stats), server
+        )
+        quota_service_pb2_grpc.add_QuotaServiceServicer_to_server(self.quota, server)  # type: ignore[no-untyped-call]
+        limiter_pb2_grpc.add_QuotaEventsServicer_to_server(  # type: ignore[no-untyped-call]
+            QuotaEventsServicer(self.quota_events), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")

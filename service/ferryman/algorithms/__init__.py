@@ -1,0 +1,1 @@
+"""Rate limit algorithms that own their state layout on every backend."""
