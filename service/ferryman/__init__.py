@@ -6,6 +6,7 @@ drop-in replacement for the reference service, from descriptor YAML that it relo
 """
 
 from ferryman.client import (
+    AllowResult,
     AsyncClient,
     AsyncHold,
     AsyncRateLimitInterceptor,
@@ -43,6 +44,7 @@ from ferryman.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllowResult",
     "AsyncClient",
     "AsyncHold",
     "AsyncRateLimitInterceptor",

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from ferryman.algorithms.token_bucket.model import (
     DEFAULT_BUCKET,
@@ -116,7 +116,7 @@ def is_quota_file(text: str) -> bool:
     root = compose(Ctx("", []), text)
     if not isinstance(root, MappingNode):
         return False
-    return any(getattr(k, "value", None) in QUOTA_KEYS for k, _ in root.value)
+    return any(isinstance(k, ScalarNode) and k.value in QUOTA_KEYS for k, _ in root.value)
 
 
 def _name(ctx: Ctx, node: Node, path: str, name: str) -> bool:
