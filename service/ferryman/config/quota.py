@@ -83,7 +83,7 @@ class QuotaConfig:
         return None
 
     def describe(self) -> list[str]:
-        """One line per bucket, for ``ferryman check`` and /rlconfig."""
+        """One line per bucket, for ``ferryman check``."""
         lines = []
         if self.global_default_bucket is not None:
             lines.append(f"quota global_default_bucket: {_show(self.global_default_bucket)}")

@@ -78,6 +78,7 @@ class MemoryTokenBucketStore:
                 removed.append(name)
             for name in removed:
                 del buckets[name]
+            removed.sort()  # as the Redis script reports them
         found = buckets.get(ref.name)
         created = found is None
         if found is None:

@@ -87,7 +87,7 @@ class RedisTokenBucketStore:
                 tokens if status is Status.OK else 0,
                 int(reply[1]),
                 bool(int(reply[2])),
-                tuple(_text(name) for name in reply[3:]),
+                tuple(sorted(_text(name) for name in reply[3:])),
             )
         except (TypeError, ValueError, IndexError) as exc:
             raise BackendError(f"token bucket script: unexpected reply {reply!r}") from exc
