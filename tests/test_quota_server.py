@@ -246,3 +246,22 @@ def test_events_are_streamed_to_subscribers(
         ("TOKENS_SERVED", "c", 1, 0),
     ]
     assert all(e.namespace == "ips" and e.dynamic for e in events)
+
+
+def test_stopping_the_server_ends_event_streams_cleanly(quota: Quota) -> None:
+    """A Watch stream open at shutdown ends with OK instead of holding the grace period."""
+    # A channel of its own: Server.stop closes the shared one first.
+    channel = grpc.insecure_channel(f"127.0.0.1:{quota.server.service.grpc_port}")
+    call = limiter_pb2_grpc.QuotaEventsStub(channel).Watch(limiter_pb2.WatchQuotaEventsRequest())
+    hub = quota.server.service.quota_events
+    wait_for("the subscription", lambda: hub.subscribers == 1)
+    quota.allow("pay", "card")
+    first = next(call)
+    assert limiter_pb2.QuotaEvent.Kind.Name(first.kind) == "TOKENS_SERVED"
+    stopping = threading.Thread(target=quota.server.stop, kwargs={"grace": 60})
+    stopping.start()
+    assert list(call) == []
+    assert call.code() == grpc.StatusCode.OK
+    stopping.join(60)
+    assert not stopping.is_alive()
+    channel.close()

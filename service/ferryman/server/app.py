@@ -287,6 +287,7 @@ class Service:
             await asyncio.wait({self._health_task}, timeout=1)
             self._health_task = None
         await self._health.enter_graceful_shutdown()
+        self.quota_events.close()
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None

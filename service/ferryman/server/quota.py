@@ -94,7 +94,8 @@ class _Subscriber:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-        self.queue: asyncio.Queue[QuotaEvent] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        # None: the server is stopping, the stream ends.
+        self.queue: asyncio.Queue[QuotaEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
         self.dropped = 0
 
 
@@ -124,6 +125,13 @@ class QuotaEventHub:
             yield sub
         finally:
             self._subscribers.discard(sub)
+
+    def close(self) -> None:
+        """End every stream (at shutdown, so that none holds the server's grace period)."""
+        for sub in self._subscribers:
+            while sub.queue.full():
+                sub.queue.get_nowait()
+            sub.queue.put_nowait(None)
 
     @property
     def subscribers(self) -> int:
@@ -248,6 +256,8 @@ class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
         with self._hub.subscribe(request.namespace) as sub:
             while True:
                 event = await sub.queue.get()
+                if event is None:
+                    return
                 dropped, sub.dropped = sub.dropped, 0
                 yield limiter_pb2.QuotaEvent(
                     kind=event.kind,  # type: ignore[arg-type]
