@@ -113,6 +113,8 @@ def _show(spec: BucketSpec) -> str:
 def is_quota_file(text: str) -> bool:
     """Whether ``text`` is a quota file: its root map has one of the quota keys. A file
     that does not parse is not (the descriptor reader reports its syntax error)."""
+    if not any(key in text for key in QUOTA_KEYS):
+        return False  # most files: no second parse
     root = compose(Ctx("", []), text)
     if not isinstance(root, MappingNode):
         return False
