@@ -209,7 +209,7 @@ def test_pipeline_settings_reach_the_connections() -> None:
         clock,
     )
     assert isinstance(routed, RoutedBackend)
-    assert routed._main.target.pipeline_window == 0.00015
+    assert routed.main.target.pipeline_window == 0.00015
     fast = routed._per_second.target
     assert (fast.pipeline_window, fast.pipeline_limit) == (0.002, 0)
     url = make_backend(Settings.from_env({"REDIS_PIPELINE_WINDOW": "1ms"}), clock)

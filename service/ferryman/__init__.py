@@ -23,6 +23,7 @@ from ferryman.errors import (
 
 if TYPE_CHECKING:
     from ferryman.client import (
+        AllowResult,
         AsyncClient,
         AsyncHold,
         AsyncRateLimitInterceptor,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 # package (config, algorithms, engine) import without it.
 _CLIENT = frozenset(
     {
+        "AllowResult",
         "AsyncClient",
         "AsyncHold",
         "AsyncRateLimitInterceptor",
@@ -82,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AllowResult",
     "AsyncClient",
     "AsyncHold",
     "AsyncRateLimitInterceptor",

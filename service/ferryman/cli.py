@@ -385,6 +385,9 @@ def _check(args: argparse.Namespace) -> int:
             "directory": str(directory),
             "notes": [str(note) for note in config.notes],
             "domains": domains,
+            "token_buckets": None
+            if config.quota is None
+            else {"file": config.quota.file, "buckets": list(config.quota.describe())},
         }
         print(json.dumps(report))
         return 0
@@ -397,6 +400,9 @@ def _check(args: argparse.Namespace) -> int:
             suffix = f" [{', '.join(flags)}]" if flags else ""
             named = f" name={entry['name']}" if entry["name"] else ""
             print(f"  {entry['key']}: {entry['limit']}{named}{suffix}")
+    if config.quota is not None:
+        print(f"token buckets ({config.quota.file})")
+        print("".join(f"  {line}\n" for line in config.quota.describe()), end="")
     print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
     return 0
 

@@ -17,6 +17,7 @@ from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.clock import ManualClock, SystemClock
 from ferryman.server.app import Service
@@ -59,6 +60,16 @@ def rls_stub(channel: grpc.Channel) -> rls_pb2_grpc.RateLimitServiceStub:
 def limiter_stub(channel: grpc.Channel) -> limiter_pb2_grpc.LimiterStub:
     """A ``ferryman.v1.Limiter`` client on ``channel`` (the generated constructor is untyped)."""
     return limiter_pb2_grpc.LimiterStub(channel)  # type: ignore[no-untyped-call]
+
+
+def quota_stub(channel: grpc.Channel) -> quota_service_pb2_grpc.QuotaServiceStub:
+    """A ``quotaservice.QuotaService`` client on ``channel``."""
+    return quota_service_pb2_grpc.QuotaServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def quota_events_stub(channel: grpc.Channel) -> limiter_pb2_grpc.QuotaEventsStub:
+    """A ``ferryman.v1.QuotaEvents`` client on ``channel``."""
+    return limiter_pb2_grpc.QuotaEventsStub(channel)  # type: ignore[no-untyped-call]
 
 
 class Server:

@@ -37,6 +37,7 @@ class RedisBackend:
         """``server_time``: decisions take their time from Redis (TIME) so replicas with
         skewed clocks agree; tests that drive a clock turn this off and pass ``now``."""
         self.target = target
+        self.server_time = server_time
         self.connection = RedisConnection(target)
         self.windows = RedisFixedWindows(self.connection, jitter_max)
         self.bursts = RedisBursts(self.connection, server_time)
@@ -63,19 +64,19 @@ class RoutedBackend:
     name = "redis+persecond"
 
     def __init__(self, main: RedisBackend, per_second: RedisBackend) -> None:
-        self._main = main
+        self.main = main
         self._per_second = per_second
         self.windows = RoutedFixedWindows(main.windows, per_second.windows)
         self.bursts = main.bursts
         self.copies = main.copies
 
     async def start(self) -> None:
-        await self._main.start()
+        await self.main.start()
         await self._per_second.start()
 
     def healthy(self) -> bool:
-        return self._main.healthy() and self._per_second.healthy()
+        return self.main.healthy() and self._per_second.healthy()
 
     async def close(self) -> None:
-        await self._main.close()
+        await self.main.close()
         await self._per_second.close()

@@ -1,6 +1,7 @@
 """The Python client for ferryman: ``Client`` (blocking) and ``AsyncClient`` (asyncio).
 
-Both ask the service over gRPC: ``should_rate_limit`` (Envoy's API), ``request_rate``
+Both ask the service over gRPC: ``should_rate_limit`` (Envoy's API), ``allow`` (the quota
+service's token buckets; it sleeps the wait the service grants), ``request_rate``
 (Charon burst tiers, retried with exponential backoff within ``max_wait``), and held
 resources: ``hold_copy`` and ``seize_copy`` (context managers over a ``Hold`` that can be
 partly released or transferred to another process) and ``hold_resources`` (several
@@ -20,6 +21,7 @@ from ferryman.client._interceptor import (
     RouteFunction,
 )
 from ferryman.client._models import (
+    AllowResult,
     ClientStats,
     Code,
     DescriptorLike,
@@ -37,6 +39,7 @@ from ferryman.client._sync import Client, Hold
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "AllowResult",
     "AsyncClient",
     "AsyncHold",
     "AsyncRateLimitInterceptor",

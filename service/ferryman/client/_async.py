@@ -13,6 +13,7 @@ import grpc.aio
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
 from ferryman.client._core import (
     DEFAULT_TIMEOUT,
@@ -29,6 +30,7 @@ from ferryman.client._core import (
 )
 from ferryman.client._holds import HoldView
 from ferryman.client._models import (
+    AllowResult,
     ClientStats,
     DescriptorLike,
     MultiHold,
@@ -200,6 +202,13 @@ class AsyncClient:
             self._core.request_rate_flow(domain, descriptor, copies, min_copies, max_wait)
         )
 
+    async def allow(
+        self, namespace: str, bucket: str, tokens: int = 1, max_wait: float | None = None
+    ) -> AllowResult:
+        """The quota service's Allow; awaits the wait the service asks for before returning
+        (see ``Client.allow``)."""
+        return await self._drive(self._core.allow_flow(namespace, bucket, tokens, max_wait))
+
     def _open(self) -> dict[str, grpc.aio.UnaryUnaryMultiCallable[Request, Response]]:
         if self._closed:
             raise RuntimeError("this ferryman.AsyncClient is closed")
@@ -219,6 +228,11 @@ class AsyncClient:
                     _protocol.LIMITER_REQUEST,
                     limiter_pb2.RateRequest.SerializeToString,
                     limiter_pb2.RateResponse.FromString,
+                ),
+                _protocol.ALLOW: channel.unary_unary(
+                    _protocol.ALLOW,
+                    quota_service_pb2.AllowRequest.SerializeToString,
+                    quota_service_pb2.AllowResponse.FromString,
                 ),
             }
             for method, request_type, response_type in _protocol.HOLD_METHODS:

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -24,9 +25,11 @@ import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
 from ferryman.client._backoff import RetrySchedule
 from ferryman.client._models import (
+    AllowResult,
     ClientStats,
     Code,
     DescriptorLike,
@@ -65,6 +68,7 @@ __all__ = [
 log = logging.getLogger("ferryman.client")
 
 _UINT32 = 2**32 - 1
+_NAME = re.compile(r"[a-zA-Z0-9_]+")
 
 #: Seconds each call to the service may take before the client gives up on it.
 DEFAULT_TIMEOUT = 1.0
@@ -155,6 +159,7 @@ Request = (
     | limiter_pb2.ReleaseRequest
     | limiter_pb2.TransferRequest
     | limiter_pb2.SeizeRequest
+    | quota_service_pb2.AllowRequest
 )
 Response = (
     rls_pb2.RateLimitResponse
@@ -163,6 +168,7 @@ Response = (
     | limiter_pb2.ReleaseResponse
     | limiter_pb2.TransferResponse
     | limiter_pb2.SeizeResponse
+    | quota_service_pb2.AllowResponse
 )
 Answer = Response | SessionRef | grpc.RpcError | None
 Flow = Generator[Send | Sleep | OpenSession, Answer, T]
@@ -415,6 +421,44 @@ class ClientCore:
                 return RateResult(False, 0, schedule.elapsed, attempts, context=context)
             self._counters.add("retries")
             yield Sleep(delay)
+
+    # The quota service's Allow: one call, then the wait it asks for.
+
+    def allow_flow(
+        self, namespace: str, bucket: str, tokens: int, max_wait: float | None
+    ) -> Flow[AllowResult]:
+        for field_name, name in (("namespace", namespace), ("bucket", bucket)):
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise RequestError(field_name, f"{name!r} must match [a-zA-Z0-9_]+")
+        tokens = _count(tokens, "tokens", 0)
+        wait_ms = None
+        if max_wait is not None:
+            wait_ms = math.floor(_seconds(max_wait, "max_wait") * 1000)
+        self._counters.add("calls")
+        answer = yield Send(
+            _protocol.ALLOW, _protocol.allow_request(namespace, bucket, tokens, wait_ms)
+        )
+        if isinstance(answer, grpc.RpcError):
+            self._fail(answer, f"Allow {namespace}/{bucket}")
+            self._counters.add("degraded")
+            return AllowResult("OK", max(tokens, 1), degraded=True)
+        assert isinstance(answer, quota_service_pb2.AllowResponse)
+        status = quota_service_pb2.AllowResponse.Status.Name(answer.status)
+        if status == "REJECTED_INVALID_REQUEST":
+            self._counters.add("errors")
+            raise RequestError("allow", f"the service refused {namespace}/{bucket} x{tokens}")
+        if status != "OK":
+            if self.kill_switch:
+                self._counters.add("overridden")
+                log.warning("kill switch: %s for %s/%s overridden", status, namespace, bucket)
+                return AllowResult(status, max(tokens, 1), overridden=True)
+            self._counters.add("rejected")
+            return AllowResult(status, 0)
+        self._counters.add("granted")
+        waited = answer.wait_millis / 1000
+        if waited > 0:
+            yield Sleep(waited)
+        return AllowResult(status, answer.tokens_granted, waited)
 
     # Sessions: counted here, opened and watched by the drivers.
 

@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 from ferryman.errors import RequestError
 
 __all__ = [
+    "AllowResult",
     "ClientStats",
     "Code",
     "DescriptorLike",
@@ -239,3 +240,25 @@ class ClientStats:
     errors: int = 0
     sessions: int = 0
     sessions_lost: int = 0
+
+
+@dataclass(frozen=True)
+class AllowResult:
+    """The answer of ``allow`` (the quota service's Allow), after any wait it asked for.
+
+    ``status`` is the ``quotaservice.AllowResponse.Status`` name (``"OK"``,
+    ``"REJECTED_TIMEOUT"``, ...); ``granted`` is whether the tokens may be used now;
+    ``waited`` the seconds ``allow`` slept before returning (the service's ``wait_millis``);
+    ``degraded``: granted locally because the service failed (``fail_open``);
+    ``overridden``: a rejection granted by the kill switch.
+    """
+
+    status: str
+    tokens: int
+    waited: float = 0.0
+    degraded: bool = False
+    overridden: bool = False
+
+    @property
+    def granted(self) -> bool:
+        return self.status == "OK" or self.degraded or self.overridden

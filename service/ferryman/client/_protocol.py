@@ -11,6 +11,7 @@ from ferryman._proto.envoy.config.core.v3 import base_pb2
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client._models import (
     Code,
     DescriptorStatus,
@@ -24,6 +25,7 @@ from ferryman.client._models import (
 from ferryman.errors import NotFoundError, RequestError, ServiceUnavailableError
 
 __all__ = [
+    "ALLOW",
     "CLIENT_ERRORS",
     "HOLD_METHODS",
     "LIMITER_RELEASE",
@@ -34,6 +36,7 @@ __all__ = [
     "LIMITER_TRANSFER",
     "SESSION_METADATA",
     "SHOULD_RATE_LIMIT",
+    "allow_request",
     "channel_options",
     "open_request",
     "rate_context",
@@ -50,6 +53,7 @@ __all__ = [
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 LIMITER_REQUEST = "/ferryman.v1.Limiter/Request"
+ALLOW = "/quotaservice.QuotaService/Allow"
 LIMITER_SESSION = "/ferryman.v1.Limiter/Session"
 LIMITER_RESERVE = "/ferryman.v1.Limiter/Reserve"
 LIMITER_RELEASE = "/ferryman.v1.Limiter/Release"
@@ -251,3 +255,15 @@ def reserve_context(response: limiter_pb2.ReserveResponse) -> ReserveContext:
         global_held=response.global_held,
         groups=tuple(HoldGroup(g.name, g.limit, g.held) for g in response.groups),
     )
+
+
+def allow_request(
+    namespace: str, bucket: str, tokens: int, max_wait_millis: int | None
+) -> quota_service_pb2.AllowRequest:
+    request = quota_service_pb2.AllowRequest(
+        namespace=namespace, bucket_name=bucket, tokens_requested=tokens
+    )
+    if max_wait_millis is not None:
+        request.max_wait_time_override = True
+        request.max_wait_millis_override = max_wait_millis
+    return request

@@ -17,6 +17,7 @@ import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
 from ferryman.client._core import (
     DEFAULT_TIMEOUT,
@@ -33,6 +34,7 @@ from ferryman.client._core import (
 )
 from ferryman.client._holds import HoldView
 from ferryman.client._models import (
+    AllowResult,
     ClientStats,
     DescriptorLike,
     MultiHold,
@@ -176,6 +178,11 @@ class Client:
                 limiter_pb2.RateRequest.SerializeToString,
                 limiter_pb2.RateResponse.FromString,
             ),
+            _protocol.ALLOW: self._channel.unary_unary(
+                _protocol.ALLOW,
+                quota_service_pb2.AllowRequest.SerializeToString,
+                quota_service_pb2.AllowResponse.FromString,
+            ),
         }
         for method, request_type, response_type in _protocol.HOLD_METHODS:
             self._methods[method] = self._channel.unary_unary(
@@ -246,6 +253,18 @@ class Client:
         return self._drive(
             self._core.request_rate_flow(domain, descriptor, copies, min_copies, max_wait)
         )
+
+    def allow(
+        self, namespace: str, bucket: str, tokens: int = 1, max_wait: float | None = None
+    ) -> AllowResult:
+        """The quota service's Allow: ``tokens`` from the token bucket ``namespace/bucket``.
+
+        When the service grants them after a wait (``wait_millis``), this call sleeps that
+        long before returning, so the tokens may be used on return. ``max_wait`` (seconds)
+        lowers the bucket's longest wait for this call. A refusal is an answer
+        (``result.granted`` is False, ``result.status`` says why), not an exception.
+        """
+        return self._drive(self._core.allow_flow(namespace, bucket, tokens, max_wait))
 
     @contextlib.contextmanager
     def hold_copy(

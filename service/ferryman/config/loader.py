@@ -28,6 +28,7 @@ from ferryman.config.nodes import (
     string,
     uint32,
 )
+from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
 from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
@@ -432,8 +433,14 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem."""
     problems: list[ConfigProblem] = []
     parsed: dict[str, list[tuple[Ctx, _FileResult]]] = {}
+    quota: QuotaConfig | None = None
     for name, text in sources:
         ctx = Ctx(name, problems)
+        if is_quota_file(text):
+            if quota is not None:
+                ctx.error(None, "", f"quota buckets are already defined in {quota.file}")
+            quota = read_quota(ctx, text) or quota
+            continue
         result = _parse_file(ctx, text)
         if result is None:
             continue
@@ -464,6 +471,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         files=tuple(n for n, _ in sources),
         digest=digest_sources(sources),
         notes=tuple(notes),
+        quota=quota,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ferryman.algorithms.burst.model import BurstPolicy
 from ferryman.algorithms.copies.model import CopyPolicy
+from ferryman.config.quota import QuotaConfig
 
 __all__ = [
     "UNIT_SECONDS",
@@ -154,6 +155,7 @@ class Config:
     files: tuple[str, ...] = ()
     digest: str = ""
     notes: tuple[str, ...] = ()
+    quota: QuotaConfig | None = None  # the token buckets of the quota file, if there is one
 
     def iter_limits(self) -> list[tuple[str, Rule]]:
         """Every rule that carries a limit, as (domain, rule), in config order."""

@@ -19,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
 from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
@@ -28,11 +29,17 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
 from ferryman.server.decoding import GuardedServer
-from ferryman.server.edge import Edge
+from ferryman.server.edge import Edge, Method
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
+from ferryman.server.quota import (
+    QuotaEventHub,
+    QuotaEventsServicer,
+    QuotaServicer,
+    make_bucket_store,
+)
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, check_redis_url, split_address
@@ -45,11 +52,16 @@ log = logging.getLogger("ferryman")
 
 RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"]
 LIMITER_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["Limiter"]
+QUOTA_EVENTS_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["QuotaEvents"]
+QUOTA_SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
+# Allow answers every problem with a status of its own: nothing for the edge to map.
+QUOTA_METHODS = {"Allow": Method("ratelimit.service.call.allow")}
 HEALTH_NAMES = (
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ferryman.v1.Limiter",
+    "quotaservice.QuotaService",
 )
 
 
@@ -204,7 +216,7 @@ class Service:
         self.rls = RateLimitServicer(self.engine)
         self._edge = Edge(self.stats, self.telemetry)
         self.telemetry.observe(
-            self.stats, self.engine.local_cache, [*RLS_METHODS, *LIMITER_METHODS]
+            self.stats, self.engine.local_cache, [*RLS_METHODS, *LIMITER_METHODS, *QUOTA_METHODS]
         )
         self.holds = HoldManager(
             self.engine,
@@ -214,6 +226,15 @@ class Service:
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
+        self.quota_events = QuotaEventHub(self.stats)
+        self.quota_events.observe(self.telemetry)
+        self.quota = QuotaServicer(
+            self.holder,
+            make_bucket_store(self.backend, self.clock, settings.cache_key_prefix),
+            self.quota_events,
+            self.stats,
+            fail_open=settings.fail_open,
+        )
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -277,6 +298,12 @@ class Service:
             edge.wrap(LimiterServicer(self.engine, self.holds), LIMITER_SERVICE, LIMITER_METHODS),
             guarded,
         )
+        quota_service_pb2_grpc.add_QuotaServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            edge.wrap(self.quota, QUOTA_SERVICE, QUOTA_METHODS), guarded
+        )
+        limiter_pb2_grpc.add_QuotaEventsServicer_to_server(  # type: ignore[no-untyped-call]
+            edge.wrap(QuotaEventsServicer(self.quota_events), QUOTA_EVENTS_SERVICE, {}), guarded
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
         try:
@@ -329,6 +356,7 @@ class Service:
             await asyncio.wait({self._health_task}, timeout=1)
             self._health_task = None
         await self._health.enter_graceful_shutdown()
+        self.quota_events.close()
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None

@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -189,3 +190,47 @@ class RateResponse(_message.Message):
     limited_by_global_limit: bool
     retry_after: _duration_pb2.Duration
     def __init__(self, granted: _Optional[int] = ..., hard_limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., active_tier_index: _Optional[int] = ..., active_tier_limit: _Optional[int] = ..., active_tier_hits: _Optional[int] = ..., active_tier_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tenant_hits_last_second: _Optional[int] = ..., global_hits_last_second: _Optional[int] = ..., burst: _Optional[bool] = ..., limited_by_hard_limit: _Optional[bool] = ..., limited_by_global_limit: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class WatchQuotaEventsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class QuotaEvent(_message.Message):
+    __slots__ = ("kind", "namespace", "bucket", "dynamic", "tokens", "wait_millis", "dropped")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[QuotaEvent.Kind]
+        TOKENS_SERVED: _ClassVar[QuotaEvent.Kind]
+        TOKENS_SERVED_WITH_WAIT: _ClassVar[QuotaEvent.Kind]
+        TIMEOUT: _ClassVar[QuotaEvent.Kind]
+        TOO_MANY_TOKENS_REQUESTED: _ClassVar[QuotaEvent.Kind]
+        BUCKET_MISS: _ClassVar[QuotaEvent.Kind]
+        TOO_MANY_BUCKETS: _ClassVar[QuotaEvent.Kind]
+        BUCKET_CREATED: _ClassVar[QuotaEvent.Kind]
+        BUCKET_REMOVED: _ClassVar[QuotaEvent.Kind]
+    KIND_UNSPECIFIED: QuotaEvent.Kind
+    TOKENS_SERVED: QuotaEvent.Kind
+    TOKENS_SERVED_WITH_WAIT: QuotaEvent.Kind
+    TIMEOUT: QuotaEvent.Kind
+    TOO_MANY_TOKENS_REQUESTED: QuotaEvent.Kind
+    BUCKET_MISS: QuotaEvent.Kind
+    TOO_MANY_BUCKETS: QuotaEvent.Kind
+    BUCKET_CREATED: QuotaEvent.Kind
+    BUCKET_REMOVED: QuotaEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    kind: QuotaEvent.Kind
+    namespace: str
+    bucket: str
+    dynamic: bool
+    tokens: int
+    wait_millis: int
+    dropped: int
+    def __init__(self, kind: _Optional[_Union[QuotaEvent.Kind, str]] = ..., namespace: _Optional[str] = ..., bucket: _Optional[str] = ..., dynamic: _Optional[bool] = ..., tokens: _Optional[int] = ..., wait_millis: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...

@@ -329,3 +329,87 @@ class Limiter:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class QuotaEventsStub:
+    """The token bucket events of `quotaservice.QuotaService/Allow` (served on the same port), as
+    they happen on this server. A subscriber's stream gets every event from its start on; a
+    subscriber that reads too slowly loses events (counted in the next one's `dropped`)
+    rather than slowing Allow down. At most 64 streams at once: more are RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Watch = channel.unary_stream(
+                '/ferryman.v1.QuotaEvents/Watch',
+                request_serializer=ferryman_dot_v1_dot_limiter__pb2.WatchQuotaEventsRequest.SerializeToString,
+                response_deserializer=ferryman_dot_v1_dot_limiter__pb2.QuotaEvent.FromString,
+                _registered_method=True)
+
+
+class QuotaEventsServicer:
+    """The token bucket events of `quotaservice.QuotaService/Allow` (served on the same port), as
+    they happen on this server. A subscriber's stream gets every event from its start on; a
+    subscriber that reads too slowly loses events (counted in the next one's `dropped`)
+    rather than slowing Allow down. At most 64 streams at once: more are RESOURCE_EXHAUSTED.
+    """
+
+    def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_QuotaEventsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=ferryman_dot_v1_dot_limiter__pb2.WatchQuotaEventsRequest.FromString,
+                    response_serializer=ferryman_dot_v1_dot_limiter__pb2.QuotaEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ferryman.v1.QuotaEvents', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ferryman.v1.QuotaEvents', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class QuotaEvents:
+    """The token bucket events of `quotaservice.QuotaService/Allow` (served on the same port), as
+    they happen on this server. A subscriber's stream gets every event from its start on; a
+    subscriber that reads too slowly loses events (counted in the next one's `dropped`)
+    rather than slowing Allow down. At most 64 streams at once: more are RESOURCE_EXHAUSTED.
+    """
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ferryman.v1.QuotaEvents/Watch',
+            ferryman_dot_v1_dot_limiter__pb2.WatchQuotaEventsRequest.SerializeToString,
+            ferryman_dot_v1_dot_limiter__pb2.QuotaEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

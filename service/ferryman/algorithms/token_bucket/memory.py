@@ -1,0 +1,105 @@
+"""Token buckets in process memory: the embedded store, and the reference for the Redis one."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ferryman.algorithms.token_bucket.model import (
+    BucketRef,
+    BucketSpec,
+    BucketState,
+    Status,
+    TakeResult,
+    decide,
+)
+from ferryman.clock import Clock
+
+__all__ = ["SWEEP_LIMIT", "MemoryTokenBucketStore", "now_micros"]
+
+# Idle dynamic buckets removed by one request at most (the Redis script's bound too), so
+# that a request never pays for a large sweep.
+SWEEP_LIMIT = 100
+
+
+def now_micros(clock: Clock) -> int:
+    return round(clock.now() * 1_000_000)
+
+
+class _Dynamic:
+    __slots__ = ("last_ms", "state")
+
+    def __init__(self, last_ms: int, state: BucketState | None) -> None:
+        self.last_ms = last_ms
+        self.state = state
+
+
+class MemoryTokenBucketStore:
+    """Buckets by (namespace, name); a namespace's dynamic buckets in least recently used
+    order, so that idle ones are found at the front. Every take runs without awaiting,
+    hence atomically on the event loop."""
+
+    name = "memory"
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._fixed: dict[tuple[str, str], BucketState] = {}
+        self._dynamic: dict[str, OrderedDict[str, _Dynamic]] = {}
+
+    def __len__(self) -> int:
+        return len(self._fixed) + sum(len(d) for d in self._dynamic.values())
+
+    async def take(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int
+    ) -> TakeResult:
+        return self.take_at(ref, spec, tokens, max_wait_millis, now_micros(self._clock))
+
+    def take_at(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int, now_us: int
+    ) -> TakeResult:
+        """``take`` at a given time (microseconds since the epoch)."""
+        if not ref.dynamic:
+            key = (ref.namespace, ref.name)
+            if tokens > spec.max_tokens:
+                return TakeResult(Status.REJECTED_TOO_MANY_TOKENS_REQUESTED)
+            status, wait, after = decide(
+                self._fixed.get(key), spec, tokens, now_us, max_wait_millis * 1000.0
+            )
+            if after is not None:
+                self._fixed[key] = after
+            return TakeResult(status, tokens if status is Status.OK else 0, wait)
+
+        now_ms = now_us // 1000
+        buckets = self._dynamic.setdefault(ref.namespace, OrderedDict())
+        removed: list[str] = []
+        if spec.max_idle_millis >= 0:
+            for name, entry in buckets.items():
+                if len(removed) >= SWEEP_LIMIT or now_ms - entry.last_ms <= spec.max_idle_millis:
+                    break
+                removed.append(name)
+            for name in removed:
+                del buckets[name]
+            removed.sort()  # as the Redis script reports them
+        found = buckets.get(ref.name)
+        created = found is None
+        if found is None:
+            if 0 < ref.max_dynamic_buckets <= len(buckets):
+                return TakeResult(Status.REJECTED_TOO_MANY_BUCKETS, removed=tuple(removed))
+            entry = buckets[ref.name] = _Dynamic(now_ms, None)
+        else:
+            entry = found
+            buckets.move_to_end(ref.name)
+            entry.last_ms = now_ms
+        if tokens > spec.max_tokens:
+            return TakeResult(
+                Status.REJECTED_TOO_MANY_TOKENS_REQUESTED, created=created, removed=tuple(removed)
+            )
+        status, wait, after = decide(entry.state, spec, tokens, now_us, max_wait_millis * 1000.0)
+        if after is not None:
+            entry.state = after
+        return TakeResult(
+            status, tokens if status is Status.OK else 0, wait, created, tuple(removed)
+        )
+
+    async def close(self) -> None:
+        self._fixed.clear()
+        self._dynamic.clear()

@@ -1,0 +1,151 @@
+"""The token bucket decision: lazily refilled, with debt (tokens borrowed from the future).
+
+A bucket's state is the tokens it holds and the time its next token is free. Taking n tokens:
+
+- tokens accrue at ``fill_rate`` per second since the next free time, up to ``size``;
+- the caller waits for the debt earlier callers left: (next free time) - now, or 0;
+- the tokens the bucket lacks are borrowed: the next free time moves forward by
+  missing / fill_rate, so that later callers wait for them;
+- the caller is refused (``REJECTED_TIMEOUT``, nothing taken) when its wait exceeds the
+  allowed wait, or when the debt after this take would exceed ``max_debt_millis``.
+
+Time is in microseconds and the arithmetic is done in IEEE doubles in a fixed order, so that
+``token_bucket.lua`` (Lua numbers are doubles too) reaches the same answers bit for bit.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "DEFAULT_BUCKET",
+    "GLOBAL_NAMESPACE",
+    "BucketRef",
+    "BucketSpec",
+    "BucketState",
+    "BucketStore",
+    "Status",
+    "TakeResult",
+    "decide",
+]
+
+# Names a request cannot use (they are outside [a-zA-Z0-9_]+): the shared buckets' keys.
+DEFAULT_BUCKET = "@default"
+GLOBAL_NAMESPACE = "@global"
+
+
+class Status(enum.IntEnum):
+    """Allow's answers; the numbers are those of ``quotaservice.AllowResponse.Status``."""
+
+    OK = 0
+    REJECTED_TIMEOUT = 1
+    REJECTED_NO_BUCKET = 2
+    REJECTED_TOO_MANY_BUCKETS = 3
+    REJECTED_TOO_MANY_TOKENS_REQUESTED = 4
+    REJECTED_INVALID_REQUEST = 5
+    REJECTED_SERVER_ERROR = 6
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """One bucket's configuration, with the quota service's defaults."""
+
+    size: int = 100
+    fill_rate: float = 50.0  # tokens per second
+    wait_timeout_millis: int = 1000
+    max_debt_millis: int = 10_000
+    max_tokens_per_request: float | None = None  # None: fill_rate
+    max_idle_millis: int = -1  # dynamic buckets only; -1: never removed
+
+    @property
+    def max_tokens(self) -> float:
+        if self.max_tokens_per_request is None:
+            return self.fill_rate
+        return self.max_tokens_per_request
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRef:
+    """Which bucket a request resolved to.
+
+    ``name`` is ``DEFAULT_BUCKET`` for a namespace's shared default bucket; the global default
+    bucket is (``GLOBAL_NAMESPACE``, ``DEFAULT_BUCKET``). A dynamic bucket counts against its
+    namespace's ``max_dynamic_buckets`` (0: no limit) and is removed after ``max_idle_millis``.
+    """
+
+    namespace: str
+    name: str
+    dynamic: bool = False
+    max_dynamic_buckets: int = 0
+
+
+@dataclass(slots=True)
+class BucketState:
+    """Tokens held and the time (microseconds) the next token is free."""
+
+    stored: float
+    next_free: float
+
+
+@dataclass(frozen=True, slots=True)
+class TakeResult:
+    """A store's answer: the decision, plus the dynamic buckets it created or removed."""
+
+    status: Status
+    tokens_granted: int = 0
+    wait_millis: int = 0
+    created: bool = False
+    removed: tuple[str, ...] = ()
+
+
+def decide(
+    state: BucketState | None, spec: BucketSpec, tokens: int, now_us: int, max_wait_us: float
+) -> tuple[Status, int, BucketState | None]:
+    """(status, wait in whole milliseconds, the state to keep or None to keep the old one).
+
+    ``state`` None is a new bucket (full). ``tokens`` is at least 1 and at most the spec's
+    ``max_tokens`` (the caller checks). ``max_wait_us`` is the allowed wait.
+    """
+    now = float(now_us)
+    if state is None:
+        stored, next_free = float(spec.size), now
+    else:
+        stored, next_free = min(state.stored, float(spec.size)), state.next_free
+    if now > next_free:
+        if spec.fill_rate > 0:
+            stored = min(float(spec.size), stored + (now - next_free) * spec.fill_rate / 1e6)
+        next_free = now
+    wait = next_free - now
+    if wait > max_wait_us:
+        return Status.REJECTED_TIMEOUT, 0, None
+    spend = min(float(tokens), stored)
+    missing = float(tokens) - spend
+    if missing > 0:
+        if spec.fill_rate <= 0:
+            return Status.REJECTED_TIMEOUT, 0, None
+        next_free = next_free + missing * 1e6 / spec.fill_rate
+    if next_free - now > spec.max_debt_millis * 1000.0:
+        return Status.REJECTED_TIMEOUT, 0, None
+    return Status.OK, math.floor(wait / 1000.0), BucketState(stored - spend, next_free)
+
+
+class BucketStore(Protocol):
+    """Where buckets live: one atomic decision per ``take``."""
+
+    async def take(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int
+    ) -> TakeResult:
+        """Take ``tokens`` (>= 1) from the bucket, waiting at most ``max_wait_millis``.
+
+        Refuses with ``REJECTED_TOO_MANY_TOKENS_REQUESTED`` above the spec's
+        ``max_tokens`` and ``REJECTED_TOO_MANY_BUCKETS`` when a new dynamic bucket would
+        exceed its namespace's limit. Raises BackendError when the store fails.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the store holds."""
+        ...

@@ -1,0 +1,89 @@
+"""Token buckets in Redis: one ``token_bucket.lua`` call per decision, on Redis time.
+
+Keys (after the CACHE_KEY_PREFIX): a named or default bucket is ``quota:{<ns>/<name>}``, a
+hash of one field, expiring once the bucket would be full again; a namespace's dynamic
+buckets are the fields of ``quota:{<ns>}:buckets`` with their registry (last use, for the
+idle removal and the ``max_dynamic_buckets`` count) in ``quota:{<ns>}:registry``. The hash
+tags keep each bucket, and a namespace's dynamic buckets with their registry, on one
+Cluster slot, so each decision is one script on one node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferryman.algorithms.token_bucket.memory import SWEEP_LIMIT, now_micros
+from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Status, TakeResult
+from ferryman.clock import Clock
+from ferryman.connections.redis import LuaScript, RedisConnection
+from ferryman.errors import BackendError
+
+__all__ = ["RedisTokenBucketStore"]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisTokenBucketStore:
+    """Buckets shared by every ferryman replica on one Redis (single, Sentinel, Cluster).
+
+    ``clock`` None decides on the Redis server's clock (TIME); a clock (tests) is sent to
+    the script as the time of each decision.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self, connection: RedisConnection, *, prefix: str = "", clock: Clock | None = None
+    ) -> None:
+        self._connection = connection
+        self._script = LuaScript.of(__package__ or "", "token_bucket.lua")
+        self._prefix = prefix
+        self._clock = clock
+
+    def keys(self, ref: BucketRef) -> list[str]:
+        base = f"{self._prefix}quota:"
+        if ref.dynamic:
+            tag = "{" + ref.namespace + "}"
+            return [f"{base}{tag}:buckets", f"{base}{tag}:registry"]
+        return [f"{base}{{{ref.namespace}/{ref.name}}}"]
+
+    async def take(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int
+    ) -> TakeResult:
+        now = "" if self._clock is None else str(now_micros(self._clock))
+        return await self.take_at(ref, spec, tokens, max_wait_millis, now)
+
+    async def take_at(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int, now: str
+    ) -> TakeResult:
+        """``take`` at ``now`` (microseconds as text; "" for the Redis server's clock)."""
+        args: list[Any] = [
+            now,
+            ref.name,
+            tokens,
+            max_wait_millis,
+            spec.size,
+            repr(float(spec.fill_rate)),
+            spec.max_debt_millis,
+            repr(float(spec.max_tokens)),
+            spec.max_idle_millis,
+            ref.max_dynamic_buckets,
+            SWEEP_LIMIT,
+        ]
+        reply = await self._connection.run(self._script, self.keys(ref), args)
+        try:
+            status = Status(int(reply[0]))
+            return TakeResult(
+                status,
+                tokens if status is Status.OK else 0,
+                int(reply[1]),
+                bool(int(reply[2])),
+                tuple(sorted(_text(name) for name in reply[3:])),
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise BackendError(f"token bucket script: unexpected reply {reply!r}") from exc
+
+    async def close(self) -> None:
+        """Nothing: the connection belongs to the backend."""
