@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ferryman.config.loader import load_directory
 from ferryman.errors import ConfigError, FerrymanError
-from ferryman.settings import Settings
+from ferryman.settings import Settings, split_address
 
 __all__ = ["main"]
 
@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="gRPC port (GRPC_PORT, default 8081)")
     serve.add_argument("--http-port", type=int, help="HTTP port (PORT, default 8080)")
     serve.add_argument("--debug-port", type=int, help="debug HTTP port (DEBUG_PORT, default 6070)")
+    serve.add_argument(
+        "--parent",
+        metavar="HOST:PORT",
+        help="lease capacity from this doorman.Capacity server (DOORMAN_PARENT)",
+    )
     check = sub.add_parser("check", help="validate a descriptor directory")
     check.add_argument("directory", type=Path)
     query = sub.add_parser(
@@ -123,6 +128,9 @@ def _serve(args: argparse.Namespace) -> int:
         changes["backend"] = args.backend
     if args.fail_open:
         changes["fail_open"] = True
+    if args.parent is not None:
+        split_address(args.parent, "--parent")
+        changes["doorman_parent"] = args.parent
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),
@@ -183,7 +191,16 @@ def _check(args: argparse.Namespace) -> int:
             suffix = f" [{', '.join(flags)}]" if flags else ""
             named = f" name={limit.name}" if limit is not None and limit.name else ""
             print(f"  {rule.stats_key}: {what}{named}{suffix}")
-    print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
+    for template in config.resources:
+        spec = template.algorithm
+        safe = "" if template.safe_capacity is None else f" safe={template.safe_capacity:g}"
+        print(
+            f"resource {template.identifier_glob}: capacity {template.capacity:g}{safe}, "
+            f"{spec.kind.name} lease {spec.lease_length}s refresh {spec.refresh_interval}s "
+            f"({template.source})"
+        )
+    resources = f", {len(config.resources)} resource(s)" if config.resources else ""
+    print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s){resources}")
     return 0
 
 

@@ -1,4 +1,8 @@
-"""Load and validate descriptor YAML: every problem names its file, line, column and path."""
+"""Load and validate descriptor YAML: every problem names its file, line, column and path.
+
+A file whose root map has a ``resources`` key holds capacity lease templates
+(``config/resources.py``); every other file is a descriptor domain.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.config.nodes import (
     Ctx,
@@ -26,6 +31,7 @@ from ferryman.config.nodes import (
     string,
     uint32,
 )
+from ferryman.config.resources import is_resources_file, read_resources
 from ferryman.errors import ConfigError, ConfigProblem
 from ferryman.limits.burst import BurstPolicy, Tier
 from ferryman.limits.copies import CopyGroup, CopyPolicy
@@ -401,10 +407,7 @@ class _FileResult:
     descriptors: Node | None
 
 
-def _parse_file(ctx: Ctx, text: str) -> _FileResult | None:
-    root = compose(ctx, text)
-    if ctx.problems and root is None:
-        return None
+def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
     if root is None:
         ctx.error(None, "domain", "the file is empty: a domain is required")
         return None
@@ -432,9 +435,21 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem."""
     problems: list[ConfigProblem] = []
     parsed: dict[str, list[tuple[Ctx, _FileResult]]] = {}
+    resources: list[ResourceTemplate] = []
+    globs: dict[str, str] = {}
+    notes: list[str] = []
     for name, text in sources:
         ctx = Ctx(name, problems)
-        result = _parse_file(ctx, text)
+        before = len(problems)
+        root = compose(ctx, text)
+        if len(problems) > before:
+            continue
+        if is_resources_file(root):
+            assert root is not None
+            resources.extend(read_resources(ctx, root, globs))
+            notes.extend(ctx.notes)
+            continue
+        result = _parse_file(ctx, root)
         if result is None:
             continue
         owners = parsed.setdefault(result.domain, [])
@@ -448,7 +463,6 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             continue
         owners.append((ctx, result))
     domains: dict[str, Domain] = {}
-    notes: list[str] = []
     for domain, files in parsed.items():
         rules: list[Rule] = []
         # Shared by the files of a merged domain, so a repeat names the file it repeats.
@@ -464,6 +478,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         files=tuple(n for n, _ in sources),
         digest=digest_sources(sources),
         notes=tuple(notes),
+        resources=tuple(resources),
     )
 
 

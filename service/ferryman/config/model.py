@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.limits.burst import BurstPolicy
 from ferryman.limits.copies import CopyPolicy
 
@@ -154,6 +155,8 @@ class Config:
     files: tuple[str, ...] = ()
     digest: str = ""
     notes: tuple[str, ...] = ()
+    # Capacity lease templates of every resources file, in file order.
+    resources: tuple[ResourceTemplate, ...] = ()
 
     def iter_limits(self) -> list[tuple[str, Rule]]:
         """Every rule that carries a limit, as (domain, rule), in config order."""

@@ -86,11 +86,15 @@ def describe_change(old: Config | None, new: Config) -> str:
         if _domain_signature(after[name]) != _domain_signature(before[name])
     )
     parts = [f"{_count(len(after), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
+    if new.resources or (old is not None and old.resources):
+        parts[0] += f", {_count(len(new.resources), 'capacity resource')}"
     for label, names in (("added", added), ("removed", removed), ("changed", changed)):
         if names:
             parts.append(f"{label}: {', '.join(names)}")
     if not (added or removed or changed):
         parts.append("no domain changed")
+    if old is not None and old.resources != new.resources:
+        parts.append("capacity resources changed")
     return "; ".join(parts)
 
 

@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from ferryman._proto.doorman import doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
 from ferryman.backends.base import Backend
@@ -22,6 +23,7 @@ from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.errors import BackendError, RequestError, SettingsError
 from ferryman.limits.engine import Code, EngineOptions, RateLimitEngine
+from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
@@ -40,6 +42,7 @@ HEALTH_NAMES = (
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ferryman.v1.Limiter",
+    "doorman.Capacity",
 )
 
 
@@ -189,6 +192,8 @@ class Service:
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
+        self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
+        self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -209,6 +214,7 @@ class Service:
                 ("GET", "/rlconfig"): self._rlconfig,
                 ("GET", "/stats"): self._stats_page,
                 ("GET", "/status"): self._status_page,
+                ("GET", "/capacity"): self._capacity_page,
             },
             "debug",
         )
@@ -236,8 +242,12 @@ class Service:
         limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
             LimiterServicer(self.engine, self.holds, self.stats), server
         )
+        doorman_pb2_grpc.add_CapacityServicer_to_server(  # type: ignore[no-untyped-call]
+            CapacityServicer(self.capacity), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+        await self.capacity.start(self.grpc_port)
         await server.start()
         self._grpc = server
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
@@ -273,6 +283,7 @@ class Service:
         await self._debug.stop()
         if self._metrics is not None:
             await self._metrics.stop()
+        await self.capacity.stop()
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
@@ -319,7 +330,8 @@ class Service:
         return HttpResponse(
             200,
             b"/rlconfig: the limits in force\n/stats: counters\n"
-            b"/status: configuration, backend and cache state (JSON)\n",
+            b"/status: configuration, backend and cache state (JSON)\n"
+            b"/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n",
         )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
@@ -352,6 +364,10 @@ class Service:
     async def _stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.stats)
         return HttpResponse(200, body.encode())
+
+    async def _capacity_page(self, request: HttpRequest) -> HttpResponse:
+        body = json.dumps(self.capacity.status(), indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
 
     async def _status_page(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(

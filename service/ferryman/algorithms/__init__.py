@@ -1,0 +1,1 @@
+"""Decision algorithms that are not per-request counters: capacity leases (Doorman)."""
