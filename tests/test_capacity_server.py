@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from capacity_procs import Ferryman, Fleet, resources_yaml
 
 from ferryman._proto.doorman import doorman_pb2
 
+from capacity_procs import Ferryman, Fleet, resources_yaml
 from conftest import ConfigDir, wait_for
 
 
