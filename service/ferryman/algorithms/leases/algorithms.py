@@ -12,20 +12,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ferryman.algorithms.leases.model import Demand, Kind
+from ferryman.algorithms.leases.model import Kind
 
-__all__ = ["Division", "allocate", "divide"]
+__all__ = ["Demanding", "Division", "allocate", "divide"]
+
+
+class Demanding(Protocol):
+    """Anything with a demand's two numbers (a Demand, or a client's entry as it stands)."""
+
+    @property
+    def wants(self) -> float: ...
+
+    @property
+    def weight(self) -> int: ...
 
 
 class Division(Protocol):
-    def share(self, demand: Demand) -> float:
+    def share(self, demand: Demanding) -> float:
         """What ``demand`` gets when every demand is served at once."""
         ...
 
 
 @dataclass(frozen=True)
 class _AsWanted:
-    def share(self, demand: Demand) -> float:
+    def share(self, demand: Demanding) -> float:
         return demand.wants
 
 
@@ -33,7 +43,7 @@ class _AsWanted:
 class _Static:
     capacity: float
 
-    def share(self, demand: Demand) -> float:
+    def share(self, demand: Demanding) -> float:
         return min(demand.wants, self.capacity * demand.weight)
 
 
@@ -43,7 +53,7 @@ class _Proportional:
     unused: float  # what demands below their equal share leave over
     excess: float  # how far the others want beyond their equal share, in all
 
-    def share(self, demand: Demand) -> float:
+    def share(self, demand: Demanding) -> float:
         equal = self.per_client * demand.weight
         if demand.wants <= equal:
             return demand.wants
@@ -55,11 +65,11 @@ class _Proportional:
 class _WaterLevel:
     level: float  # per client: nobody unsatisfied gets more than this, none of them less
 
-    def share(self, demand: Demand) -> float:
+    def share(self, demand: Demanding) -> float:
         return min(demand.wants, self.level * demand.weight)
 
 
-def _proportional(capacity: float, demands: Sequence[Demand]) -> Division:
+def _proportional(capacity: float, demands: Sequence[Demanding]) -> Division:
     clients = sum(d.weight for d in demands)
     if clients == 0:
         return _Proportional(capacity, 0.0, 1.0)
@@ -74,7 +84,7 @@ def _proportional(capacity: float, demands: Sequence[Demand]) -> Division:
     return _Proportional(per_client, unused, excess or 1.0)
 
 
-def _fair(capacity: float, demands: Sequence[Demand]) -> Division:
+def _fair(capacity: float, demands: Sequence[Demanding]) -> Division:
     """Max-min fairness by water filling: the least hungry (per client) are served first."""
     left = capacity
     clients = sum(d.weight for d in demands)
@@ -86,7 +96,7 @@ def _fair(capacity: float, demands: Sequence[Demand]) -> Division:
     return _WaterLevel(math.inf)
 
 
-def divide(kind: Kind, capacity: float, demands: Sequence[Demand]) -> Division:
+def divide(kind: Kind, capacity: float, demands: Sequence[Demanding]) -> Division:
     """The division of ``capacity`` among ``demands`` (every demand's weight at least 1)."""
     if kind is Kind.NO_ALGORITHM:
         return _AsWanted()
@@ -97,7 +107,7 @@ def divide(kind: Kind, capacity: float, demands: Sequence[Demand]) -> Division:
     return _fair(capacity, demands)
 
 
-def allocate(kind: Kind, capacity: float, demands: Sequence[Demand]) -> list[float]:
+def allocate(kind: Kind, capacity: float, demands: Sequence[Demanding]) -> list[float]:
     """Every demand's share, in order (the examples and property tests read this)."""
     division = divide(kind, capacity, demands)
     return [division.share(d) for d in demands]

@@ -44,15 +44,20 @@ class ClientEntry:
 class ResourceState:
     """One resource: its template, its clients' demands and leases, and running sums."""
 
-    def __init__(self, resource_id: str, template: ResourceTemplate) -> None:
+    def __init__(
+        self, resource_id: str, template: ResourceTemplate, recompute_interval: float = 0.0
+    ) -> None:
         self.resource_id = resource_id
         self.template = template
+        self.recompute_interval = recompute_interval
         self.clients: dict[str, ClientEntry] = {}
         self.sum_leases = 0.0
         self.sum_wants = 0.0
         self.sum_weight = 0
         self._expiries: list[tuple[float, str]] = []
         self._division: Division | None = None
+        self._dirty = False  # the demands changed since the division was computed
+        self._computed_at = -math.inf
 
     @property
     def capacity(self) -> float:
@@ -63,11 +68,17 @@ class ResourceState:
             self.template = template
             self._division = None
 
-    def division(self) -> Division:
-        """The ideal division of the current demands, recomputed only when they change."""
-        if self._division is None:
-            demands = [Demand(c.wants, c.weight) for c in self.clients.values()]
+    def division(self, now: float) -> Division:
+        """The ideal division of the current demands, recomputed when they change, at most
+        once per ``recompute_interval`` (an arrival storm or a fleet whose wants all move
+        would otherwise sort every client on every request). A slightly stale division
+        never over-commits: what a client gets is also capped by what is free."""
+        stale = self._dirty and now - self._computed_at >= self.recompute_interval
+        if self._division is None or stale:
+            demands = list(self.clients.values())
             self._division = divide(self.template.algorithm.kind, self.capacity, demands)
+            self._dirty = False
+            self._computed_at = now
         return self._division
 
     def expire(self, now: float) -> None:
@@ -89,7 +100,7 @@ class ResourceState:
         self.sum_leases -= entry.lease.capacity
         self.sum_wants -= entry.wants
         self.sum_weight -= entry.weight
-        self._division = None
+        self._dirty = True
 
     def safe_capacity(self) -> float:
         """The template's safe capacity, else an equal share among the clients known."""
@@ -117,7 +128,7 @@ class ResourceState:
             return entry.lease
         old = 0.0
         if entry is None or entry.wants != wants or entry.weight != weight:
-            self._division = None
+            self._dirty = True
         if entry is not None:
             old = entry.lease.capacity
             self.sum_wants += wants - entry.wants
@@ -136,7 +147,7 @@ class ResourceState:
                 self.clients[client_id] = ClientEntry(
                     client_id, priority, wants, weight, Lease(0.0, 0.0, 0.0), now
                 )
-            gets = self.division().share(Demand(wants, weight))
+            gets = self.division(now).share(Demand(wants, weight))
             if spec.kind in _SHARED:
                 gets = min(gets, self.capacity - (self.sum_leases - old))
         gets = max(0.0, gets)
@@ -176,12 +187,14 @@ class LeaseState:
         min_refresh_interval: float,
         grant_unconfigured: bool = True,
         unconfigured_lease: int = 60,
+        recompute_interval: float = 0.1,
         on_new_resource: Callable[[str], None] | None = None,
     ) -> None:
         self.source = source
         self.min_refresh_interval = min_refresh_interval
         self.grant_unconfigured = grant_unconfigured
         self.unconfigured_lease = unconfigured_lease
+        self.recompute_interval = recompute_interval
         self.resources: dict[str, ResourceState] = {}
         self.master_since = 0.0
         self.unconfigured_requests = 0
@@ -203,7 +216,8 @@ class LeaseState:
                 del self.resources[resource_id]
             return None
         if state is None:
-            state = self.resources[resource_id] = ResourceState(resource_id, template)
+            state = ResourceState(resource_id, template, self.recompute_interval)
+            self.resources[resource_id] = state
             if self._on_new_resource is not None:
                 self._on_new_resource(resource_id)
         else:
