@@ -234,3 +234,19 @@ def test_bands_are_stored_with_the_server() -> None:
     state.ask("srv", "r", wants=40, bands=bands, now=T0)
     entry = state.resources["r"].clients["srv"]
     assert (entry.weight, entry.bands) == (3, bands)
+
+
+def test_a_crowd_converges_without_over_commit_while_divisions_are_amortized() -> None:
+    """500 clients arriving at once never hold more than the capacity, and within three
+    rounds each holds its max-min share though the division is not re-sorted per request."""
+    state = leases(fair(1000))
+    wants = [float(1 + i % 7) for i in range(500)]  # 4,000 wanted in all
+    expected = allocate(Kind.FAIR_SHARE, 1000, [Demand(w) for w in wants])
+    got: list[float] = []
+    for round_ in range(3):
+        got = [
+            state.ask(f"c{i}", "r", wants=w, now=T0 + round_)[0].capacity
+            for i, w in enumerate(wants)
+        ]
+        assert state.resources["r"].sum_leases <= 1000 + 1e-6
+    assert got == pytest.approx(expected)
