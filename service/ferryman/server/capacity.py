@@ -94,8 +94,8 @@ class CapacityService:
             term = s.doorman_election_term
             level = f":{s.doorman_parent}" if s.doorman_parent else ""
             key = f"{s.cache_key_prefix}ferryman:doorman:master{level}"
-            client = redis_client(target, min(target.timeout, term / 3))
-            self.election = RedisElection(client, key, self.address, term)
+            client, also_close = redis_client(target, min(target.timeout, term / 3))
+            self.election = RedisElection(client, key, self.address, term, also_close)
         else:
             self.election = MemoryElection(self.address)
         await self.election.start(self._mastership)

@@ -61,8 +61,11 @@ class MemoryElection:
 class RedisElection:
     """One master among the replicas sharing a Redis; ``client`` is a redis.asyncio client."""
 
-    def __init__(self, client: Any, key: str, address: str, term: float) -> None:
+    def __init__(
+        self, client: Any, key: str, address: str, term: float, also_close: tuple[Any, ...] = ()
+    ) -> None:
         self._client = client
+        self._also_close = also_close
         self._key = key
         self._address = address
         self._term = term
@@ -100,8 +103,9 @@ class RedisElection:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._resign(), timeout=1.0)
             self._set(False)
-        with contextlib.suppress(Exception):
-            await self._client.aclose()
+        for client in (self._client, *self._also_close):
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
     async def _resign(self) -> None:
         await self._renew(keys=[self._key], args=[self._address, 1])
@@ -146,9 +150,10 @@ class RedisElection:
         self._on_change(master)
 
 
-def redis_client(target: Any, timeout: float) -> Any:
+def redis_client(target: Any, timeout: float) -> tuple[Any, tuple[Any, ...]]:
     """A redis.asyncio client for the election, to the deployment ``target`` (a RedisTarget)
-    describes; commands time out after ``timeout`` seconds so a round never outlives a term."""
+    describes, and the clients to close with it (a Sentinel's); commands time out after
+    ``timeout`` seconds so a round never outlives a term."""
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import ClusterNode
     from redis.asyncio.sentinel import Sentinel
@@ -161,13 +166,14 @@ def redis_client(target: Any, timeout: float) -> Any:
     }
     if target.kind == "cluster":
         nodes = [ClusterNode(h, p) for h, p in target.addresses]
-        return aioredis.RedisCluster(startup_nodes=nodes, ssl=target.tls, **common)
+        return aioredis.RedisCluster(startup_nodes=nodes, ssl=target.tls, **common), ()
     if target.kind == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             list(target.addresses), sentinel_kwargs={"socket_timeout": timeout}, ssl=target.tls
         )
-        return sentinel.master_for(target.master_name, **common)
+        master = sentinel.master_for(target.master_name, **common)
+        return master, tuple(sentinel.sentinels)
     if target.unix_path:
-        return aioredis.Redis(unix_socket_path=target.unix_path, db=target.db, **common)
+        return aioredis.Redis(unix_socket_path=target.unix_path, db=target.db, **common), ()
     host, port = target.addresses[0]
-    return aioredis.Redis(host=host, port=port, db=target.db, ssl=target.tls, **common)
+    return aioredis.Redis(host=host, port=port, db=target.db, ssl=target.tls, **common), ()
