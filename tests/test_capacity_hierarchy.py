@@ -53,3 +53,33 @@ def test_hierarchy_divides_the_root_capacity_fairly_among_all_clients(fleet: Fle
 
     wants = [5.0, 5.0, 1000.0, 1000.0, 1000.0]
     _converge(root, list(zip(clients, wants, strict=True)), [5.0, 5.0, 30.0, 30.0, 30.0])
+
+
+SAFE = """
+resources:
+  - identifier_glob: fair
+    capacity: 100
+    safe_capacity: 5
+    algorithm: {kind: FAIR_SHARE, lease_length: 3, refresh_interval: 1,
+                learning_mode_duration: 0}
+"""
+
+
+@pytest.mark.slow
+def test_a_child_whose_root_is_gone_falls_back_to_safe_capacity(
+    fleet: Fleet, config_dir: ConfigDir
+) -> None:
+    """With the root SIGKILLed, once the child's lease runs out its clients share the safe
+    capacity the root named for them (5 per client), not the old lease."""
+    config_dir.write("resources.yaml", SAFE)
+    root = fleet.server()
+    child = fleet.server("--parent", root.address)
+    clients = [fleet.client(f"c{i}", child) for i in range(2)]
+    _converge(root, [(c, 1000.0) for c in clients], [50.0, 50.0])
+    root.kill()
+
+    def safe_mode() -> bool:
+        return [c.ask({"fair": 1000})["fair"] for c in clients] == [5.0, 5.0]
+
+    wait_for("the child's clients in safe mode", safe_mode, timeout=20, interval=0.2)
+    assert child.capacity_page()["parent"]["last_error"]

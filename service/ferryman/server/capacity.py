@@ -326,6 +326,8 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
                 has=_has(item),
                 bands=bands,
             )
+            if template is not None and safe >= 0:
+                safe *= max(1, sum(b.num_clients for b in item.wants))  # one per client
             answer = out.response.add(resource_id=item.resource_id, safe_capacity=safe)
             _lease(lease, answer.gets)
             if template is not None:
