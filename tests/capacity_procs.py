@@ -52,7 +52,10 @@ class Ferryman:
         workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "stderr.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
-        full_env.update({"DOORMAN_MINIMUM_REFRESH_INTERVAL": "0", "LOG_LEVEL": "WARN"})
+        # On loopback the advertised address is 127.0.0.1:<grpc port>, what clients dial.
+        full_env.update(
+            {"DOORMAN_MINIMUM_REFRESH_INTERVAL": "0", "LOG_LEVEL": "WARN", "GRPC_HOST": "127.0.0.1"}
+        )
         full_env.update(env or {})
         command = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
         command += ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0", *args]

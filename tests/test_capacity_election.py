@@ -109,3 +109,28 @@ def test_sigkill_the_master_and_the_other_takes_over_in_learning_mode(
         return not learning and got == pytest.approx(FAIR)
 
     wait_for("convergence after learning mode", converged, timeout=20, interval=0.2)
+
+
+def test_replicas_advertising_one_address_still_elect_one_master(
+    fleet: Fleet, redis_server: RedisProcess
+) -> None:
+    """Two replicas configured with the same DOORMAN_ADVERTISE_ADDRESS never both hold the
+    term: each holds it under its own nonce."""
+    env = {
+        "CACHE_KEY_PREFIX": f"t{uuid.uuid4().hex[:12]}_",
+        "DOORMAN_ELECTION_TERM": "1s",
+        "DOORMAN_ADVERTISE_ADDRESS": "capacity.internal:8081",
+    }
+    replicas = [fleet.server("--backend", redis_server.url, env=env) for _ in range(2)]
+    wait_for("a master", lambda: _one_master(replicas) is not None, timeout=10)
+    for replica in replicas:
+        page = replica.capacity_page()
+        assert page["master_address"] == "capacity.internal:8081"
+    checks: list[int] = []
+
+    def watched() -> bool:
+        _one_master(replicas)  # fails on two masters
+        checks.append(1)
+        return len(checks) >= 30
+
+    wait_for("30 looks at mastership, across several terms", watched, timeout=30, interval=0.1)

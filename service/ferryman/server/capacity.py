@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
 from typing import Any
 
 import grpc
@@ -78,7 +79,11 @@ class CapacityService:
 
     async def start(self, grpc_port: int) -> None:
         s = self.settings
-        host = s.grpc_host if s.grpc_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        # Listening on every interface: the host's name is the address others can reach.
+        wildcard = s.grpc_host in ("", "0.0.0.0", "::", "[::]")
+        host = socket.gethostname() if wildcard else s.grpc_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
         self.address = s.doorman_advertise_address or f"{host}:{grpc_port}"
         if s.doorman_parent:
             self.parent = ParentClient(

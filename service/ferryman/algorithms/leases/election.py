@@ -1,6 +1,7 @@
 """Which replica is master: always this one on memory, one at a time through Redis.
 
-Through Redis the master holds a key (``SET NX PX``, its address as the value) for a
+Through Redis the master holds a key (``SET NX PX``; the value is its address and a
+nonce of this process, so two replicas advertising one address never share a term) for a
 bounded term and renews it (a compare-and-renew script) every third of the term. It counts
 itself master only until the term it last renewed would end, measured from before the
 renewal was sent, so it steps down before any other replica can take the key over.
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
@@ -68,6 +70,7 @@ class RedisElection:
         self._also_close = also_close
         self._key = key
         self._address = address
+        self._value = f"{address} {uuid.uuid4().hex}"
         self._term = term
         self._term_ms = max(1, round(term * 1000))
         self._renew = client.register_script(
@@ -108,7 +111,7 @@ class RedisElection:
                 await client.aclose()
 
     async def _resign(self) -> None:
-        await self._renew(keys=[self._key], args=[self._address, 1])
+        await self._renew(keys=[self._key], args=[self._value, 1])
 
     async def _run(self) -> None:
         while True:
@@ -119,19 +122,20 @@ class RedisElection:
         started = time.monotonic()
         try:
             if self._master:
-                if await self._renew(keys=[self._key], args=[self._address, self._term_ms]):
+                if await self._renew(keys=[self._key], args=[self._value, self._term_ms]):
                     self._valid_until = started + self._term
                 else:
                     log.warning("capacity: lost mastership (%s holds it now)", self._key)
                     self._set(False)
             if not self._master:
-                taken = await self._client.set(self._key, self._address, nx=True, px=self._term_ms)
+                taken = await self._client.set(self._key, self._value, nx=True, px=self._term_ms)
                 if taken:
                     self._valid_until = started + self._term
                     self._set(True)
                 else:
                     holder = await self._client.get(self._key)
-                    self._known_master = holder.decode() if isinstance(holder, bytes) else ""
+                    value = holder.decode() if isinstance(holder, bytes) else ""
+                    self._known_master = value.rpartition(" ")[0] if " " in value else value
         except Exception as exc:  # any Redis or network failure: the term decides
             log.warning("capacity: election round failed: %s", exc)
             if self._master and time.monotonic() >= self._valid_until:

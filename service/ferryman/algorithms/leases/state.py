@@ -102,7 +102,9 @@ class ResourceState:
                 self.remove(client_id)
         if not self.clients:
             heap.clear()
-            self.sum_leases = 0.0  # no float drift survives an empty resource
+            # No float drift survives an empty resource.
+            self.sum_leases = self.sum_wants = 0.0
+            self.sum_weight = 0
 
     def remove(self, client_id: str) -> None:
         entry = self.clients.pop(client_id, None)
