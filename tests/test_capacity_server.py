@@ -3,13 +3,15 @@ input, hot reload and the debug page."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
 
-from ferryman._proto.doorman import doorman_pb2
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 
 from capacity_procs import Ferryman, Fleet, resources_yaml
 from conftest import ConfigDir, wait_for
@@ -217,3 +219,32 @@ def test_discovery_on_a_single_memory_server_says_master(fleet: Fleet) -> None:
     reply = server.stub.Discovery(doorman_pb2.DiscoveryRequest(), timeout=5)
     assert reply.is_master
     assert reply.mastership.master_address == server.address
+
+
+def test_concurrent_refreshes_never_over_commit(fleet: Fleet) -> None:
+    """30 clients refreshing from 8 threads with changing wants: every answer is at most
+    what was wanted and the latest leases never sum above the capacity."""
+    server = fleet.server()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        with grpc.insecure_channel(server.address) as channel:
+            stub = doorman_pb2_grpc.CapacityStub(channel)  # type: ignore[no-untyped-call]
+            for _ in range(60):
+                client = f"c{rng.randrange(30)}"
+                wants = rng.choice([0.0, 1.0, 7.5, 40.0, 500.0])
+                request = doorman_pb2.GetCapacityRequest(
+                    client_id=client,
+                    resource=[
+                        doorman_pb2.ResourceRequest(resource_id="fair", priority=0, wants=wants)
+                    ],
+                )
+                got = stub.GetCapacity(request, timeout=10).response[0].gets.capacity
+                assert got <= wants
+
+    with ThreadPoolExecutor(8) as pool:
+        for future in [pool.submit(worker, seed) for seed in range(8)]:
+            future.result()
+    assert server.sum_leases("fair") <= 120 + 1e-9
+    (resource,) = server.capacity_page()["resources"]
+    assert sum(c["capacity"] for c in resource["clients"]) <= 120 + 1e-9
