@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
         help="processes serving the same ports (WORKERS, default 1; more needs Redis)",
     )
     serve.add_argument(
+        "--parent",
+        metavar="HOST:PORT",
+        help="lease capacity from this doorman.Capacity server (DOORMAN_PARENT)",
+    )
+    serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warn", "error"),
         help="log level (LOG_LEVEL, default info)",
@@ -235,6 +240,9 @@ def _serve(args: argparse.Namespace) -> int:
         changes["backend"] = args.backend
     if args.fail_open:
         changes["fail_open"] = True
+    if args.parent is not None:
+        split_address(args.parent, "--parent")
+        changes["doorman_parent"] = args.parent
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),
@@ -385,6 +393,16 @@ def _check(args: argparse.Namespace) -> int:
             "directory": str(directory),
             "notes": [str(note) for note in config.notes],
             "domains": domains,
+            "resources": [
+                {
+                    "identifier_glob": t.identifier_glob,
+                    "capacity": t.capacity,
+                    "safe_capacity": t.safe_capacity,
+                    "algorithm": t.algorithm.kind.name,
+                    "source": t.source,
+                }
+                for t in config.resources
+            ],
             "token_buckets": None
             if config.quota is None
             else {"file": config.quota.file, "buckets": list(config.quota.describe())},
@@ -403,7 +421,16 @@ def _check(args: argparse.Namespace) -> int:
     if config.quota is not None:
         print(f"token buckets ({config.quota.file})")
         print("".join(f"  {line}\n" for line in config.quota.describe()), end="")
-    print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s)")
+    for template in config.resources:
+        spec = template.algorithm
+        safe = "" if template.safe_capacity is None else f" safe={template.safe_capacity:g}"
+        print(
+            f"resource {template.identifier_glob}: capacity {template.capacity:g}{safe}, "
+            f"{spec.kind.name} lease {spec.lease_length}s refresh {spec.refresh_interval}s "
+            f"({template.source})"
+        )
+    resources = f", {len(config.resources)} resource(s)" if config.resources else ""
+    print(f"OK: {len(config.domains)} domain(s), {len(config.iter_limits())} limit(s){resources}")
     return 0
 
 

@@ -188,6 +188,16 @@ class Settings:
     # Processes serving the same ports (SO_REUSEPORT); more than one needs a shared backend.
     workers: int = 1
 
+    # Capacity leases (doorman.Capacity): a client is recomputed at most this often per
+    # resource (0: always); the address replicas advertise as master (empty: the gRPC
+    # listen address); the parent server (host:port; empty: this server is a root); the
+    # term a master holds through Redis before it must renew.
+    doorman_minimum_refresh_interval: float = 5.0
+    doorman_advertise_address: str = ""
+    doorman_parent: str = ""
+    doorman_election_term: float = 10.0
+    doorman_grant_unconfigured: bool = True
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); raises SettingsError."""
@@ -230,6 +240,12 @@ class Settings:
             raise SettingsError(f"LOG_FORMAT={log_format!r} must be text or json")
         log_level = env.get("LOG_LEVEL", "") or d.log_level
         parse_level(log_level)
+        parent = env.get("DOORMAN_PARENT", d.doorman_parent).strip()
+        if parent:
+            split_address(parent, "DOORMAN_PARENT")
+        term = _duration(env, "DOORMAN_ELECTION_TERM", d.doorman_election_term)
+        if term < 0.1:
+            raise SettingsError(f"DOORMAN_ELECTION_TERM={term:g}s must be at least 100ms")
         return cls(
             host=env.get("HOST", d.host),
             port=_port(env, "PORT", d.port),
@@ -313,6 +329,17 @@ class Settings:
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),
             workers=_int(env, "WORKERS", d.workers, minimum=1),
+            doorman_minimum_refresh_interval=_duration(
+                env, "DOORMAN_MINIMUM_REFRESH_INTERVAL", d.doorman_minimum_refresh_interval
+            ),
+            doorman_advertise_address=env.get(
+                "DOORMAN_ADVERTISE_ADDRESS", d.doorman_advertise_address
+            ),
+            doorman_parent=parent,
+            doorman_election_term=term,
+            doorman_grant_unconfigured=_bool(
+                env, "DOORMAN_GRANT_UNCONFIGURED", d.doorman_grant_unconfigured
+            ),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

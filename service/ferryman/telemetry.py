@@ -374,6 +374,14 @@ class HoldsView(Protocol):
     def by_group(self) -> list[tuple[dict[str, str], int]]: ...
 
 
+class CapacityView(Protocol):
+    """What the capacity lease instruments read (the server's CapacityService)."""
+
+    def by_resource(self) -> list[tuple[dict[str, str], tuple[float, float, float, int]]]: ...
+
+    def unconfigured_requests(self) -> int: ...
+
+
 class Telemetry:
     """The metric and trace pipelines of one Service, built from Settings.
 
@@ -504,6 +512,41 @@ class Telemetry:
             "ratelimit_service_holds_copies_held",
             callbacks=[lambda options: [Observation(copies())]],
             description="Copies held by this server's sessions.",
+        )
+
+    def observe_capacity(self, capacity: CapacityView, max_series: int) -> None:
+        """Instruments for capacity leases, per resource this server holds leases on:
+        capacity, the sum of leases and of wants, clients; and unconfigured requests."""
+        if self.meter_provider is None:
+            return
+        meter = self.meter_provider.get_meter(SCOPE, __version__)
+
+        def reading(index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def observe(options: CallbackOptions) -> Iterable[Observation]:
+                rows = capacity.by_resource()[:max_series]
+                return [
+                    Observation(values[index], labels)
+                    for labels, values in rows
+                    if math.isfinite(values[index])
+                ]
+
+            return observe
+
+        for index, (name, text) in enumerate(
+            (
+                ("capacity", "Capacity to divide among the resource's clients."),
+                ("leased", "Sum of the capacity of the resource's live leases."),
+                ("wanted", "Sum of what the resource's clients want."),
+                ("clients", "Clients holding a live lease on the resource."),
+            )
+        ):
+            meter.create_observable_gauge(
+                f"ratelimit_service_capacity_{name}", callbacks=[reading(index)], description=text
+            )
+        meter.create_observable_counter(
+            "ratelimit_service_capacity_unconfigured_requests",
+            callbacks=[lambda options: [Observation(capacity.unconfigured_requests())]],
+            description="Capacity requested for resources no template covers (granted as asked).",
         )
 
     def observe(

@@ -10,9 +10,12 @@ service watches: if the client dies, the service releases what it held. An unrea
 or failing service gives degraded grants (``fail_open=True``, the default) or
 ServiceUnavailableError; a kill switch turns rejections into reported grants. The
 interceptors rate-limit a program's own outgoing gRPC calls through a client.
+``CapacityClient`` leases shares of global capacities (Doorman's protocol) and refreshes
+them in the background.
 """
 
 from ferryman.client._async import AsyncClient, AsyncHold
+from ferryman.client._capacity import CapacityClient, CapacityResource
 from ferryman.client._core import DEFAULT_TIMEOUT
 from ferryman.client._interceptor import (
     AsyncRateLimitInterceptor,
@@ -43,6 +46,8 @@ __all__ = [
     "AsyncClient",
     "AsyncHold",
     "AsyncRateLimitInterceptor",
+    "CapacityClient",
+    "CapacityResource",
     "Client",
     "ClientStats",
     "Code",

@@ -111,7 +111,7 @@ def channel_options(keepalive: float = DEFAULT_KEEPALIVE) -> list[tuple[str, str
     is pinged that often and closed when a ping goes unanswered for half as long, so that a
     dead server or a partition ends the session within seconds: its holds are then reported
     lost instead of believed held."""
-    from ferryman import __version__  # the package imports this module first
+    from ferryman._version import __version__
 
     options: list[tuple[str, str | int]] = [
         ("grpc.primary_user_agent", f"ferryman-python/{__version__}")

@@ -1,4 +1,8 @@
-"""Load and validate descriptor YAML: every problem names its file, line, column and path."""
+"""Load and validate descriptor YAML: every problem names its file, line, column and path.
+
+A file whose root map has a ``resources`` key holds capacity lease templates
+(``config/resources.py``); every other file is a descriptor domain.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ferryman.algorithms.burst.model import BurstPolicy, Tier
 from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
+from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.config.nodes import (
     Ctx,
@@ -29,6 +34,7 @@ from ferryman.config.nodes import (
     uint32,
 )
 from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
+from ferryman.config.resources import is_resources_file, read_resources
 from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
@@ -402,10 +408,7 @@ class _FileResult:
     descriptors: Node | None
 
 
-def _parse_file(ctx: Ctx, text: str) -> _FileResult | None:
-    root = compose(ctx, text)
-    if ctx.problems and root is None:
-        return None
+def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
     if root is None:
         ctx.error(None, "domain", "the file is empty: a domain is required")
         return None
@@ -434,6 +437,9 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     problems: list[ConfigProblem] = []
     parsed: dict[str, list[tuple[Ctx, _FileResult]]] = {}
     quota: QuotaConfig | None = None
+    resources: list[ResourceTemplate] = []
+    globs: dict[str, str] = {}
+    notes: list[str] = []
     for name, text in sources:
         ctx = Ctx(name, problems)
         if is_quota_file(text):
@@ -441,7 +447,16 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
                 ctx.error(None, "", f"quota buckets are already defined in {quota.file}")
             quota = read_quota(ctx, text) or quota
             continue
-        result = _parse_file(ctx, text)
+        before = len(problems)
+        root = compose(ctx, text)
+        if len(problems) > before:
+            continue
+        if is_resources_file(root):
+            assert root is not None
+            resources.extend(read_resources(ctx, root, globs))
+            notes.extend(ctx.notes)
+            continue
+        result = _parse_file(ctx, root)
         if result is None:
             continue
         owners = parsed.setdefault(result.domain, [])
@@ -455,7 +470,6 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             continue
         owners.append((ctx, result))
     domains: dict[str, Domain] = {}
-    notes: list[str] = []
     for domain, files in parsed.items():
         rules: list[Rule] = []
         # Shared by the files of a merged domain, so a repeat names the file it repeats.
@@ -472,6 +486,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         digest=digest_sources(sources),
         notes=tuple(notes),
         quota=quota,
+        resources=tuple(resources),
     )
 
 

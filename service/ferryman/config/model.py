@@ -11,6 +11,7 @@ from typing import Any
 
 from ferryman.algorithms.burst.model import BurstPolicy
 from ferryman.algorithms.copies.model import CopyPolicy
+from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.quota import QuotaConfig
 
 __all__ = [
@@ -156,6 +157,8 @@ class Config:
     digest: str = ""
     notes: tuple[str, ...] = ()
     quota: QuotaConfig | None = None  # the token buckets of the quota file, if there is one
+    # Capacity lease templates of every resources file, in file order.
+    resources: tuple[ResourceTemplate, ...] = ()
 
     def iter_limits(self) -> list[tuple[str, Rule]]:
         """Every rule that carries a limit, as (domain, rule), in config order."""

@@ -97,6 +97,8 @@ def describe_change(old: Config | None, new: Config) -> str:
     domains = fields["domains"]
     assert isinstance(domains, list)
     parts = [f"{_count(len(domains), 'domain')}, {_count(len(new.iter_limits()), 'limit')}"]
+    if new.resources or (old is not None and old.resources):
+        parts[0] += f", {_count(len(new.resources), 'capacity resource')}"
     for label in ("added", "removed", "changed"):
         names = fields[label]
         assert isinstance(names, list)
@@ -104,6 +106,8 @@ def describe_change(old: Config | None, new: Config) -> str:
             parts.append(f"{label}: {', '.join(names)}")
     if not (fields["added"] or fields["removed"] or fields["changed"]):
         parts.append("no domain changed")
+    if old is not None and old.resources != new.resources:
+        parts.append("capacity resources changed")
     return "; ".join(parts)
 
 

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
@@ -28,6 +29,7 @@ from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
+from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
 from ferryman.server.holds import HoldManager
@@ -56,12 +58,20 @@ QUOTA_EVENTS_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["QuotaEvents"]
 QUOTA_SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
 # Allow answers every problem with a status of its own: nothing for the edge to map.
 QUOTA_METHODS = {"Allow": Method("ratelimit.service.call.allow")}
+CAPACITY_SERVICE = doorman_pb2.DESCRIPTOR.services_by_name["Capacity"]
+CAPACITY_METHODS = {
+    "Discovery": Method("ratelimit.service.call.discovery"),
+    "GetCapacity": Method("ratelimit.service.call.get_capacity"),
+    "GetServerCapacity": Method("ratelimit.service.call.get_server_capacity"),
+    "ReleaseCapacity": Method("ratelimit.service.call.release_capacity"),
+}
 HEALTH_NAMES = (
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ferryman.v1.Limiter",
     "quotaservice.QuotaService",
+    "doorman.Capacity",
 )
 
 
@@ -216,7 +226,9 @@ class Service:
         self.rls = RateLimitServicer(self.engine)
         self._edge = Edge(self.stats, self.telemetry)
         self.telemetry.observe(
-            self.stats, self.engine.local_cache, [*RLS_METHODS, *LIMITER_METHODS, *QUOTA_METHODS]
+            self.stats,
+            self.engine.local_cache,
+            [*RLS_METHODS, *LIMITER_METHODS, *QUOTA_METHODS, *CAPACITY_METHODS],
         )
         self.holds = HoldManager(
             self.engine,
@@ -235,6 +247,8 @@ class Service:
             self.stats,
             fail_open=settings.fail_open,
         )
+        self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
+        self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -256,6 +270,7 @@ class Service:
                 ("GET", "/stats"): self._stats_page,
                 ("GET", "/status"): self._status_page,
                 ("GET", "/explain"): self._explain,
+                ("GET", "/capacity"): self._capacity_page,
             },
             "debug",
         )
@@ -304,6 +319,10 @@ class Service:
         limiter_pb2_grpc.add_QuotaEventsServicer_to_server(  # type: ignore[no-untyped-call]
             edge.wrap(QuotaEventsServicer(self.quota_events), QUOTA_EVENTS_SERVICE, {}), guarded
         )
+        doorman_pb2_grpc.add_CapacityServicer_to_server(  # type: ignore[no-untyped-call]
+            edge.wrap(CapacityServicer(self.capacity), CAPACITY_SERVICE, CAPACITY_METHODS),
+            guarded,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
         try:
@@ -312,6 +331,7 @@ class Service:
             raise SettingsError(
                 _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
             ) from None
+        await self.capacity.start(self.grpc_port)
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         shared = s.workers > 1
@@ -364,6 +384,7 @@ class Service:
         await self._debug.stop()
         if self._metrics is not None:
             await self._metrics.stop()
+        await self.capacity.stop()
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
@@ -422,7 +443,8 @@ class Service:
             200,
             b"/rlconfig: the limits in force\n/stats: counters\n"
             b"/status: configuration, backend and cache state (JSON)\n"
-            b"/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n",
+            b"/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
+            b"/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n",
         )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
@@ -478,6 +500,10 @@ class Service:
     async def _stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.stats)
         return HttpResponse(200, body.encode())
+
+    async def _capacity_page(self, request: HttpRequest) -> HttpResponse:
+        body = json.dumps(self.capacity.status(), indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
 
     async def _status_page(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(

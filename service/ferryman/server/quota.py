@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from ferryman import __version__
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman._version import __version__
 from ferryman.algorithms.token_bucket.memory import MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
 from ferryman.backends.base import Backend

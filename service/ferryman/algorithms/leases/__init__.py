@@ -1,0 +1,33 @@
+"""Capacity leases (Doorman): clients lease shares of a global capacity and decide locally.
+
+``model`` holds the values, ``algorithms`` divides a capacity, ``state`` grants and expires
+leases and ``election`` picks one master among replicas. A server that leases from a parent
+does so through ``ferryman.server.capacity_parent``.
+"""
+
+from ferryman.algorithms.leases.algorithms import Division, allocate, divide
+from ferryman.algorithms.leases.model import (
+    AlgorithmSpec,
+    Demand,
+    Kind,
+    Lease,
+    ResourceTemplate,
+    find_template,
+)
+from ferryman.algorithms.leases.state import Band, LeaseState, ResourceState, TemplateSource
+
+__all__ = [
+    "AlgorithmSpec",
+    "Band",
+    "Demand",
+    "Division",
+    "Kind",
+    "Lease",
+    "LeaseState",
+    "ResourceState",
+    "ResourceTemplate",
+    "TemplateSource",
+    "allocate",
+    "divide",
+    "find_template",
+]

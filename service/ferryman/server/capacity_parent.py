@@ -1,0 +1,206 @@
+"""A server with a parent is the parent's client: it leases each resource's capacity with
+``GetServerCapacity`` (its clients' demand summed by priority band) and divides the lease
+among its own clients with the algorithm the parent names."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, Lease, ResourceTemplate
+from ferryman.algorithms.leases.state import LeaseState, TemplateSource
+from ferryman.clock import Clock
+
+__all__ = ["ParentClient"]
+
+log = logging.getLogger("ferryman.capacity")
+
+_RETRY = 1.0  # seconds: the next try after a failure, or when a resource has no lease yet
+_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class _Granted:
+    lease: Lease
+    template: ResourceTemplate  # capacity: the lease's
+
+
+def _spec(algorithm: doorman_pb2.Algorithm) -> AlgorithmSpec:
+    learning = (
+        algorithm.learning_mode_duration if algorithm.HasField("learning_mode_duration") else None
+    )
+    return AlgorithmSpec(
+        Kind(algorithm.kind),
+        max(1, algorithm.lease_length),
+        max(1, algorithm.refresh_interval),
+        learning,
+        tuple((p.name, p.value) for p in algorithm.parameters),
+    )
+
+
+class ParentClient(TemplateSource):
+    """The parent's leases, as templates for this server's own clients."""
+
+    def __init__(
+        self,
+        address: str,
+        server_id: str,
+        clock: Clock,
+        state: Callable[[], LeaseState | None],
+        *,
+        refresh_floor: float,
+    ) -> None:
+        self.address = address
+        self.server_id = server_id
+        self._clock = clock
+        self._state = state
+        self._target = address
+        self._refresh_floor = max(1, math.ceil(refresh_floor))
+        self._granted: dict[str, _Granted] = {}
+        self._wake = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: doorman_pb2_grpc.CapacityStub | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.last_error = ""
+        self.exchanges = 0
+
+    # -- TemplateSource -----------------------------------------------------------------
+
+    def template(self, resource_id: str) -> ResourceTemplate | None:
+        granted = self._granted.get(resource_id)
+        if granted is None:
+            # Nothing from the parent yet: nothing to divide; bring the clients back soon.
+            self._wake.set()
+            spec = AlgorithmSpec(Kind.FAIR_SHARE, 2 * self._refresh_floor, self._refresh_floor, 0)
+            return ResourceTemplate(resource_id, 0.0, spec)
+        if granted.lease.expiry_time <= self._clock.now():
+            # The parent is out of reach and the lease is over: safe mode.
+            safe = granted.template.safe_capacity
+            capacity = 0.0 if safe is None else math.inf if safe < 0 else safe
+            return ResourceTemplate(resource_id, capacity, granted.template.algorithm, safe)
+        return granted.template
+
+    def expiry_cap(self, resource_id: str) -> float | None:
+        granted = self._granted.get(resource_id)
+        if granted is None or granted.lease.expiry_time <= self._clock.now():
+            return None
+        return granted.lease.expiry_time
+
+    # -- the exchange with the parent ----------------------------------------------------
+
+    def wake(self, resource_id: str = "") -> None:
+        """Ask the parent now (a resource appeared: its clients have nothing yet)."""
+        self._wake.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ferryman-capacity-parent")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+
+    def _connect(self, target: str) -> doorman_pb2_grpc.CapacityStub:
+        if self._stub is None or target != self._target:
+            if self._channel is not None:
+                # Closed in the background: a call may still be finishing on it.
+                asyncio.get_running_loop().create_task(self._channel.close(None))
+            self._target = target
+            self._channel = grpc.aio.insecure_channel(target)
+            self._stub = doorman_pb2_grpc.CapacityStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                wait = await self.exchange()
+                self.last_error = ""
+            except grpc.aio.AioRpcError as exc:
+                self.last_error = f"{exc.code().name}: {exc.details()}"
+                log.warning("capacity: parent %s: %s", self._target, self.last_error)
+                self._connect(self.address)
+                wait = _RETRY
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def exchange(self) -> float:
+        """Ask the parent for every resource this server's clients hold; seconds to the next."""
+        state = self._state()
+        if state is None:
+            return _RETRY
+        now = self._clock.now()
+        request = doorman_pb2.GetServerCapacityRequest(server_id=self.server_id)
+        for resource in state:
+            resource.expire(now)
+            if not resource.clients:
+                continue
+            bands: dict[int, list[float]] = {}
+            for client in resource.clients.values():
+                band = bands.setdefault(client.priority, [0, 0.0])
+                band[0] += client.weight
+                band[1] += client.wants
+            item = request.resource.add(resource_id=resource.resource_id)
+            for priority, (clients, wants) in sorted(bands.items()):
+                item.wants.add(priority=priority, num_clients=int(clients), wants=wants)
+            granted = self._granted.get(resource.resource_id)
+            if granted is not None and granted.lease.expiry_time > now:
+                lease = granted.lease
+                item.has.expiry_time = int(lease.expiry_time)
+                item.has.refresh_interval = int(lease.refresh_interval)
+                item.has.capacity = lease.capacity
+        for resource_id in [r for r, g in self._granted.items() if g.lease.expiry_time <= now]:
+            if resource_id not in state.resources:
+                del self._granted[resource_id]
+        if not request.resource:
+            return _RETRY
+        stub = self._connect(self._target)
+        reply = await stub.GetServerCapacity(request, timeout=_TIMEOUT)
+        self.exchanges += 1
+        if not reply.response and reply.HasField("mastership"):
+            master = reply.mastership.master_address
+            log.warning("capacity: parent %s is not master; master: %r", self._target, master)
+            self._connect(master or self.address)
+            return 0.05 if master else _RETRY
+        wait = math.inf
+        for item in reply.response:
+            lease = Lease(
+                float(item.gets.expiry_time), float(item.gets.refresh_interval), item.gets.capacity
+            )
+            spec = _spec(item.algorithm) if item.HasField("algorithm") else AlgorithmSpec()
+            safe = item.safe_capacity if item.HasField("safe_capacity") else None
+            template = ResourceTemplate(item.resource_id, lease.capacity, spec, safe)
+            self._granted[item.resource_id] = _Granted(lease, template)
+            wait = min(wait, lease.refresh_interval)
+        asked = {r.resource_id for r in request.resource}
+        return _RETRY if asked - set(self._granted) or wait == math.inf else wait
+
+    def status(self) -> dict[str, object]:
+        now = self._clock.now()
+        return {
+            "address": self.address,
+            "talking_to": self._target,
+            "last_error": self.last_error or None,
+            "exchanges": self.exchanges,
+            "leases": {
+                rid: {
+                    "capacity": g.lease.capacity,
+                    "expires_in": round(g.lease.expiry_time - now, 3),
+                    "refresh_interval": g.lease.refresh_interval,
+                    "kind": g.template.algorithm.kind.name,
+                }
+                for rid, g in sorted(self._granted.items())
+            },
+        }
