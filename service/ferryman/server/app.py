@@ -27,6 +27,7 @@ from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
+from ferryman.server.console import Console, LatencyRecorder
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge
 from ferryman.server.holds import HoldManager
@@ -52,6 +53,16 @@ HEALTH_NAMES = (
     "ferryman.v1.Limiter",
 )
 
+
+# The debug port's endpoints, at /help (the console is at /).
+DEBUG_HELP = (
+    "/: the console (a page for a browser)\n"
+    "/rlconfig: the limits in force\n/stats: counters\n"
+    "/status: configuration, backend and cache state (JSON)\n"
+    "/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
+    "/console/config, /console/data?since=T, /console/panels, /console/panel?id=ID: "
+    "what the console draws (JSON)\n"
+)
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
@@ -192,13 +203,14 @@ class Service:
             merge_domains=settings.merge_domain_config,
             watch_root=settings.runtime_root if settings.watch_root else None,
         )
+        self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
             self.holder,
             self.backend,
             self.clock,
             self.stats,
             engine_options(settings),
-            timer=self.telemetry.backend_timer(self.backend),
+            timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
         self.rls = RateLimitServicer(self.engine)
         self._edge = Edge(self.stats, self.telemetry)
@@ -213,6 +225,14 @@ class Service:
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
+        self.console = Console(
+            self.stats,
+            self.holder,
+            self.holds,
+            self.backend_latency,
+            directory=str(settings.config_dir),
+            help_text=DEBUG_HELP,
+        )
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -229,7 +249,7 @@ class Service:
         )
         self._debug = HttpServer(
             {
-                ("GET", "/"): self._debug_index,
+                **self.console.routes(),
                 ("GET", "/rlconfig"): self._rlconfig,
                 ("GET", "/stats"): self._stats_page,
                 ("GET", "/status"): self._status_page,
@@ -258,6 +278,7 @@ class Service:
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
+        self.console.start()
         server = grpc.aio.server(options=grpc_server_options(s))
         # Registered through the guard, so that a request that does not decode is counted
         # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
@@ -331,6 +352,7 @@ class Service:
         await self._debug.stop()
         if self._metrics is not None:
             await self._metrics.stop()
+        await self.console.stop()
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
@@ -383,14 +405,6 @@ class Service:
         # (an over-limit status has no limitRemaining).
         body = json_format.MessageToJson(response, indent=None)
         return HttpResponse(code, body.encode(), "application/json")
-
-    async def _debug_index(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(
-            200,
-            b"/rlconfig: the limits in force\n/stats: counters\n"
-            b"/status: configuration, backend and cache state (JSON)\n"
-            b"/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n",
-        )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
         config = self.holder.config
