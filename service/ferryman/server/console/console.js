@@ -42,7 +42,7 @@
     const a = Math.abs(value);
     if (a >= 1e6) return (value / 1e6).toFixed(1) + "M";
     if (a >= 1e3) return (value / 1e3).toFixed(1) + "k";
-    if (a >= 100) return value.toFixed(0);
+    if (a >= 100 || Number.isInteger(value)) return value.toFixed(0);
     if (a >= 1) return value.toFixed(1);
     if (a === 0) return "0";
     return value.toFixed(2);
@@ -90,7 +90,11 @@
     }
     drawn.forEach((s, i) => {
       const pts = s.points.filter(([t]) => t >= t0).map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`);
-      root.append(svg("polyline", { points: pts.join(" "), stroke: s.color || COLORS[i % COLORS.length] }));
+      const color = s.color || COLORS[i % COLORS.length];
+      root.append(svg("polyline", { points: pts.join(" "), stroke: color }));
+      // The latest value as a dot: visible even while a series has a single sample.
+      const [lt, lv] = s.points[s.points.length - 1];
+      if (lt >= t0) root.append(svg("circle", { cx: x(lt), cy: y(lv), r: 2.5, fill: color }));
     });
     const legend = el("div", { class: "legend" });
     let total = 0;
@@ -223,16 +227,18 @@
       }));
       lineChart(box.querySelector(".chart"), series, { unit: "/s", empty: "no hits yet",
         title: `hits per second by tier, ${node.series}` });
-      const latest = state.samples.length ? (state.samples[state.samples.length - 1].tiers || {})[node.series] : null;
-      const inUse = latest ? Math.max(0, ...Object.keys(latest).map(Number).filter((t) => latest[t] > 0)) : 0;
-      box.querySelector(".now").textContent = inUse ? `tier in use now: ${inUse}` : "idle";
-      timeline(box.querySelector(".timeline"), node);
+      const current = timeline(box.querySelector(".timeline"), node);
+      box.querySelector(".now").textContent = current.tier
+        ? `current tier: ${current.tier}, active until ${new Date(current.until * 1000).toLocaleTimeString()}`
+        : "no tier active";
     }
   }
 
   // One row per tier: the samples it granted hits in, and from each entry into the tier its
   // active period (shaded) and cooldown (hatched), as the node's configuration sets them.
+  // Returns the highest tier still active now, and until when.
   function timeline(container, node) {
+    const current = { tier: 0, until: 0 };
     const W = 600, L = 42, R = 8, row = 14, n = node.tiers.length, H = n * row + 16;
     const now = Date.now() / 1000, span = state.span, t0 = now - span;
     const x = (t) => Math.max(L, Math.min(W - R, L + ((t - t0) / span) * (W - L - R)));
@@ -253,6 +259,7 @@
         const hits = ((s.tiers || {})[node.series] || {})[name] || 0;
         if (hits > 0 && before === 0) {
           const a = s.t - s.dt, active = a + tier.active, cool = active + tier.cooldown;
+          if (active > now && i + 1 >= current.tier) { current.tier = i + 1; current.until = active; }
           root.append(svg("rect", { class: "active", x: x(a), y: y0 + 1, width: Math.max(0, x(active) - x(a)), height: row - 2 }));
           if (tier.cooldown > 0) {
             root.append(svg("rect", { class: "cooldown", fill: `url(#${hatchId})`, x: x(active), y: y0 + 1, width: Math.max(0, x(cool) - x(active)), height: row - 2 }));
@@ -271,6 +278,7 @@
     }
     root.append(svg("text", { class: "label", x: L - 4, y: n * row + 10, "text-anchor": "end" }, "bursts"));
     container.replaceChildren(root);
+    return current;
   }
 
   // ---------------------------------------------------------------- live data
