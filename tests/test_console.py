@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from ferryman.clock import ManualClock
 from ferryman.server.console import Console
 from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.stats import CALL, Stats
 
-from conftest import MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory, wait_for
+from conftest import EPOCH, MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory, wait_for
 
 CONFIG = """
 domain: web
@@ -260,3 +261,41 @@ def test_panels_are_listed_and_served_as_tables(
     assert get_json(server, "/console/panel?id=leases")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
     assert status == 404 and "sessions, leases" in missing["error"]
+
+
+@pytest.mark.parametrize("backend_kind", ["memory", "redis"], indirect=True)
+def test_tenant_endpoint_reads_a_tenants_tiers_without_counting(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """/console/tenant: the current tier, each tier's phase, hits in its window and when its
+    active period and cooldown end, the same on both backends; reading counts nothing."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+
+    def tenant(descriptor: str = "tenant=t") -> dict[str, Any]:
+        status, body = get_json(server, f"/console/tenant?domain=web&descriptor={descriptor}")
+        assert status == 200, body
+        return dict(body)
+
+    idle = tenant()
+    assert idle["current"] == 0 and [t["phase"] for t in idle["tiers"]] == ["inactive"] * 2
+    for _ in range(3):
+        server.ask("web", [("tenant", "t")])
+    seen = tenant()
+    assert seen["current"] == 2 and seen["last_second"] == 3
+    assert [(t["phase"], t["hits"]) for t in seen["tiers"]] == [("active", 2), ("active", 1)]
+    assert seen["tiers"][1]["active_until"] == pytest.approx(EPOCH + 5)
+    assert seen["tiers"][1]["cooldown_until"] == pytest.approx(EPOCH + 20)
+    assert tenant() == seen  # nothing was counted by reading
+    clock.advance(6)
+    later = tenant()
+    assert later["current"] == 1 and later["last_second"] == 0
+    assert [(t["phase"], t["hits"]) for t in later["tiers"]] == [("active", 0), ("cooldown", 0)]
+    clock.advance(15)
+    assert tenant()["tiers"][1]["phase"] == "inactive"
+
+    status, body = get_json(server, "/console/tenant?domain=web&descriptor=user=u")
+    assert status == 400 and "burst" in body["error"]
+    status, body = get_json(server, "/console/tenant?domain=nope&descriptor=tenant=t")
+    assert status == 404
+    assert get_json(server, "/console/tenant?domain=web")[0] == 400

@@ -139,8 +139,8 @@ def test_console_shows_the_configuration_and_live_traffic(
     page: WebDriver, config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
 ) -> None:
     """The page loads without a console error and shows the domains as trees; after
-    traffic the charts' numbers, the top over-limit table, the burst tiers and the held
-    resources move; it fits a phone's width. A screenshot is kept."""
+    traffic the charts' numbers, the top over-limit table, the burst tiers (and a tenant's)
+    and the held resources move; it fits a phone's width. A screenshot is kept."""
     browser = page
     config_dir.write("web.yaml", CONFIG)
     config_dir.write("jobs.yaml", JOBS)
@@ -174,6 +174,12 @@ def test_console_shows_the_configuration_and_live_traffic(
         legend = text(browser, "chart-outcomes")
         assert "OK" in legend and "over limit" in legend and "shadow" in legend
         assert "current tier: 2, active until" in text(browser, "burst-nodes")
+        browser.find_element("id", "tenant-domain").send_keys("web")
+        browser.find_element("id", "tenant-descriptor").send_keys("tenant=t")
+        browser.find_element("id", "tenant-submit").click()
+        wait_for("the tenant's tiers", lambda: "current tier 2" in text(browser, "tenant-result"))
+        tiers = text(browser, "tenant-result")
+        assert "tier 2 active 4 / 10 per 1s 60.0s 180.0s" in tiers, tiers
         wait_for("the held copies", lambda: "copies held" in text(browser, "holds-gauges"))
         gauges = text(browser, "holds-gauges")
         assert gauges.splitlines()[:4] == ["1", "sessions", "4", "copies held"], gauges

@@ -60,8 +60,8 @@ DEBUG_HELP = (
     "/rlconfig: the limits in force\n/stats: counters\n"
     "/status: configuration, backend and cache state (JSON)\n"
     "/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
-    "/console/config, /console/data?since=T, /console/panels, /console/panel?id=ID: "
-    "what the console draws (JSON)\n"
+    "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
+    "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
 )
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -230,6 +230,9 @@ class Service:
             self.holder,
             self.holds,
             self.backend_latency,
+            self.engine,
+            self.backend,
+            self.clock,
             directory=str(settings.config_dir),
             help_text=DEBUG_HELP,
         )

@@ -7,6 +7,9 @@ data) is static and works offline; it polls JSON endpoints served here:
   the last load error;
 - ``/console/data?since=T``: the samples taken after T (see :class:`Sampler`), the top
   over-limit series, and the held-resource state;
+- ``/console/tenant?domain=D&descriptor=k=v[,k=v...]``: one tenant's burst tiers now (the
+  current tier, each tier's phase, hits in its window, when its active period and cooldown
+  end), read from the backend without counting anything;
 - ``/console/panels`` and ``/console/panel?id=ID``: extra panels, each a table that a part
   of the service registers with :meth:`Console.add_panel` (the page draws every one it
   lists, so a new feature adds a panel without touching the page).
@@ -23,8 +26,13 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from ferryman.backends.base import Backend
+from ferryman.clock import Clock
 from ferryman.config.model import Level, Rule
 from ferryman.config.reloader import ConfigHolder
+from ferryman.engine import RateLimitEngine
+from ferryman.engine.explain import parse_descriptor
+from ferryman.errors import FerrymanError, RequestError, status_of
 from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving, series_label
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import Handler, HttpRequest, HttpResponse
@@ -118,6 +126,9 @@ class Console:
         holder: ConfigHolder,
         holds: HoldManager,
         latency: LatencyRecorder,
+        engine: RateLimitEngine,
+        backend: Backend,
+        clock: Clock,
         *,
         directory: str = "",
         help_text: str = "",
@@ -126,6 +137,9 @@ class Console:
         self.stats = stats
         self.holder = holder
         self.holds = holds
+        self.engine = engine
+        self.backend = backend
+        self.clock = clock
         self.directory = directory
         self.help_text = help_text
         self.sampler = Sampler(stats, latency, self._hold_gauges, interval=interval)
@@ -150,6 +164,7 @@ class Console:
                 ("GET", "/help"): self._help,
                 ("GET", "/console/config"): self._config,
                 ("GET", "/console/data"): self._data,
+                ("GET", "/console/tenant"): self._tenant,
                 ("GET", "/console/panels"): self._panels,
                 ("GET", "/console/panel"): self._panel,
             }
@@ -209,6 +224,39 @@ class Console:
             "holds": self.holds_state(),
         }
 
+    async def tenant(self, domain: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
+        """One tenant's burst tiers now; RequestError / NotFoundError for a descriptor that
+        does not reach a burst-tier node."""
+        rule = self.engine.resolve(domain, entries, "burst")[-1]
+        assert rule.burst is not None
+        request = self.engine.bursts.request(rule, entries, 0, 0)
+        now = self.clock.now()  # as the engine decides (a Redis store may use its own clock)
+        seen = await self.backend.bursts.peek(request.node, request.tenant, rule.burst, now)
+        return {
+            "domain": domain,
+            "entries": [list(e) for e in entries],
+            "series": series_label(rule.stats_path or None),
+            "tenant": request.tenant,
+            "now": seen.now,
+            "current": seen.current,
+            "last_second": seen.last_second,
+            "hard_limit": rule.burst.hard_limit,
+            "tiers": [
+                {
+                    "limit": tier.limit,
+                    "window": tier.window,
+                    "active": tier.active,
+                    "cooldown": tier.cooldown,
+                    "phase": state.phase,
+                    "hits": state.hits,
+                    "entered": state.entered,
+                    "active_until": state.active_until,
+                    "cooldown_until": state.cooldown_until,
+                }
+                for tier, state in zip(rule.burst.tiers, seen.tiers, strict=True)
+            ],
+        }
+
     def _sessions_panel(self) -> dict[str, Any]:
         sessions = sorted(self.holds.sessions.values(), key=lambda s: -s.held)
         rows: list[list[Any]] = [[s.id[:12], s.client, s.held] for s in sessions[:SESSIONS]]
@@ -237,6 +285,17 @@ class Console:
         except ValueError:
             return _json({"error": f"since: {raw!r} is not a number of seconds"}, 400)
         return _json(self.data(since))
+
+    async def _tenant(self, request: HttpRequest) -> HttpResponse:
+        params = parse_qs(request.query)
+        domain = params.get("domain", [""])[0]
+        try:
+            text = params.get("descriptor", [""])[0]
+            if not text:
+                raise RequestError("descriptor", "give descriptor=k=v[,k=v...]")
+            return _json(await self.tenant(domain, parse_descriptor(text)))
+        except FerrymanError as exc:
+            return _json({"error": str(exc)}, status_of(exc).http)
 
     async def _panels(self, request: HttpRequest) -> HttpResponse:
         return _json({"panels": [{"id": p.id, "title": p.title} for p in self.panels.values()]})

@@ -374,6 +374,7 @@
       renderTop(data.top_over_limit);
       renderHolds(data.holds);
       await refreshPanels();
+      await showTenant();
       $("refresh-state").textContent = `updated ${new Date().toLocaleTimeString()}, every ${REFRESH_MS / 1000}s`;
       $("refresh-state").classList.remove("error");
     } catch (err) {
@@ -436,6 +437,48 @@
         `now: ${d.count} counted, ${d.remaining} left, window resets in ${d.reset_after}s`) : null,
       d.outcome ? el("p", { class: "outcome" }, d.outcome) : null);
   }
+
+  // ---------------------------------------------------------------- a tenant's tiers
+
+  let tenantQuery = null;
+
+  async function showTenant() {
+    const out = $("tenant-result");
+    if (!tenantQuery) return;
+    try {
+      const response = await fetch(`/console/tenant?${tenantQuery}`, { cache: "no-store" });
+      const t = await response.json();
+      if (!response.ok) {
+        out.replaceChildren(el("p", { class: "error" }, t.error || response.statusText));
+        return;
+      }
+      const until = (at) => (at === null ? "–" : `${Math.max(0, at - t.now).toFixed(1)}s`);
+      const rows = t.tiers.map((tier, i) => el("tr", { "data-tier": String(i + 1) },
+        el("td", {}, `tier ${i + 1}`),
+        el("td", { class: `phase-${tier.phase}` }, tier.phase),
+        el("td", { class: "num" }, `${tier.hits} / ${tier.limit} per ${tier.window}s`),
+        el("td", { class: "num" }, tier.phase === "active" ? until(tier.active_until) : "–"),
+        el("td", { class: "num" }, tier.phase === "inactive" ? "–" : until(tier.cooldown_until))));
+      out.replaceChildren(
+        el("p", { "data-tenant": "current" }, `${t.series}, tenant ${t.tenant}: `,
+          el("strong", {}, t.current ? `current tier ${t.current}` : "no tier active"),
+          `; ${t.last_second} hit(s) in the last second` +
+          (t.hard_limit !== null ? ` (hard limit ${t.hard_limit})` : "")),
+        el("table", { class: "table" },
+          el("thead", {}, el("tr", {}, ...["tier", "phase", "hits in window", "active for", "cooled down in"]
+            .map((h, i) => el("th", { class: i > 1 ? "num" : null }, h)))),
+          el("tbody", {}, ...rows)));
+    } catch (err) {
+      out.replaceChildren(el("p", { class: "error" }, String(err.message || err)));
+    }
+  }
+
+  $("tenant-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    tenantQuery = new URLSearchParams({ domain: $("tenant-domain").value.trim(),
+      descriptor: $("tenant-descriptor").value.trim() }).toString();
+    showTenant();
+  });
 
   $("explain-form").addEventListener("submit", explain);
   refresh();
