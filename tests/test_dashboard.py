@@ -59,8 +59,8 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def scrape(server: Server) -> set[str]:
-    """The metric names in a real /metrics answer."""
+def scrape(server: Server) -> dict[str, set[str]]:
+    """The metrics in a real /metrics answer: name -> the label names its samples carry."""
     port = server.service.prometheus_port
     assert port is not None
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -71,7 +71,22 @@ def scrape(server: Server) -> set[str]:
         assert response.status == 200, body
     finally:
         conn.close()
-    return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in body.splitlines() if line[:1] != "#"}
+    metrics: dict[str, set[str]] = {}
+    for line in body.splitlines():
+        if line[:1] == "#" or not line:
+            continue
+        name = re.split(r"[{ ]", line, maxsplit=1)[0]
+        labels = re.findall(r'[{,](\w+)="', line)
+        metrics.setdefault(name, set()).update(labels)
+    return metrics
+
+
+def grouping_labels(expr: str) -> set[str]:
+    """The labels a query groups by (``by (a, b)``)."""
+    found: set[str] = set()
+    for group in re.findall(r"\bby\s*\(([^)]*)\)", expr):
+        found.update(label.strip() for label in group.split(",") if label.strip())
+    return found
 
 
 def test_metric_name_extraction() -> None:
@@ -82,6 +97,7 @@ def test_metric_name_extraction() -> None:
     )
     assert metric_names(expr) == {"a_bucket", "b"}
     assert metric_names("label_values(c_total, domain)") == {"c_total"}
+    assert grouping_labels(expr) == {"le", "algorithm"}
 
 
 def test_dashboard_is_well_formed() -> None:
@@ -146,4 +162,10 @@ def test_every_query_names_a_metric_the_service_exports(
     dashboard = json.loads(DASHBOARD.read_text())
     names = set().union(*(metric_names(q) for q in queries(dashboard)))
     assert len(names) >= 20  # the extraction found the dashboard's metrics
-    assert not names - exported, f"not exported: {sorted(names - exported)}"
+    assert not names - set(exported), f"not exported: {sorted(names - set(exported))}"
+    # Each label a query groups by is carried by a metric it reads (``le`` by histograms'
+    # buckets; deeper levels than key1 only by rules that deep, so they may be absent).
+    for query in queries(dashboard):
+        carried = set().union(*(exported[name] for name in metric_names(query)))
+        missing = grouping_labels(query) - carried - {"le", "key2", "key3"}
+        assert not missing, f"{query}: no metric carries {sorted(missing)}"

@@ -239,12 +239,10 @@ class Sampler:
         which only sets the baseline)."""
         now = self._wall()
         series = self.stats.rule_series()
-        fixed = self.stats.snapshot()
+        fixed = {n: self.stats.get(n) for names in ERROR_STATS.values() for n in names}
         latency = self.latency.take()
         previous, self._last = self._last, {}
-        last_fixed, self._last_fixed = self._last_fixed, {}
-        for name in (n for names in ERROR_STATS.values() for n in names):
-            self._last_fixed[name] = fixed.get(name, 0)
+        last_fixed, self._last_fixed = self._last_fixed, fixed
         deltas = self._deltas(series, previous)
         started, self._last_at = self._last_at, now
         if started is None:
