@@ -149,6 +149,31 @@ def test_sampler_turns_counter_deltas_into_rates_in_a_bounded_ring() -> None:
     assert sampler.since(now[0] - 1) == [sampler.samples[-1]]
 
 
+def test_a_sample_keeps_only_the_busiest_series_and_the_top_k_its_capacity() -> None:
+    """However many domains, rules, burst nodes and over-limit series change, a sample keeps
+    the 10 busiest of each and the top-K no more than its capacity."""
+    now = [0.0]
+    stats = Stats()
+    sampler = Sampler(stats, LatencyRecorder(), interval=1, top_capacity=16, wall=lambda: now[0])
+    sampler.sample()
+    for i in range(200):
+        path = (f"d{i}", "k")
+        stats.rule(f"d{i}.k", "total_hits", i + 1, path)
+        stats.rule(f"d{i}.k", "over_limit", i + 1, path)
+        stats.rule(f"d{i}.k", "tier_hits", i + 1, path, (("tier", "1"),))
+        stats.rule(f"d{i}.k", "burst", i + 1, path)
+    now[0] += 1
+    got = sampler.sample()
+    assert got is not None
+    busiest = {f"d{i}" for i in range(190, 200)}
+    assert set(got["domains"]) == busiest
+    assert set(got["rules"]) == {f"{d}: k" for d in busiest}
+    assert set(got["tiers"]) == set(got["bursts"]) == {f"{d}: k" for d in busiest}
+    assert got["decisions"] == sum(range(1, 201))
+    assert len(sampler.top) == 16
+    assert [key for key, _, _ in sampler.top.top(1)] == ["d199: k"]
+
+
 def test_the_page_and_its_files_are_served_from_the_package(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
