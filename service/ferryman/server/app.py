@@ -30,6 +30,7 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
 from ferryman.server.capacity import CapacityService, CapacityServicer
+from ferryman.server.console import Console, LatencyRecorder
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
 from ferryman.server.holds import HoldManager
@@ -74,6 +75,17 @@ HEALTH_NAMES = (
     "doorman.Capacity",
 )
 
+
+# The debug port's endpoints, at /help (the console is at /).
+DEBUG_HELP = (
+    "/: the console (a page for a browser)\n"
+    "/rlconfig: the limits in force\n/stats: counters\n"
+    "/status: configuration, backend and cache state (JSON)\n"
+    "/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
+    "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
+    "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
+    "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
+)
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
@@ -215,13 +227,14 @@ class Service:
             merge_domains=settings.merge_domain_config,
             watch_root=settings.runtime_root if settings.watch_root else None,
         )
+        self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
             self.holder,
             self.backend,
             self.clock,
             self.stats,
             engine_options(settings),
-            timer=self.telemetry.backend_timer(self.backend),
+            timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
         self.rls = RateLimitServicer(self.engine)
         self._edge = Edge(self.stats, self.telemetry)
@@ -249,6 +262,18 @@ class Service:
         )
         self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
         self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
+        self.console = Console(
+            self.stats,
+            self.holder,
+            self.holds,
+            self.backend_latency,
+            self.engine,
+            self.backend,
+            self.clock,
+            directory=str(settings.config_dir),
+            help_text=DEBUG_HELP,
+        )
+        self.console.add_panel("capacity", "Capacity leases", self._capacity_panel)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -265,7 +290,7 @@ class Service:
         )
         self._debug = HttpServer(
             {
-                ("GET", "/"): self._debug_index,
+                **self.console.routes(),
                 ("GET", "/rlconfig"): self._rlconfig,
                 ("GET", "/stats"): self._stats_page,
                 ("GET", "/status"): self._status_page,
@@ -296,6 +321,7 @@ class Service:
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
+        self.console.start()
         server = grpc.aio.server(options=grpc_server_options(s))
         # Registered through the guard, so that a request that does not decode is counted
         # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
@@ -385,6 +411,7 @@ class Service:
         if self._metrics is not None:
             await self._metrics.stop()
         await self.capacity.stop()
+        await self.console.stop()
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
@@ -437,15 +464,6 @@ class Service:
         # (an over-limit status has no limitRemaining).
         body = json_format.MessageToJson(response, indent=None)
         return HttpResponse(code, body.encode(), "application/json")
-
-    async def _debug_index(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(
-            200,
-            b"/rlconfig: the limits in force\n/stats: counters\n"
-            b"/status: configuration, backend and cache state (JSON)\n"
-            b"/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
-            b"/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n",
-        )
 
     async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
         config = self.holder.config
@@ -500,6 +518,34 @@ class Service:
     async def _stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.stats)
         return HttpResponse(200, body.encode())
+
+    def _capacity_panel(self) -> dict[str, object]:
+        """The console's table of leased resources (the 30 with the most clients)."""
+        status = self.capacity.status()
+        resources = status.get("resources")
+        rows: list[list[object]] = []
+        for r in sorted(
+            resources if isinstance(resources, list) else [], key=lambda r: -r["client_count"]
+        )[:30]:
+            rows.append(
+                [
+                    r["resource_id"],
+                    r["algorithm"],
+                    r["capacity"],
+                    r["sum_leases"],
+                    r["sum_wants"],
+                    r["client_count"],
+                    "learning" if r["learning"] else "",
+                ]
+            )
+        master = (
+            "master" if status.get("is_master") else f"master is {status.get('master_address')}"
+        )
+        return {
+            "columns": ["resource", "algorithm", "capacity", "leased", "wanted", "clients", ""],
+            "rows": rows,
+            "note": f"this server: {master}",
+        }
 
     async def _capacity_page(self, request: HttpRequest) -> HttpResponse:
         body = json.dumps(self.capacity.status(), indent=2) + "\n"

@@ -8,11 +8,14 @@ import threading
 
 from ferryman.algorithms.burst.model import (
     BurstOutcome,
+    BurstPolicy,
     BurstRequest,
     HitLog,
     TenantState,
+    TenantView,
     commit,
     decide,
+    view,
 )
 from ferryman.clock import Clock
 
@@ -59,6 +62,19 @@ class MemoryBursts:
                     # active since (so the heap tracks tenants, not grants).
                     heapq.heappush(self._heap, (expires, request.node, request.tenant))
             return outcome
+
+    async def peek(
+        self, node: str, tenant: str, policy: BurstPolicy, now: float | None = None
+    ) -> TenantView:
+        now = self._clock.now() if now is None else now
+        with self._lock:
+            held = self._nodes.get(node)
+            entry = held[1].get(tenant) if held is not None else None
+            if entry is None:
+                return view(policy, [], [], (), now)
+            state = entry[0]
+            logs = [list(log.items()) for log in state.logs]
+            return view(policy, list(state.entered), logs, list(state.second.items()), now)
 
     def _sweep(self, now: float) -> None:
         heap = self._heap

@@ -20,7 +20,7 @@ Semantics (per node and tenant), all intervals half-open:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -31,9 +31,12 @@ __all__ = [
     "BurstStore",
     "HitLog",
     "TenantState",
+    "TenantView",
     "Tier",
+    "TierView",
     "commit",
     "decide",
+    "view",
 ]
 
 INACTIVE, ACTIVE, COOLDOWN = 0, 1, 2
@@ -217,6 +220,64 @@ class BurstStore(Protocol):
         ``now`` overrides the store's own clock (tests; the memory store's injected clock).
         """
         ...
+
+    async def peek(
+        self, node: str, tenant: str, policy: BurstPolicy, now: float | None = None
+    ) -> TenantView:
+        """A tenant's tiers at ``now`` (the store's clock by default), changing nothing."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TierView:
+    """One tier of a tenant at one instant: ``phase`` is inactive, active or cooldown;
+    ``hits`` are those in its window; the times are when its active period and cooldown end
+    (None while inactive)."""
+
+    phase: str
+    hits: int
+    entered: float | None
+    active_until: float | None
+    cooldown_until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    """A tenant's tiers at ``now``: the current tier (0: none active), each tier, and the
+    hits of its last second (what ``hard_limit`` counts)."""
+
+    now: float
+    current: int
+    tiers: tuple[TierView, ...]
+    last_second: int
+
+
+_PHASE_NAMES = ("inactive", "active", "cooldown")
+
+
+def view(
+    policy: BurstPolicy,
+    entered: Sequence[float | None],
+    logs: Sequence[Iterable[tuple[float, int]]],
+    second: Iterable[tuple[float, int]],
+    now: float,
+) -> TenantView:
+    """A tenant's state (tier entry times, hit logs per tier and for the last second, as
+    the stores keep them) as seen at ``now``, by the rules ``decide`` applies."""
+    tiers = []
+    for i, tier in enumerate(policy.tiers):
+        start = entered[i] if i < len(entered) else None
+        phase = tier.phase(start, now)
+        if phase == INACTIVE or start is None:
+            tiers.append(TierView("inactive", 0, None, None, None))
+            continue
+        log = logs[i] if i < len(logs) else ()
+        hits = sum(count for when, count in log if when > now - tier.window)
+        end = start + tier.active
+        tiers.append(TierView(_PHASE_NAMES[phase], hits, start, end, end + tier.cooldown))
+    current = max((i + 1 for i, t in enumerate(tiers) if t.phase == "active"), default=0)
+    last = sum(count for when, count in second if when > now - 1.0)
+    return TenantView(now, current, tuple(tiers), last)
 
 
 @dataclass(frozen=True, slots=True)

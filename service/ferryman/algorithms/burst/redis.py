@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ferryman.algorithms.burst.model import BurstOutcome, BurstRequest
+from ferryman.algorithms.burst.model import (
+    BurstOutcome,
+    BurstPolicy,
+    BurstRequest,
+    TenantView,
+    view,
+)
 from ferryman.connections.redis import LuaScript, RedisConnection
 
 __all__ = ["RedisBursts"]
@@ -19,6 +25,7 @@ class RedisBursts:
         self.connection = connection
         self.server_time = server_time
         self._script = LuaScript.of(__package__ or "", "burst.lua")
+        self._peek = LuaScript.of(__package__ or "", "peek.lua")
 
     async def decide(self, request: BurstRequest, now: float | None = None) -> BurstOutcome:
         policy = request.policy
@@ -60,3 +67,27 @@ class RedisBursts:
             global_last_second=int(reply[9]),
             retry_after=float(reply[10]),
         )
+
+    async def peek(
+        self, node: str, tenant: str, policy: BurstPolicy, now: float | None = None
+    ) -> TenantView:
+        tag = "{" + node + "}"
+        n = len(policy.tiers)
+        keys = [f"{tag}:s:{tenant}", f"{tag}:q:{tenant}"]
+        keys.extend(f"{tag}:l:{tenant}:{i}" for i in range(1, n + 1))
+        when = "" if now is None or self.server_time else repr(float(now))
+        reply = await self.connection.run(self._peek, keys, [when, n])
+        at = float(reply[0])
+        entered = [None if not e else float(e) for e in reply[1]]
+        logs = [_entries(log) for log in reply[2 : 2 + n]]
+        return view(policy, entered, logs, _entries(reply[2 + n]), at)
+
+
+def _entries(raw: list[Any]) -> list[tuple[float, int]]:
+    """A list of "time:count" entries, as burst.lua writes them."""
+    out = []
+    for item in raw:
+        text = item.decode() if isinstance(item, bytes) else str(item)
+        when, _, count = text.partition(":")
+        out.append((float(when), int(count)))
+    return out

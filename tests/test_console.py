@@ -1,0 +1,333 @@
+"""The console's data: the bounded sampler, the top-K, and the debug port's JSON endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from ferryman.clock import ManualClock
+from ferryman.server.console import Console
+from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
+from ferryman.stats import CALL, Stats
+
+from helpers.server import EPOCH, MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory, wait_for
+from helpers.stores import on_stores
+
+CONFIG = """
+domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: bulk
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    burst_tiers:
+      - {limit: 2, window: 1s, active: 1h}
+      - {limit: 10, window: 1s, active: 5s, cooldown: 15s}
+"""
+
+
+def get_json(server: Server, path: str) -> tuple[int, Any]:
+    status, body = server.http("GET", path, debug=True)
+    return status, json.loads(body)
+
+
+def sample(server: Server) -> dict[str, Any] | None:
+    """Take a sample now, on the server's loop (as the background task would)."""
+
+    async def take() -> dict[str, Any] | None:
+        return server.service.console.sampler.sample()
+
+    return server.run(take())
+
+
+def test_space_saving_keeps_the_heavy_keys_in_bounded_space() -> None:
+    """A stream of many light keys and a few heavy ones: the table never grows past its
+    capacity and ranks the heavy keys first, their counts bounding their true weight."""
+    top = SpaceSaving(8)
+    for i in range(1000):
+        top.offer(f"light{i}", 1)
+        if i % 4 == 0:
+            top.offer("heavy", 5)
+        if i % 10 == 0:
+            top.offer("medium", 5)
+    assert len(top) == 8
+    ranked = top.top(2)
+    assert [key for key, _, _ in ranked] == ["heavy", "medium"]
+    for key, count, error in ranked:
+        true = 1250 if key == "heavy" else 500
+        assert count - error <= true <= count
+
+
+def test_space_saving_decay_follows_what_is_heavy_now() -> None:
+    """With decay, a key that stopped sinking below one that is still arriving, then fades."""
+    top = SpaceSaving(4, decay=0.5)
+    top.offer("old", 100)
+    for _ in range(6):
+        top.age()
+        top.offer("new", 10)
+    assert [key for key, _, _ in top.top(2)] == ["new", "old"]
+    for _ in range(20):
+        top.age()
+        top.offer("new", 1)
+    assert [key for key, _, _ in top.top(2)] == ["new"]
+
+
+def test_latency_recorder_reports_mean_p99_and_failures_per_read() -> None:
+    """Each take() covers the calls since the previous one, failures counted, in ms."""
+    recorder = LatencyRecorder()
+    for _ in range(99):
+        recorder.record(0.001)
+    recorder.record(0.2, failed=True)
+    taken = recorder.take()
+    assert taken["calls"] == 100 and taken["errors"] == 1
+    assert taken["mean_ms"] == pytest.approx((99 * 1 + 200) / 100)
+    assert taken["p99_ms"] == pytest.approx(1.0)
+    assert taken["max_ms"] == pytest.approx(200)
+    assert recorder.take()["calls"] == 0
+
+
+def test_latency_recorder_wraps_a_timer_and_counts_a_failing_call() -> None:
+    """The wrapped timer times the call, hands it on, and a raising call counts as failed."""
+    recorder = LatencyRecorder()
+    timed = recorder.wrap(None)
+
+    async def ok() -> int:
+        return 7
+
+    async def broken() -> int:
+        raise RuntimeError("down")
+
+    async def run() -> None:
+        assert await timed("fixed_window", 1, ok()) == 7
+        with pytest.raises(RuntimeError):
+            await timed("fixed_window", 1, broken())
+
+    asyncio.run(run())
+    taken = recorder.take()
+    assert taken["calls"] == 2 and taken["errors"] == 1
+
+
+def test_sampler_turns_counter_deltas_into_rates_in_a_bounded_ring() -> None:
+    """Samples are per-second rates of what changed since the previous reading; the ring
+    keeps span / interval samples and drops the oldest."""
+    now = [1000.0]
+    stats = Stats()
+    sampler = Sampler(
+        stats, LatencyRecorder(), lambda: {"sessions": 1}, interval=2, span=10, wall=lambda: now[0]
+    )
+    assert sampler.sample() is None  # the baseline
+    stats.rule("web.user", "total_hits", 10, ("web", "user"))
+    stats.rule("web.user", "over_limit", 4, ("web", "user"))
+    stats.rule("web.bulk", "total_hits", 6, ("web", "bulk"))
+    stats.rule("web.bulk", "over_limit", 2, ("web", "bulk"))
+    stats.rule("web.bulk", "shadow_mode", 2, ("web", "bulk"))
+    stats.rule("web.tenant", "tier_hits", 4, ("web", "tenant"), (("tier", "2"),))
+    stats.rule("web.tenant", "burst", 1, ("web", "tenant"))
+    stats.inc(f"{CALL}.redis_error", 2)
+    now[0] += 2
+    got = sampler.sample()
+    assert got is not None
+    assert got["decisions"] == 8 and got["ok"] == 5 and got["over_limit"] == 2
+    assert got["shadow"] == 1
+    assert got["domains"] == {"web": 8}
+    assert got["rules"] == {"web: user": 5, "web: bulk": 3}
+    assert got["tiers"] == {"web: tenant": {"2": 2}}
+    assert got["bursts"] == {"web: tenant": 1}
+    assert got["errors"]["backend"] == 1
+    assert got["holds"] == {"sessions": 1}
+    assert [key for key, _, _ in sampler.top.top(2)] == ["web: user", "web: bulk"]
+    for _ in range(8):
+        now[0] += 2
+        quiet = sampler.sample()
+        assert quiet is not None and quiet["decisions"] == 0
+    assert len(sampler.samples) == 5
+    assert sampler.since(now[0] - 1) == [sampler.samples[-1]]
+
+
+def test_a_sample_keeps_only_the_busiest_series_and_the_top_k_its_capacity() -> None:
+    """However many domains, rules, burst nodes and over-limit series change, a sample keeps
+    the 10 busiest of each and the top-K no more than its capacity."""
+    now = [0.0]
+    stats = Stats()
+    sampler = Sampler(stats, LatencyRecorder(), interval=1, top_capacity=16, wall=lambda: now[0])
+    sampler.sample()
+    for i in range(200):
+        path = (f"d{i}", "k")
+        stats.rule(f"d{i}.k", "total_hits", i + 1, path)
+        stats.rule(f"d{i}.k", "over_limit", i + 1, path)
+        stats.rule(f"d{i}.k", "tier_hits", i + 1, path, (("tier", "1"),))
+        stats.rule(f"d{i}.k", "burst", i + 1, path)
+    now[0] += 1
+    got = sampler.sample()
+    assert got is not None
+    busiest = {f"d{i}" for i in range(190, 200)}
+    assert set(got["domains"]) == busiest
+    assert set(got["rules"]) == {f"{d}: k" for d in busiest}
+    assert set(got["tiers"]) == set(got["bursts"]) == {f"{d}: k" for d in busiest}
+    assert got["decisions"] == sum(range(1, 201))
+    assert len(sampler.top) == 16
+    assert [key for key, _, _ in sampler.top.top(1)] == ["d199: k"]
+
+
+def test_the_page_and_its_files_are_served_from_the_package(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/ is the console page; the script and stylesheet it names are package data; the
+    former index stays readable at /help."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+    status, page = server.http("GET", "/", debug=True)
+    assert status == 200 and b"<title>ferryman console</title>" in page
+    for path, name in (
+        ("/console/console.js", "console.js"),
+        ("/console/console.css", "console.css"),
+    ):
+        assert path.encode() in page
+        shipped = resources.files("ferryman.server.console").joinpath(name).read_bytes()
+        assert server.http("GET", path, debug=True) == (200, shipped)
+    # Offline: nothing is fetched from another host.
+    assert b"http://" not in page.replace(b"http://www.w3.org", b"")
+    assert b"https://" not in page
+    status, text = server.http("GET", "/help", debug=True)
+    assert status == 200
+    assert b"/rlconfig: the limits in force" in text and b"/explain?domain=D" in text
+
+
+def test_config_endpoint_draws_domains_as_trees_and_keeps_the_last_error(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/console/config: every node with its kind and numbers; a rejected reload shows its
+    error (the good configuration staying in force) until a load succeeds."""
+    config_dir.write("web.yaml", CONFIG)
+    config_dir.write("mx.yaml", MIXED)
+    server = make_server()
+    status, cfg = get_json(server, "/console/config")
+    assert status == 200
+    assert cfg["version"] == 1 and cfg["last_error"] is None and cfg["loaded_at"]
+    web = {d["name"]: d for d in cfg["domains"]}["web"]
+    nodes = {n["key"]: n for n in web["nodes"]}
+    assert nodes["user"]["kind"] == "fixed_window"
+    assert nodes["user"]["numbers"] == "2 per minute"
+    assert nodes["bulk"]["shadow_mode"] is True
+    assert nodes["tenant"]["kind"] == "burst_tiers"
+    assert [t["cooldown"] for t in nodes["tenant"]["tiers"]] == [0, 15]
+    kinds = {n["key"]: n["kind"] for d in cfg["domains"] for n in d["nodes"] if d["name"] == "mx"}
+    assert kinds == {"fixed": "fixed_window", "tiers": "burst_tiers", "seats": "copies"}
+
+    config_dir.write("web.yaml", CONFIG + "  - key: broken\n    rate_limit: {unit: fortnight}\n")
+    wait_for("the reload error", lambda: get_json(server, "/console/config")[1]["last_error"])
+    status, cfg = get_json(server, "/console/config")
+    assert "fortnight" in cfg["last_error"] and cfg["version"] == 1
+    assert {d["name"] for d in cfg["domains"]} == {"web", "mx"}
+    config_dir.write("web.yaml", CONFIG)
+    wait_for("a good reload", lambda: get_json(server, "/console/config")[1]["version"] == 2)
+    assert get_json(server, "/console/config")[1]["last_error"] is None
+
+
+def test_data_endpoint_reports_traffic_of_every_kind(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/console/data after traffic: decisions by domain and rule, outcomes, backend calls,
+    burst tiers, the top over-limit series; ``since`` returns only newer samples."""
+    config_dir.write("web.yaml", CONFIG)
+    config_dir.write("mx.yaml", MIXED)
+    server = make_server()
+    for _ in range(5):
+        server.ask("web", [("user", "alice")])
+        server.ask("web", [("bulk", "b")])
+        server.ask("web", [("tenant", "t")])
+    server.ask("mx", *MIXED_REQUEST)
+    taken = sample(server)
+    assert taken is not None
+    status, data = get_json(server, "/console/data?since=0")
+    assert status == 200
+    last = data["samples"][-1]
+    assert last == taken
+    dt = last["dt"]
+    assert round(last["decisions"] * dt) == 18
+    assert round(last["over_limit"] * dt) == 3  # user: 5 asked, 2 allowed
+    assert round(last["shadow"] * dt) == 4  # bulk: over the limit but let through
+    assert set(last["domains"]) == {"web", "mx"}
+    assert {"web: user", "web: bulk", "web: tenant", "mx: seats"} <= set(last["rules"])
+    assert last["backend"]["calls"] > 0 and last["backend"]["mean_ms"] > 0
+    assert set(last["tiers"]["web: tenant"]) == {"1", "2"}
+    assert last["bursts"] == {"web: tenant": 2, "mx: tiers": 1}  # entering tier 1 is one
+    assert [row["series"] for row in data["top_over_limit"]][:2] == ["web: bulk", "web: user"]
+    assert data["holds"]["sessions"] == 0 and data["holds"]["transfers"]["staged"] == 0
+    assert get_json(server, f"/console/data?since={last['t']}")[1]["samples"] == []
+    status, error = get_json(server, "/console/data?since=soon")
+    assert status == 400 and "since" in error["error"]
+
+
+def test_panels_are_listed_and_served_as_tables(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/console/panels lists the registered panels; /console/panel?id= serves one as a
+    table, and a panel added at run time appears in the list."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+    assert get_json(server, "/console/panels")[1] == {
+        "panels": [
+            {"id": "sessions", "title": "Sessions"},
+            {"id": "capacity", "title": "Capacity leases"},
+        ]
+    }
+    status, leases = get_json(server, "/console/panel?id=capacity")
+    assert status == 200 and leases["columns"][0] == "resource"
+    assert leases["rows"] == [] and leases["note"] == "this server: master"
+    status, panel = get_json(server, "/console/panel?id=sessions")
+    assert status == 200 and panel["columns"] == ["session", "client", "copies held"]
+    assert panel["rows"] == [] and panel["note"] == "0 open"
+    console: Console = server.service.console
+    console.add_panel("leases", "Leases", lambda: {"columns": ["client"], "rows": [["a"]]})
+    assert [p["id"] for p in get_json(server, "/console/panels")[1]["panels"]] == [
+        "sessions",
+        "leases",
+    ]
+    assert get_json(server, "/console/panel?id=leases")[1]["rows"] == [["a"]]
+    status, missing = get_json(server, "/console/panel?id=nope")
+    assert status == 404 and "sessions, leases" in missing["error"]
+
+
+@on_stores("memory", "redis")
+def test_tenant_endpoint_reads_a_tenants_tiers_without_counting(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """/console/tenant: the current tier, each tier's phase, hits in its window and when its
+    active period and cooldown end, the same on both backends; reading counts nothing."""
+    config_dir.write("web.yaml", CONFIG)
+    server = make_server()
+
+    def tenant(descriptor: str = "tenant=t") -> dict[str, Any]:
+        status, body = get_json(server, f"/console/tenant?domain=web&descriptor={descriptor}")
+        assert status == 200, body
+        return dict(body)
+
+    idle = tenant()
+    assert idle["current"] == 0 and [t["phase"] for t in idle["tiers"]] == ["inactive"] * 2
+    for _ in range(3):
+        server.ask("web", [("tenant", "t")])
+    seen = tenant()
+    assert seen["current"] == 2 and seen["last_second"] == 3
+    assert [(t["phase"], t["hits"]) for t in seen["tiers"]] == [("active", 2), ("active", 1)]
+    assert seen["tiers"][1]["active_until"] == pytest.approx(EPOCH + 5)
+    assert seen["tiers"][1]["cooldown_until"] == pytest.approx(EPOCH + 20)
+    assert tenant() == seen  # nothing was counted by reading
+    clock.advance(6)
+    later = tenant()
+    assert later["current"] == 1 and later["last_second"] == 0
+    assert [(t["phase"], t["hits"]) for t in later["tiers"]] == [("active", 0), ("cooldown", 0)]
+    clock.advance(15)
+    assert tenant()["tiers"][1]["phase"] == "inactive"
+
+    status, body = get_json(server, "/console/tenant?domain=web&descriptor=user=u")
+    assert status == 400 and "burst" in body["error"]
+    status, body = get_json(server, "/console/tenant?domain=nope&descriptor=tenant=t")
+    assert status == 404
+    assert get_json(server, "/console/tenant?domain=web")[0] == 400
