@@ -285,14 +285,15 @@ def test_panels_are_listed_and_served_as_tables(
     assert status == 200 and panel["columns"] == ["session", "client", "copies held"]
     assert panel["rows"] == [] and panel["note"] == "0 open"
     console: Console = server.service.console
-    console.add_panel("leases", "Leases", lambda: {"columns": ["client"], "rows": [["a"]]})
+    console.add_panel("extra", "Extra", lambda: {"columns": ["client"], "rows": [["a"]]})
     assert [p["id"] for p in get_json(server, "/console/panels")[1]["panels"]] == [
         "sessions",
-        "leases",
+        "capacity",
+        "extra",
     ]
-    assert get_json(server, "/console/panel?id=leases")[1]["rows"] == [["a"]]
+    assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    assert status == 404 and "sessions, leases" in missing["error"]
+    assert status == 404 and "sessions, capacity, extra" in missing["error"]
 
 
 @on_stores("memory", "redis")
