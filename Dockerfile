@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 # ferryman: `ferryman serve` on 8080 (HTTP: /healthcheck, /json), 8081 (gRPC: Envoy's
-# RateLimitService, ferryman.v1.Limiter, health) and 6070 (debug: /rlconfig, /stats).
+# RateLimitService, ferryman.v1.Limiter, health) and 6070 (debug: /rlconfig, /stats; on the
+# container's loopback unless DEBUG_HOST says otherwise).
 #
 #   docker build -t ferryman:0.1.0 .
-#   docker run --rm -p 8080:8080 -p 8081:8081 -p 6070:6070 ferryman:0.1.0
+#   docker run --rm -p 8080:8080 -p 8081:8081 -p 6070:6070 -e DEBUG_HOST=0.0.0.0 ferryman:0.1.0
 #
 # It serves the example limits in /app/descriptors; mount your own over that directory, pass
 # `serve --config DIR`, or set RUNTIME_ROOT / RUNTIME_SUBDIRECTORY as for envoyproxy/ratelimit.

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import socket
+import ssl
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -33,6 +34,7 @@ from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
+from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
@@ -241,6 +243,7 @@ class Service:
             )
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
+        self.tls: TlsFiles | None = None
 
     def healthy(self) -> bool:
         return not self._stopping and self.holder.config is not None and self.backend.healthy()
@@ -251,6 +254,7 @@ class Service:
         # before anything else starts (and before gRPC's own resolver logs about it).
         for host, port, what in self._ports():
             _probe_port(host, port, what)
+        self.tls = tls = TlsFiles.from_settings(s)
         self.reloader.load()
         await self.backend.start()
         await self.reloader.start()
@@ -262,6 +266,7 @@ class Service:
             server,
             self.stats,
             {SHOULD_RATE_LIMIT: (TOTAL_REQUESTS, f"{CALL}.service_error")},
+            authorize=tls.authorize if tls is not None and tls.client_san else None,
         )
         self.undecodable = guarded.reporter
         edge = self._edge
@@ -274,23 +279,31 @@ class Service:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
+        address = f"{_host(s.grpc_host)}:{s.grpc_port}"
         try:
-            self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+            if tls is None:
+                self.grpc_port = server.add_insecure_port(address)
+            else:
+                self.grpc_port = server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError:
             raise SettingsError(
                 _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
             ) from None
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
-        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"])
+        context = tls.ssl_context() if tls is not None else None
+        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"], context)
         self.debug_port = await _listen(
-            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"]
+            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"], context
         )
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
-            self.prometheus_port = await _listen(self._metrics, host, port, "PROMETHEUS_ADDR")
+            self.prometheus_port = await _listen(
+                self._metrics, host, port, "PROMETHEUS_ADDR", context
+            )
         log.info(
-            "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "ferryman serving%s: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "" if tls is None else " over TLS" + (" (mutual)" if tls.mutual else ""),
             self.grpc_port,
             self.http_port,
             self.debug_port,
@@ -357,8 +370,12 @@ class Service:
 
     async def _json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
-        gRPC calls."""
+        gRPC calls. Under mutual TLS it needs a verified client certificate (it counts hits)."""
         self.stats.inc(TOTAL_REQUESTS)
+        denied = self.tls.http_denied(request.peercert) if self.tls is not None else None
+        if denied is not None:
+            self.stats.inc(f"{CALL}.service_error")
+            return HttpResponse(403, f"forbidden: {denied}\n".encode())
         message = rls_pb2.RateLimitRequest()
         try:
             json_format.Parse(request.body.decode("utf-8"), message)
@@ -509,9 +526,11 @@ def _probe_port(host: str, port: int, what: str) -> None:
         raise _bind_error(host, port, what, exc) from None
 
 
-async def _listen(server: HttpServer, host: str, port: int, what: str) -> int:
+async def _listen(
+    server: HttpServer, host: str, port: int, what: str, tls: ssl.SSLContext | None = None
+) -> int:
     try:
-        return await server.start(host, port)
+        return await server.start(host, port, tls)
     except OSError as exc:
         raise _bind_error(host, port, what, exc) from None
 
