@@ -179,6 +179,8 @@ class Settings:
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
     fail_open: bool = False
+    # Fixed-window counters the memory backend keeps at most (0: no cap); see its store.
+    memory_max_keys: int = 100_000
 
     near_limit_ratio: float = 0.8
     shadow_mode: bool = False
@@ -310,6 +312,7 @@ class Settings:
                 env, "LOCAL_CACHE_SIZE_IN_BYTES", d.local_cache_size_in_bytes
             ),
             fail_open=_bool(env, "FAIL_OPEN", d.fail_open),
+            memory_max_keys=_int(env, "MEMORY_MAX_KEYS", d.memory_max_keys),
             near_limit_ratio=ratio,
             shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
             quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),

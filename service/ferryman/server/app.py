@@ -25,6 +25,7 @@ from ferryman.clock import Clock, SystemClock
 from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
+from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import BackendError, FerrymanError, SettingsError, status_of
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge
@@ -65,6 +66,8 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
     loss, partition) is noticed and its sessions end; client pings allowed."""
     options = [
         ("grpc.so_reuseport", 0),
+        # Refused (RESOURCE_EXHAUSTED) before it is decoded; every limit is in engine/validate.
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
     ]
     if settings.grpc_keepalive_time > 0:
@@ -102,7 +105,7 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     """The backend the settings ask for: memory, the REDIS_* variables, or a URL."""
     s = settings
     if s.backend == "memory":
-        return MemoryBackend(clock)
+        return MemoryBackend(clock, s.memory_max_keys)
     from ferryman.backends.redis import (
         RedisBackend,
         RoutedBackend,
@@ -184,6 +187,8 @@ class Service:
         self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
+        if isinstance(self.backend, MemoryBackend):
+            self.backend.windows.report = self.stats.inc
         self.reloader = Reloader(
             settings.config_dir,
             self.holder,
