@@ -464,6 +464,14 @@ class Service:
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
             "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "memory": None
+            if not isinstance(self.backend, MemoryBackend)
+            else {
+                "keys": len(self.backend.windows),
+                "max_keys": self.backend.windows.max_keys,
+                "evicted": self.backend.windows.evicted,
+                "refused": self.backend.windows.refused,
+            },
             "holds": self.holds.status(),
             "local_cache": None
             if cache is None
