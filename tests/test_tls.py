@@ -4,6 +4,7 @@ certificate, wrong SAN), rotation without a restart, the HTTP ports, the client 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import os
 import shutil
@@ -26,9 +27,14 @@ from ferryman.settings import Settings
 
 from conftest import ConfigDir, Server, ServerFactory, descriptor
 
-CONFIG = (
-    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 50}\n"
-)
+CONFIG = """
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: seats
+    copies: {limit: 5, hold_ttl: 30s}
+"""
 REQUEST = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
 
 
@@ -196,7 +202,9 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
 ) -> None:
     """Replacing the files (as cert-manager does: a new pair renamed into place) changes the
     certificate new connections see, on gRPC and HTTP; an established connection keeps
-    working; a half-written pair is ignored and the last good one kept."""
+    working, and so does a Session stream holding copies (its client trusts only the old
+    CA, so a reconnection would fail); a mismatched pair is ignored, the last good one
+    kept."""
     live = Pem(tmp_path / "live" / "tls.crt", tmp_path / "live" / "tls.key")
     live.cert.parent.mkdir()
     first = ca.server("first")
@@ -210,6 +218,11 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
     )
     stub = rls_pb2_grpc.RateLimitServiceStub(old)
     stub.ShouldRateLimit(REQUEST, timeout=5)
+    # A client holding copies: its Session stream is open across the rotation.
+    holder = ferryman.Client(f"127.0.0.1:{port}", ca_file=str(ca.cert), fail_open=False)
+    held = contextlib.ExitStack()
+    hold = held.enter_context(holder.hold_copy("d", {"seats": "s"}, copies=2))
+    assert hold.success and hold.copies == 2
 
     second = other_ca.server("second")
     for source, target in ((second.cert, live.cert), (second.key, live.key)):
@@ -219,9 +232,14 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
     assert served_certificate(http_port) == der(second)
     assert call(port, other_ca.cert).overall_code == rls_pb2.RateLimitResponse.OK
     assert refused(port, ca.cert) == grpc.StatusCode.UNAVAILABLE
-    # The connection made before the rotation is still up.
+    # The connection made before the rotation is still up, and so is the stream on it.
     stub.ShouldRateLimit(REQUEST, timeout=5)
     old.close()
+    hold.release(1)
+    assert not hold.lost and hold.copies == 1
+    assert holder.stats().sessions_lost == 0
+    held.close()
+    holder.close()
 
     live.key.write_bytes(first.key.read_bytes())  # key of one pair, certificate of another
     assert served_certificate(port) == der(second)
