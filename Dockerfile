@@ -54,7 +54,8 @@ WORKDIR /app
 COPY descriptors/ descriptors/
 USER 10001
 EXPOSE 8080 8081 6070
+# HTTPS when GRPC_SERVER_USE_TLS is set (the probe asks its own loopback: nothing to verify).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthcheck' % os.environ.get('PORT', '8080'), timeout=2)"]
+  CMD ["python", "-c", "import os, ssl, urllib.request; tls = os.environ.get('GRPC_SERVER_USE_TLS', '') in ('1', 't', 'T', 'true', 'True', 'TRUE'); urllib.request.urlopen(('https' if tls else 'http') + '://127.0.0.1:%s/healthcheck' % os.environ.get('PORT', '8080'), timeout=2, context=ssl._create_unverified_context() if tls else None)"]
 ENTRYPOINT ["ferryman"]
 CMD ["serve"]
