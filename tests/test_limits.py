@@ -241,6 +241,11 @@ def test_the_memory_backend_keeps_at_most_max_keys_counters(
         server.ask("d", [("ip", f"10.0.{i // 256}.{i % 256}")])
         assert len(backend.windows) <= 64
     assert server.stat("ratelimit.service.memory.evicted_keys") >= 1000 - 64
+    # Hits given back on values never counted leave no counter behind (nothing evicted).
+    evicted = server.stat("ratelimit.service.memory.evicted_keys")
+    for i in range(200):
+        server.ask("d", descriptor([("ip", f"back{i}")], negative=True))
+    assert server.stat("ratelimit.service.memory.evicted_keys") == evicted
     assert codes(server.ask("d", [("ip", "attacker")])) == ["OVER_LIMIT"]
     # Fill the cap with counters at their limit: nothing is safe to evict any more.
     for i in range(64):

@@ -139,7 +139,8 @@ class MemoryFixedWindows:
                     continue
                 value = max(0, before + op.hits)
                 values[op.key] = value
-                self._store(op, value)
+                if value or not new:  # hits given back to no counter leave none behind
+                    self._store(op, value)
                 results.append(CounterResult(value, value - before))
             return results
 
