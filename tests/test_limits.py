@@ -246,6 +246,7 @@ def test_the_memory_backend_keeps_at_most_max_keys_counters(
     for i in range(200):
         server.ask("d", descriptor([("ip", f"back{i}")], negative=True))
     assert server.stat("ratelimit.service.memory.evicted_keys") == evicted
+    assert len(backend.windows) <= 64
     assert codes(server.ask("d", [("ip", "attacker")])) == ["OVER_LIMIT"]
     # Fill the cap with counters at their limit: nothing is safe to evict any more.
     for i in range(64):
