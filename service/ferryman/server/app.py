@@ -464,6 +464,14 @@ class Service:
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
             "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "tls": None
+            if self.tls is None
+            else {
+                "cert": str(self.tls.cert),
+                "mutual": self.tls.mutual,
+                "client_san": self.tls.client_san or None,
+                "reloads": self.tls.reloads,
+            },
             "memory": None
             if not isinstance(self.backend, MemoryBackend)
             else {
