@@ -105,17 +105,15 @@ class GuardedServer:
         refuse = self._refuse
         authorize = self._authorize
 
-        async def check(request: Any, context: Any) -> Any:
-            if authorize is not None:
-                await authorize(context)
-            if isinstance(request, _Undecodable):
-                await refuse(method, request, context)
-            return request
-
         async def undecoded(request: Any, context: Any) -> Any:
             if isinstance(request, _Undecodable):
                 await refuse(method, request, context)
             return request
+
+        async def check(request: Any, context: Any) -> Any:
+            if authorize is not None:
+                await authorize(context)
+            return await undecoded(request, context)
 
         async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
             async for request in requests:
