@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 # ferryman: `ferryman serve` on 8080 (HTTP: /healthcheck, /json), 8081 (gRPC: Envoy's
-# RateLimitService, ferryman.v1.Limiter, health) and 6070 (debug: /rlconfig, /stats).
+# RateLimitService, ferryman.v1.Limiter, health) and 6070 (debug: /rlconfig, /stats; on the
+# container's loopback unless DEBUG_HOST says otherwise).
 #
 #   docker build -t ferryman:0.1.0 .
-#   docker run --rm -p 8080:8080 -p 8081:8081 -p 6070:6070 ferryman:0.1.0
+#   docker run --rm -p 8080:8080 -p 8081:8081 -p 6070:6070 -e DEBUG_HOST=0.0.0.0 ferryman:0.1.0
 #
 # It serves the example limits in /app/descriptors; mount your own over that directory, pass
 # `serve --config DIR`, or set RUNTIME_ROOT / RUNTIME_SUBDIRECTORY as for envoyproxy/ratelimit.
@@ -53,7 +54,8 @@ WORKDIR /app
 COPY descriptors/ descriptors/
 USER 10001
 EXPOSE 8080 8081 6070
+# HTTPS when GRPC_SERVER_USE_TLS is set (the probe asks its own loopback: nothing to verify).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthcheck' % os.environ.get('PORT', '8080'), timeout=2)"]
+  CMD ["python", "-c", "import os, ssl, urllib.request; tls = os.environ.get('GRPC_SERVER_USE_TLS', '') in ('1', 't', 'T', 'true', 'True', 'TRUE'); urllib.request.urlopen(('https' if tls else 'http') + '://127.0.0.1:%s/healthcheck' % os.environ.get('PORT', '8080'), timeout=2, context=ssl._create_unverified_context() if tls else None)"]
 ENTRYPOINT ["ferryman"]
 CMD ["serve"]

@@ -484,10 +484,6 @@ def test_zero_requests_per_unit_blocks_everything(
             "descriptors[0].entries[1].key",
         ),
         (
-            rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([])]),
-            "descriptors[0].entries",
-        ),
-        (
             rls_pb2.RateLimitRequest(
                 domain="d", descriptors=[descriptor([("k", "v")], limit=(5, 99))]
             ),

@@ -58,7 +58,9 @@ _EXAMPLES = {
     "query": """examples:
   ferryman query --domain messaging --descriptor message_type=marketing,to_number=2061111111
   ferryman query --target rl:8081 --domain edge-proxy --descriptor remote_address=10.0.0.1 \\
-      --hits 5 --format json""",
+      --hits 5 --format json
+  ferryman query --target rl.example:8081 --ca-file ca.pem --cert-file me.pem \\
+      --key-file me-key.pem --domain edge-proxy --descriptor remote_address=10.0.0.1""",
     "explain": """examples:
   ferryman explain --config descriptors --domain messaging \\
       --descriptor message_type=marketing,to_number=2061111111
@@ -171,6 +173,16 @@ def _parser() -> argparse.ArgumentParser:
         help="one descriptor's entries, in order; repeat for several descriptors",
     )
     query.add_argument("--hits", type=int, default=1, help="hits to add (default 1)")
+    query.add_argument(
+        "--tls", action="store_true", help="speak TLS (implied by --ca-file and --cert-file)"
+    )
+    query.add_argument(
+        "--ca-file", metavar="PEM", help="CA certificate to verify the service with (TLS)"
+    )
+    query.add_argument(
+        "--cert-file", metavar="PEM", help="client certificate for mutual TLS (with --key-file)"
+    )
+    query.add_argument("--key-file", metavar="PEM", help="the client certificate's private key")
     query.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)"
     )
@@ -445,7 +457,15 @@ def _query(args: argparse.Namespace) -> int:
             raise SettingsError(f"GRPC_PORT={port!r} is not a port number (or pass --target)")
         target = f"127.0.0.1:{port}"
     try:
-        with Client(target, timeout=args.timeout, fail_open=False) as client:
+        with Client(
+            target,
+            timeout=args.timeout,
+            fail_open=False,
+            tls=args.tls,
+            ca_file=args.ca_file,
+            cert_file=args.cert_file,
+            key_file=args.key_file,
+        ) as client:
             result: RateLimitResult = client.should_rate_limit(
                 args.domain, args.descriptors, hits=args.hits
             )

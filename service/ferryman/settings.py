@@ -116,6 +116,25 @@ def check_redis_url(kind: str, url: str, socket_type: str, prefix: str) -> None:
         )
 
 
+def _check_tls(use_tls: bool, cert: str, key: str, client_ca: str, client_san: str) -> None:
+    """The TLS variables make sense together (the files themselves are read at start)."""
+    if not use_tls:
+        if cert or key or client_ca or client_san:
+            raise SettingsError(
+                "GRPC_SERVER_TLS_* / GRPC_CLIENT_TLS_* are set but GRPC_SERVER_USE_TLS is not "
+                "true: set GRPC_SERVER_USE_TLS=true to serve TLS, or unset them"
+            )
+        return
+    for name, value in (("GRPC_SERVER_TLS_CERT", cert), ("GRPC_SERVER_TLS_KEY", key)):
+        if not value:
+            raise SettingsError(f"GRPC_SERVER_USE_TLS=true needs {name} (a PEM file)")
+    if client_san and not client_ca:
+        raise SettingsError(
+            "GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT: without client certificates "
+            "there is no SAN to check"
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the service reads from its environment, validated once at startup."""
@@ -124,7 +143,9 @@ class Settings:
     port: int = 8080
     grpc_host: str = "0.0.0.0"
     grpc_port: int = 8081
-    debug_host: str = "0.0.0.0"
+    # Loopback by default (the reference binds every interface): the debug pages describe
+    # the configuration and counters, which are nobody else's business.
+    debug_host: str = "127.0.0.1"
     debug_port: int = 6070
     log_level: str = "info"
     log_format: str = "text"
@@ -158,6 +179,8 @@ class Settings:
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
     fail_open: bool = False
+    # Fixed-window counters the memory backend keeps at most (0: no cap); see its store.
+    memory_max_keys: int = 100_000
 
     near_limit_ratio: float = 0.8
     shadow_mode: bool = False
@@ -197,6 +220,13 @@ class Settings:
     doorman_parent: str = ""
     doorman_election_term: float = 10.0
     doorman_grant_unconfigured: bool = True
+
+    # TLS on every port (the reference's names); mutual TLS when a client CA is given.
+    grpc_server_use_tls: bool = False
+    grpc_server_tls_cert: str = ""
+    grpc_server_tls_key: str = ""
+    grpc_client_tls_cacert: str = ""
+    grpc_client_tls_san: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -246,6 +276,12 @@ class Settings:
         term = _duration(env, "DOORMAN_ELECTION_TERM", d.doorman_election_term)
         if term < 0.1:
             raise SettingsError(f"DOORMAN_ELECTION_TERM={term:g}s must be at least 100ms")
+        use_tls = _bool(env, "GRPC_SERVER_USE_TLS", d.grpc_server_use_tls)
+        tls_cert = env.get("GRPC_SERVER_TLS_CERT", d.grpc_server_tls_cert)
+        tls_key = env.get("GRPC_SERVER_TLS_KEY", d.grpc_server_tls_key)
+        client_ca = env.get("GRPC_CLIENT_TLS_CACERT", d.grpc_client_tls_cacert)
+        client_san = env.get("GRPC_CLIENT_TLS_SAN", d.grpc_client_tls_san)
+        _check_tls(use_tls, tls_cert, tls_key, client_ca, client_san)
         return cls(
             host=env.get("HOST", d.host),
             port=_port(env, "PORT", d.port),
@@ -295,6 +331,7 @@ class Settings:
                 env, "LOCAL_CACHE_SIZE_IN_BYTES", d.local_cache_size_in_bytes
             ),
             fail_open=_bool(env, "FAIL_OPEN", d.fail_open),
+            memory_max_keys=_int(env, "MEMORY_MAX_KEYS", d.memory_max_keys),
             near_limit_ratio=ratio,
             shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
             quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),
@@ -340,6 +377,11 @@ class Settings:
             doorman_grant_unconfigured=_bool(
                 env, "DOORMAN_GRANT_UNCONFIGURED", d.doorman_grant_unconfigured
             ),
+            grpc_server_use_tls=use_tls,
+            grpc_server_tls_cert=tls_cert,
+            grpc_server_tls_key=tls_key,
+            grpc_client_tls_cacert=client_ca,
+            grpc_client_tls_san=client_san,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -154,7 +154,7 @@ def envoy_validate(config: dict[str, Any], workdir: Path) -> subprocess.Complete
 class FerrymanProcess:
     """A real `ferryman serve` subprocess; its ports come from its "serving" log line."""
 
-    SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)")
+    SERVING = re.compile(r"ferryman serving[^:]*: grpc :(\d+), http :(\d+), debug :(\d+)")
 
     def __init__(
         self,

@@ -15,9 +15,9 @@ class MemoryBackend:
 
     name = "memory"
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, max_keys: int = 0) -> None:
         clock = clock or SystemClock()
-        self.windows = MemoryFixedWindows(clock)
+        self.windows = MemoryFixedWindows(clock, max_keys)
         self.bursts = MemoryBursts(clock)
         self.copies = MemoryCopies(clock)
 

@@ -140,7 +140,12 @@ class AsyncClient:
         kill_switch: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
         keepalive: float = _protocol.DEFAULT_KEEPALIVE,
+        tls: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
+        credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
             target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
         )

@@ -37,6 +37,7 @@ __all__ = [
     "SESSION_METADATA",
     "SHOULD_RATE_LIMIT",
     "allow_request",
+    "channel_credentials",
     "channel_options",
     "open_request",
     "rate_context",
@@ -104,6 +105,42 @@ def translate(error: grpc.RpcError, target: str) -> RequestError | ServiceUnavai
 
 
 DEFAULT_KEEPALIVE = 10.0  # seconds between pings on a quiet connection
+
+
+def channel_credentials(
+    credentials: grpc.ChannelCredentials | None,
+    tls: bool,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+) -> grpc.ChannelCredentials | None:
+    """The channel's credentials: ``credentials`` as given, else TLS when ``tls`` or any
+    file is given (``ca_file`` to verify the server, default the system's roots;
+    ``cert_file`` and ``key_file`` together for mutual TLS), else None (plaintext)."""
+    wants_tls = tls or ca_file or cert_file or key_file
+    if credentials is not None:
+        if wants_tls:
+            raise ValueError("give either credentials or tls/ca_file/cert_file/key_file")
+        return credentials
+    if not wants_tls:
+        return None
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+
+    def read(name: str, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise ValueError(f"{name}={path!r}: {exc.strerror}") from None
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read("ca_file", ca_file),
+        private_key=read("key_file", key_file),
+        certificate_chain=read("cert_file", cert_file),
+    )
 
 
 def channel_options(keepalive: float = DEFAULT_KEEPALIVE) -> list[tuple[str, str | int]]:

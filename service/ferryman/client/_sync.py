@@ -142,6 +142,9 @@ class Client:
     unknown domain or descriptor) raise RequestError / NotFoundError either way. A quiet
     connection is pinged every ``keepalive`` seconds (0: never), so that a dead service or a
     partition ends the session (its holds become ``lost``) within about 1.5 times that.
+    ``tls=True`` speaks TLS, verifying the service against ``ca_file`` (default: the
+    system's roots); ``cert_file`` and ``key_file`` present a client certificate (mutual
+    TLS). ``credentials`` takes any other gRPC channel credentials instead.
 
     Use it as a context manager, or call ``close()``::
 
@@ -158,7 +161,12 @@ class Client:
         kill_switch: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
         keepalive: float = _protocol.DEFAULT_KEEPALIVE,
+        tls: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
+        credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
             target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
 from ferryman.config.nodes import (
+    MAX_FILE_BYTES,
     Ctx,
     boolean,
     compose,
@@ -516,12 +518,42 @@ def read_directory(directory: Path, *, ignore_dotfiles: bool = True) -> list[tup
     problems: list[ConfigProblem] = []
     for path in _walk(directory, ignore_dotfiles):
         try:
-            out.append((str(path), path.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as exc:
+            out.append((str(path), _read_file(path)))
+        except (OSError, _Unreadable) as exc:
             problems.append(ConfigProblem(str(path), None, None, "", f"cannot read file: {exc}"))
     if problems:
         raise ConfigError(problems)
     return out
+
+
+class _Unreadable(Exception):
+    """A file that is not read at all, and why."""
+
+
+def _read_file(path: Path) -> str:
+    """The text of one file, read only if it is a regular file of at most MAX_FILE_BYTES
+    (a FIFO would block the reader forever, a huge file would cost time and memory)."""
+    # Non-blocking, then checked on the descriptor: no race between the check and the read.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unreadable("not a regular file (a FIFO, device or socket is never read)")
+        if st.st_size > MAX_FILE_BYTES:
+            raise _Unreadable(
+                f"the file is larger than {MAX_FILE_BYTES} bytes ({st.st_size}): "
+                "split it, or check that it is the file you meant"
+            )
+        data = f.read(MAX_FILE_BYTES + 1)  # it may have grown since
+    if len(data) > MAX_FILE_BYTES:
+        raise _Unreadable(f"the file is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Unreadable(
+            f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            "a binary file?"
+        ) from None
 
 
 def load_directory(

@@ -18,6 +18,9 @@ from ferryman.durations import parse_duration
 from ferryman.errors import ConfigProblem
 
 __all__ = [
+    "MAX_ALIAS_NODES",
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
     "Ctx",
     "boolean",
     "compose",
@@ -66,10 +69,82 @@ def join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
 
-def compose(ctx: Ctx, text: str) -> Node | None:
-    """The node tree of ``text``; a syntax error is reported with its position."""
+# Bounds on one file, so that a hostile file costs bounded time and memory (README, "Limits
+# on configuration files"); the file's size is checked before it is read (loader.py).
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 64  # nested maps and lists
+MAX_ALIAS_NODES = 100_000  # nodes that YAML aliases may add to a file once expanded
+
+# libyaml's parser when PyYAML has it: an order of magnitude faster for the checks below.
+_FAST = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _shape_problem(text: str) -> tuple[Any, str] | None:
+    """(mark, reason) when ``text`` nests deeper than MAX_DEPTH, else None. Read as a stream
+    of events, which takes no recursion and no memory per level; syntax errors are left to
+    the composer, which reports them."""
+    depth = 0
+    starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        for event in yaml.parse(text, Loader=_FAST):
+            if isinstance(event, starts):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return event.start_mark, f"nested deeper than {MAX_DEPTH} levels"
+            elif isinstance(event, ends):
+                depth -= 1
+    except yaml.YAMLError:
+        return None
+    return None
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _expanded_size(root: Node) -> tuple[int, int]:
+    """(nodes a reader walks once every alias is expanded, distinct nodes); a loop counts
+    once (readers report it)."""
+    sizes: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:  # post-order without recursion: children are sized before their parent
+        node, done = stack.pop()
+        if done:
+            total = 1
+            for child in _children(node):
+                total += sizes.get(id(child), 1)  # not sized yet: a loop
+            sizes[id(node)] = min(total, 1 << 62)
+            continue
+        if id(node) in entered:
+            continue
+        entered.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in entered)
+    return sizes[id(root)], len(sizes)
+
+
+def compose(ctx: Ctx, text: str) -> Node | None:
+    """The node tree of ``text``; a syntax error is reported with its position, and so is a
+    file past the bounds above."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        ctx.error(None, "", f"the file is larger than {MAX_FILE_BYTES} bytes ({size})")
+        return None
+    shape = _shape_problem(text)
+    if shape is not None:
+        mark, reason = shape
+        ctx.problems.append(
+            ConfigProblem(ctx.file, mark.line + 1, mark.column + 1, "", f"YAML {reason}")
+        )
+        return None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -80,6 +155,20 @@ def compose(ctx: Ctx, text: str) -> Node | None:
             problem = f"{context}: {problem}"
         ctx.problems.append(ConfigProblem(ctx.file, line, col, "", f"YAML syntax error: {problem}"))
         return None
+    except RecursionError:  # the depth check above is the rule; this is the backstop
+        ctx.error(None, "", f"YAML nested deeper than {MAX_DEPTH} levels")
+        return None
+    if root is not None:
+        expanded, distinct = _expanded_size(root)
+        if expanded - distinct > MAX_ALIAS_NODES:
+            ctx.error(
+                root,
+                "",
+                f"YAML aliases expand the file by more than {MAX_ALIAS_NODES} nodes "
+                "(an alias bomb?)",
+            )
+            return None
+    return root
 
 
 def is_null(node: Node | None) -> bool:

@@ -165,6 +165,9 @@ class RateLimitEngine:
                     self.windows.override(i, desc.limit, domain, entries, hits, now)
                 )
                 continue
+            if not entries:  # as the reference: matches no rule, OK with no limit
+                plan.statuses[i] = Status(Code.OK)
+                continue
             if len(entries) == 1:  # the path is the matched rule: no list needed
                 last = dom.root.match(*entries[0])
             else:

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import socket
+import ssl
 from dataclasses import replace
 from datetime import UTC, datetime
 from urllib.parse import parse_qs
@@ -28,6 +29,7 @@ from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
+from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
 from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.console import Console, LatencyRecorder
@@ -45,6 +47,7 @@ from ferryman.server.quota import (
 )
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
+from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
@@ -100,6 +103,8 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
     loss, partition) is noticed and its sessions end; client pings allowed."""
     options = [
         ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
+        # Refused (RESOURCE_EXHAUSTED) before it is decoded; every limit is in engine/validate.
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
     ]
     if settings.grpc_keepalive_time > 0:
@@ -137,7 +142,7 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     """The backend the settings ask for: memory, the REDIS_* variables, or a URL."""
     s = settings
     if s.backend == "memory":
-        return MemoryBackend(clock)
+        return MemoryBackend(clock, s.memory_max_keys)
     from ferryman.backends.redis import (
         RedisBackend,
         RoutedBackend,
@@ -219,6 +224,8 @@ class Service:
         self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
+        if isinstance(self.backend, MemoryBackend):
+            self.backend.windows.report = self.stats.inc
         self.reloader = Reloader(
             settings.config_dir,
             self.holder,
@@ -306,6 +313,7 @@ class Service:
             )
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
+        self.tls: TlsFiles | None = None
 
     def healthy(self) -> bool:
         return not self._stopping and self.holder.config is not None and self.backend.healthy()
@@ -317,6 +325,7 @@ class Service:
         if s.workers == 1:  # workers share their ports: each may bind what another holds
             for host, port, what in self._ports():
                 _probe_port(host, port, what)
+        self.tls = tls = TlsFiles.from_settings(s)
         self.reloader.load()
         await self.backend.start()
         await self.reloader.start()
@@ -329,6 +338,7 @@ class Service:
             server,
             self.stats,
             {SHOULD_RATE_LIMIT: (TOTAL_REQUESTS, f"{CALL}.service_error")},
+            authorize=tls.authorize if tls is not None and tls.client_san else None,
         )
         self.undecodable = guarded.reporter
         edge = self._edge
@@ -351,8 +361,12 @@ class Service:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
+        address = f"{_host(s.grpc_host)}:{s.grpc_port}"
         try:
-            self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+            if tls is None:
+                self.grpc_port = server.add_insecure_port(address)
+            else:
+                self.grpc_port = server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError:
             raise SettingsError(
                 _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
@@ -361,17 +375,21 @@ class Service:
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         shared = s.workers > 1
-        self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"], shared)
+        context = tls.ssl_context() if tls is not None else None
+        self.http_port = await _listen(
+            self._http, s.host, s.port, _PORT_NAMES["http"], context, shared
+        )
         self.debug_port = await _listen(
-            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"], shared
+            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"], context, shared
         )
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
             self.prometheus_port = await _listen(
-                self._metrics, host, port, "PROMETHEUS_ADDR", shared
+                self._metrics, host, port, "PROMETHEUS_ADDR", context, shared
             )
         log.info(
-            "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "ferryman serving%s: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "" if tls is None else " over TLS" + (" (mutual)" if tls.mutual else ""),
             self.grpc_port,
             self.http_port,
             self.debug_port,
@@ -441,8 +459,12 @@ class Service:
 
     async def _json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
-        gRPC calls."""
+        gRPC calls. Under mutual TLS it needs a verified client certificate (it counts hits)."""
         self.stats.inc(TOTAL_REQUESTS)
+        denied = self.tls.http_denied(request.peercert) if self.tls is not None else None
+        if denied is not None:
+            self.stats.inc(f"{CALL}.service_error")
+            return HttpResponse(403, f"forbidden: {denied}\n".encode())
         message = rls_pb2.RateLimitRequest()
         try:
             json_format.Parse(request.body.decode("utf-8"), message)
@@ -574,6 +596,22 @@ class Service:
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
             "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "tls": None
+            if self.tls is None
+            else {
+                "cert": str(self.tls.cert),
+                "mutual": self.tls.mutual,
+                "client_san": self.tls.client_san or None,
+                "reloads": self.tls.reloads,
+            },
+            "memory": None
+            if not isinstance(self.backend, MemoryBackend)
+            else {
+                "keys": len(self.backend.windows),
+                "max_keys": self.backend.windows.max_keys,
+                "evicted": self.backend.windows.evicted,
+                "refused": self.backend.windows.refused,
+            },
             "holds": self.holds.status(),
             "local_cache": None
             if cache is None
@@ -642,10 +680,15 @@ def _probe_port(host: str, port: int, what: str) -> None:
 
 
 async def _listen(
-    server: HttpServer, host: str, port: int, what: str, reuse_port: bool = False
+    server: HttpServer,
+    host: str,
+    port: int,
+    what: str,
+    tls: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> int:
     try:
-        return await server.start(host, port, reuse_port)
+        return await server.start(host, port, tls, reuse_port)
     except OSError as exc:
         raise _bind_error(host, port, what, exc) from None
 

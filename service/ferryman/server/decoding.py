@@ -4,7 +4,8 @@ grpc.aio answers those UNKNOWN and logs a traceback per request. Bad input is th
 problem: each method's deserializer is wrapped once, at registration, so that such a request
 reaches a small guard instead, which counts it, reports it through a ThrottledLog (one line
 per interval, with a count) and answers INVALID_ARGUMENT. Decodable requests pay one
-isinstance check.
+isinstance check. The same guard runs the peer check of mutual TLS (``authorize``), so
+that it covers every method of every service, health included.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ class GuardedServer:
         stats: Stats,
         error_stats: dict[str, tuple[str, ...]] | None = None,
         interval: float = 10.0,
+        authorize: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
         self._server = server
+        self._authorize = authorize
         self._stats = stats
         # method path -> the method's own error stat, counted as well
         self._error_stats = error_stats or {}
@@ -100,17 +103,25 @@ class GuardedServer:
         if handler.request_deserializer is None:
             return handler
         refuse = self._refuse
+        authorize = self._authorize
 
-        async def check(request: Any, context: Any) -> Any:
+        async def undecoded(request: Any, context: Any) -> Any:
             if isinstance(request, _Undecodable):
                 await refuse(method, request, context)
             return request
 
+        async def check(request: Any, context: Any) -> Any:
+            if authorize is not None:
+                await authorize(context)
+            return await undecoded(request, context)
+
         async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
             async for request in requests:
-                yield await check(request, context)
+                yield await undecoded(request, context)
 
         async def check_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+            if authorize is not None:
+                await authorize(context)
             return checked(requests, context)
 
         prepare = check_stream if handler.request_streaming else check

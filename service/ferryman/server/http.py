@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["HttpRequest", "HttpResponse", "HttpServer"]
 
@@ -19,6 +21,7 @@ log = logging.getLogger("ferryman.http")
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     411: "Length Required",
@@ -50,6 +53,8 @@ class HttpRequest:
     query: str
     headers: Mapping[str, str]
     body: bytes
+    # The verified client certificate (as ssl.SSLSocket.getpeercert() gives it) over TLS.
+    peercert: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,13 +77,25 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None = None,
+        reuse_port: bool = False,
+    ) -> int:
         """Listen on ``host`` (empty or ``::``: every interface, IPv4 and IPv6, as the
-        reference does) and ``port`` (0: a free one); ``reuse_port``: shared with other
-        processes (workers)."""
+        reference does) and ``port`` (0: a free one); HTTPS with ``tls``; ``reuse_port``:
+        shared with other processes (workers)."""
         if host and host not in ("::", "[::]"):
             self._server = await asyncio.start_server(
-                self._serve, host, port, limit=MAX_LINE, reuse_port=reuse_port
+                self._serve,
+                host,
+                port,
+                limit=MAX_LINE,
+                ssl=tls,
+                ssl_handshake_timeout=READ_TIMEOUT if tls else None,
+                reuse_port=reuse_port,
             )
         else:
             # One socket for IPv4 and IPv6, so that port 0 means one port, not one per family.
@@ -89,7 +106,13 @@ class HttpServer:
                 dualstack_ipv6=dual,
                 reuse_port=reuse_port,
             )
-            self._server = await asyncio.start_server(self._serve, sock=sock, limit=MAX_LINE)
+            self._server = await asyncio.start_server(
+                self._serve,
+                sock=sock,
+                limit=MAX_LINE,
+                ssl=tls,
+                ssl_handshake_timeout=READ_TIMEOUT if tls else None,
+            )
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -140,8 +163,11 @@ class HttpServer:
             status = 405 if path in known else 404
             response = HttpResponse(status, f"{_REASONS[status].lower()}\n".encode())
         else:
+            peercert = writer.get_extra_info("peercert")
             try:
-                response = await handler(HttpRequest(method, path, query, headers, body))
+                response = await handler(
+                    HttpRequest(method, path, query, headers, body, peercert or None)
+                )
             except Exception:
                 log.exception("%s handler for %s failed", self._name, path)
                 response = HttpResponse(500, b"internal error\n")

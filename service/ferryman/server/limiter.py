@@ -12,6 +12,7 @@ import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.engine import RateLimitEngine
+from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
 from ferryman.errors import RequestError
 from ferryman.server.edge import Method
 from ferryman.server.holds import HoldManager, Session
@@ -69,6 +70,10 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be open"
             )
+        try:
+            check_name(first.open.client_name, "open.client_name", required=False)
+        except RequestError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         session = self._holds.open(first.open.client_name)
         replies: asyncio.Queue[limiter_pb2.SessionEvent | None] = asyncio.Queue()
 
@@ -109,6 +114,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
 
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
+        check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
         session = self._session(context)
         done = await self._holds.reserve(
             session, request.domain, _entries(request.descriptor), copies, min_copies
@@ -134,6 +140,8 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
     ) -> limiter_pb2.ReleaseResponse:
         if request.copies == 0:
             raise RequestError("copies", "must be at least 1")
+        check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
+        check_names(request.groups, "groups")
         await self._holds.release(
             self._session(context),
             request.domain,
@@ -148,6 +156,8 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
     ) -> limiter_pb2.TransferResponse:
         if request.copies == 0:
             raise RequestError("copies", "must be at least 1")
+        check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
+        check_names(request.groups, "groups")
         ttl = request.ttl.ToTimedelta().total_seconds()
         if ttl <= 0:
             raise RequestError("ttl", "must be positive")
@@ -164,8 +174,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
     async def Seize(
         self, request: limiter_pb2.SeizeRequest, context: Context
     ) -> limiter_pb2.SeizeResponse:
-        if not request.transfer_id:
-            raise RequestError("transfer_id", "must not be empty")
+        check_name(request.transfer_id, "transfer_id", most=MAX_TRANSFER_ID)
         domain, entries, groups, copies = await self._holds.seize(
             self._session(context), request.transfer_id
         )

@@ -51,12 +51,21 @@ for i = 1, n do
   local before, after
   if not skip[i] and h > 0 then
     -- The common case needs no read: INCRBY's answer tells the value before it.
-    after = redis.call('INCRBY', key, h)
-    before = after - h
-    if after == h then
-      redis.call('EXPIRE', key, ttls[i])
+    after = redis.pcall('INCRBY', key, h)
+    if type(after) == 'table' then
+      if not string.find(tostring(after.err), 'overflow', 1, true) then
+        return after  -- any other error (READONLY, ...) fails the call, as redis.call would
+      end
+      -- The counter would pass 2^63: over the limit, nothing stored.
+      after = limits[i] + h
+      before = after
+    else
+      before = after - h
+      if after == h then
+        redis.call('EXPIRE', key, ttls[i])
+      end
+      values[key] = after
     end
-    values[key] = after
   else
     before = current(key)
     after = before

@@ -1,15 +1,28 @@
-"""Fixed-window counters in this process, dropped when their window ends."""
+"""Fixed-window counters in this process, dropped when their window ends, and capped.
+
+With ``max_keys`` set (``MEMORY_MAX_KEYS``), a new counter that would pass the cap first
+makes room: counters whose windows end soonest go first (they are forgotten soonest
+anyway), but a counter that has reached its limit is never evicted, since forgetting it
+would let its caller in again (a client could reset its own limit by sending many distinct
+values). If only such counters are left, the new counter is not stored and its request is
+answered over the limit. Both are counted.
+"""
 
 from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
 from ferryman.clock import Clock
 
-__all__ = ["MemoryFixedWindows"]
+__all__ = ["EVICTED", "REFUSED", "MemoryFixedWindows"]
+
+EVICTED = "ratelimit.service.memory.evicted_keys"
+REFUSED = "ratelimit.service.memory.refused_keys"
+# Room made at once when the cap is reached, so that one scan serves many new counters.
+_EVICT_FRACTION = 64
 
 
 class MemoryFixedWindows:
@@ -19,12 +32,17 @@ class MemoryFixedWindows:
     requests whether they come from one event loop or several threads.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, max_keys: int = 0) -> None:
         self._clock = clock
-        self._counts: dict[str, tuple[int, int]] = {}  # key -> (count, expires_at)
+        self.max_keys = max_keys  # 0: no cap
+        self._counts: dict[str, tuple[int, int, int]] = {}  # key -> (count, expires_at, limit)
         self._buckets: dict[int, list[str]] = {}
         self._heap: list[int] = []
         self._lock = threading.Lock()
+        self.evicted = 0
+        self.refused = 0
+        # Where evictions and refusals are counted (the service's Stats.inc).
+        self.report: Callable[[str, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -44,6 +62,42 @@ class MemoryFixedWindows:
             return 0
         return entry[0]
 
+    def _make_room(self) -> bool:
+        """Evict counters below their limit, soonest window end first; False if none is."""
+        want = max(1, self.max_keys // _EVICT_FRACTION)
+        counts, evicted = self._counts, 0
+        for at in sorted(self._heap):
+            bucket = self._buckets.get(at)
+            if not bucket:
+                continue
+            kept = []
+            for key in bucket:
+                entry = counts.get(key)
+                if entry is None or entry[1] != at:
+                    continue  # already gone, or stored again under another window end
+                if evicted < want and entry[0] < entry[2]:
+                    del counts[key]
+                    evicted += 1
+                else:
+                    kept.append(key)
+            self._buckets[at] = kept
+            if evicted >= want:
+                break
+        if evicted:
+            self.evicted += evicted
+            if self.report is not None:
+                self.report(EVICTED, evicted)
+        return evicted > 0
+
+    def _admit(self, op: CounterOp) -> bool:
+        """Whether a new counter may be stored (making room if the cap is reached)."""
+        if not self.max_keys or len(self._counts) < self.max_keys or self._make_room():
+            return True
+        self.refused += 1
+        if self.report is not None:
+            self.report(REFUSED, 1)
+        return False
+
     def _store(self, op: CounterOp, value: int) -> None:
         entry = self._counts.get(op.key)
         if entry is None:
@@ -52,7 +106,7 @@ class MemoryFixedWindows:
                 bucket = self._buckets[op.expires_at] = []
                 heapq.heappush(self._heap, op.expires_at)
             bucket.append(op.key)
-        self._counts[op.key] = (value, op.expires_at)
+        self._counts[op.key] = (value, op.expires_at, op.limit)
 
     async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
         return self.apply_now(ops, stop_when_over=stop_when_over)
@@ -78,9 +132,15 @@ class MemoryFixedWindows:
                 if i in skip or op.hits == 0:
                     results.append(CounterResult(before, 0))
                     continue
+                new = op.key not in values and op.key not in self._counts
+                if op.hits > 0 and new and not self._admit(op):
+                    # No room, and nothing safe to forget: over the limit, not counted.
+                    results.append(CounterResult(op.limit + op.hits, 0))
+                    continue
                 value = max(0, before + op.hits)
                 values[op.key] = value
-                self._store(op, value)
+                if value or not new:  # hits given back to no counter leave none behind
+                    self._store(op, value)
                 results.append(CounterResult(value, value - before))
             return results
 
