@@ -5,14 +5,12 @@ Each test owns its redis-server on a free port, so killing it disturbs no other 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import grpc
@@ -20,6 +18,7 @@ import pytest
 import redis
 
 from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.connections.redis import LuaScript
 
 from conftest import (
     MIXED,
@@ -85,8 +84,7 @@ def backend(url: str) -> RedisBackend:
 
 
 def script_sha() -> str:
-    source = resources.files("ferryman.algorithms.fixed_window").joinpath("fixed_window.lua")
-    return hashlib.sha1(source.read_bytes()).hexdigest()
+    return LuaScript.of("ferryman.algorithms.fixed_window", "fixed_window.lua").sha
 
 
 @pytest.fixture
@@ -114,7 +112,7 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
 ) -> None:
     """After SIGKILL of Redis mid-traffic every call is UNAVAILABLE within the timeout."""
     proc = redis_factory().start()
-    server = make_server(backend=backend(proc.url))
+    server = make_server(backend=backend(proc.url), health_requires_backend=True)
     wait_for("healthy at start", lambda: health(server) == 200, 5)
     errors_before = server.stat(f"{CALL}.redis_error")
 
@@ -150,7 +148,7 @@ def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
 ) -> None:
     """A brand new, empty Redis on the same port is used again without restarting ferryman."""
     first = redis_factory().start()
-    server = make_server(backend=backend(first.url))
+    server = make_server(backend=backend(first.url), health_requires_backend=True)
     assert call(server).code is OK
     first.kill()
     wait_for("calls fail once Redis is gone", lambda: call(server).code is UNAVAILABLE, 5)
@@ -232,7 +230,7 @@ def test_service_starts_without_redis_and_connects_when_it_appears(
 ) -> None:
     """With no Redis listening ferryman starts unhealthy, fails fast, and heals once it starts."""
     port = free_port()
-    server = make_server(backend=backend(f"redis://127.0.0.1:{port}"))
+    server = make_server(backend=backend(f"redis://127.0.0.1:{port}"), health_requires_backend=True)
     assert health(server) == 500
     for _ in range(3):
         outcome = call(server)

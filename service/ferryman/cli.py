@@ -100,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="answer OK (counted as degraded) when the backend fails (FAIL_OPEN)",
     )
+    serve.add_argument(
+        "--health-requires-backend",
+        action="store_true",
+        default=None,
+        help="report unhealthy while the backend is down (REDIS_HEALTH_CHECK_ACTIVE_CONNECTION,"
+        " FERRYMAN_HEALTH_REQUIRES_BACKEND)",
+    )
     serve.add_argument("--grpc-port", type=_port, help="gRPC port (GRPC_PORT, default 8081)")
     serve.add_argument("--http-port", type=_port, help="HTTP port (PORT, default 8080)")
     serve.add_argument(
@@ -190,6 +197,8 @@ def _serve(args: argparse.Namespace) -> int:
         changes["backend"] = args.backend
     if args.fail_open:
         changes["fail_open"] = True
+    if args.health_requires_backend:
+        changes["health_requires_backend"] = True
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),

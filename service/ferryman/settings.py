@@ -158,6 +158,9 @@ class Settings:
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
     fail_open: bool = False
+    # Health fails while the backend is down (by default it stays SERVING: the service
+    # still answers, with its failure policy).
+    health_requires_backend: bool = False
 
     near_limit_ratio: float = 0.8
     shadow_mode: bool = False
@@ -277,6 +280,10 @@ class Settings:
                 env, "LOCAL_CACHE_SIZE_IN_BYTES", d.local_cache_size_in_bytes
             ),
             fail_open=_bool(env, "FAIL_OPEN", d.fail_open),
+            health_requires_backend=_bool(
+                env, "FERRYMAN_HEALTH_REQUIRES_BACKEND", d.health_requires_backend
+            )
+            or _bool(env, "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", False),
             near_limit_ratio=ratio,
             shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
             quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),

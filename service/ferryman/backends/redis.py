@@ -52,6 +52,9 @@ class RedisBackend:
     def healthy(self) -> bool:
         return self.connection.healthy()
 
+    def connections(self) -> list[RedisConnection]:
+        return [self.connection]
+
     async def close(self) -> None:
         await self.connection.close()
 
@@ -75,6 +78,9 @@ class RoutedBackend:
 
     def healthy(self) -> bool:
         return self._main.healthy() and self._per_second.healthy()
+
+    def connections(self) -> list[RedisConnection]:
+        return [self._main.connection, self._per_second.connection]
 
     async def close(self) -> None:
         await self._main.close()

@@ -18,7 +18,7 @@ from grpc_health.v1._async import HealthServicer
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman.backends.base import Backend
+from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.model import Unit
@@ -211,6 +211,8 @@ class Service:
             lease_seconds=settings.hold_lease_seconds or 10.0,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
+        if isinstance(self.backend, Watched):
+            self.telemetry.observe_backend(self.backend)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -243,7 +245,11 @@ class Service:
         self._health_task: asyncio.Task[None] | None = None
 
     def healthy(self) -> bool:
-        return not self._stopping and self.holder.config is not None and self.backend.healthy()
+        """Whether the service can answer: by default whatever the backend's state (its
+        failure policy answers for it), unless health is asked to require the backend."""
+        if self._stopping or self.holder.config is None:
+            return False
+        return not self.settings.health_requires_backend or self.backend.healthy()
 
     async def start(self) -> None:
         s = self.settings
@@ -441,7 +447,13 @@ class Service:
                 "last_error": holder.last_error,
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
-            "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "backend": {
+                "name": self.backend.name,
+                "healthy": self.backend.healthy(),
+                "connections": [c.describe_state() for c in self.backend.connections()]
+                if isinstance(self.backend, Watched)
+                else [],
+            },
             "holds": self.holds.status(),
             "local_cache": None
             if cache is None
