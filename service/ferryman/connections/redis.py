@@ -176,6 +176,7 @@ class RedisConnection:
         self._offset = (time.time() - time.monotonic()) * 1e6
         self._offset_error = 0.0
         self.offset_measured = False
+        self._scripts_loaded = False  # on the single Redis, since the last failure
         # Cluster: one pipelined connection per primary ("host:port").
         self._node_pipes: dict[str, PipelinedRedis] = {}
         self._refreshing: asyncio.Future[None] | None = None
@@ -243,10 +244,12 @@ class RedisConnection:
         )
 
     async def start(self) -> None:
-        """Connect in the background: the service starts unhealthy until Redis answers."""
+        """One probe (within ``PROBE_TIMEOUT`` at most), then the rest in the background:
+        the connection is down until Redis answers."""
         self._client = self._connect()
         if isinstance(self._client, PipelinedRedis):
             self.single = self._client
+        await self._probe_once()
         self._monitor = asyncio.create_task(self._watch(), name="ferryman-redis-health")
 
     @property
@@ -272,9 +275,10 @@ class RedisConnection:
 
     # -- state, breaker, probes -----------------------------------------------------------
 
-    def _move(self, state: str, kind: str, text: str) -> None:
-        """One transition, one log line (the reason is never blank)."""
-        if state == self.state:
+    def _move(self, state: str, kind: str, text: str, again: bool = False) -> None:
+        """One transition, one log line (the reason is never blank); ``again``: log it even
+        if the state does not change (down while connecting, then down for a reason)."""
+        if state == self.state and not again:
             return
         before, self.state = self.state, state
         self.reason = f"{kind}: {text}"
@@ -299,6 +303,8 @@ class RedisConnection:
         or a script error does not count towards the breaker). Returns the kind."""
         kind, text = reason_of(exc)
         self._last_failure = time.monotonic()
+        if counts:
+            self._scripts_loaded = False  # Redis may have restarted empty
         if self.breaker_open:
             return kind
         if counts:
@@ -315,7 +321,7 @@ class RedisConnection:
     def _trip(self, kind: str, text: str) -> None:
         self.breaker_open = True
         self.breaker_opened += 1
-        self._move(DOWN, kind, text)
+        self._move(DOWN, kind, text, again=self.breaker_opened == 1 and self.state == DOWN)
         self._wake.set()
 
     def answered(self) -> None:
@@ -349,9 +355,10 @@ class RedisConnection:
                 self._offset = seconds * 1e6 + micros - (t0 + t1) / 2 * 1e6
                 self._offset_error = rtt / 2
                 self.offset_measured = True
-            if self.state is not UP:
+            if not self._scripts_loaded:
                 for script in self.scripts:
                     await single.script_load(script.source)
+                self._scripts_loaded = True
 
     async def _watch(self) -> None:
         attempt = 0
@@ -370,25 +377,31 @@ class RedisConnection:
                 self._wake.clear()
                 if self.breaker_open:
                     continue  # just opened: the first probe waits its backoff
-            try:
-                await self._probe()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                kind, text = reason_of(exc)
-                self._last_failure = time.monotonic()
-                if not self.breaker_open:
-                    self._trip(kind, text)
-                else:
-                    self.reason = f"{kind}: {text}"
-                log.debug("probe of redis %s failed: %s", self.target.describe(), self.reason)
-                continue
-            self._failures = 0
-            if self.breaker_open:
-                self.breaker_open = False
-                self._move(UP, "probe", "a probe succeeded; the breaker is closed")
-            elif self.state == DOWN:
-                self._move(UP, "probe", "redis answered")
+            await self._probe_once()
+
+    async def _probe_once(self) -> None:
+        """One probe and what follows from it: the breaker opens on failure, closes on
+        success."""
+        try:
+            await self._probe()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            kind, text = reason_of(exc)
+            self._last_failure = time.monotonic()
+            self._scripts_loaded = False
+            if not self.breaker_open:
+                self._trip(kind, text)
+            else:
+                self.reason = f"{kind}: {text}"
+            log.debug("probe of redis %s failed: %s", self.target.describe(), self.reason)
+            return
+        self._failures = 0
+        if self.breaker_open:
+            self.breaker_open = False
+            self._move(UP, "probe", "a probe succeeded; the breaker is closed")
+        elif self.state == DOWN:
+            self._move(UP, "probe", "redis answered")
 
     def healthy(self) -> bool:
         """Whether Redis is usable (not down): what health reports when it is asked to
