@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
+import os
 import threading
 import time
 import uuid
@@ -27,6 +29,9 @@ from ferryman.telemetry import Telemetry
 from redis_procs import RedisCluster, RedisProcess
 
 T = TypeVar("T")
+
+# What asyncio logs when an exception or a coroutine was lost.
+LOST = ("Task exception was never retrieved", "was never awaited")
 
 # 2023-11-15T00:00:00Z: a multiple of every unit up to a day, so window arithmetic is plain.
 EPOCH = 1_700_006_400.0
@@ -67,6 +72,12 @@ class Server:
         self.settings = settings
         self.clock = clock  # with real_clock the Service reads the system clock instead
         self.loop = asyncio.new_event_loop()
+        # FERRYMAN_ASYNCIO_DEBUG=1 runs every server's loop in asyncio debug mode (which
+        # says where a lost task or coroutine came from); lost ones fail the test either way.
+        self.loop.set_debug(os.environ.get("FERRYMAN_ASYNCIO_DEBUG") == "1")
+        self.loop.slow_callback_duration = 10.0
+        self.lost: list[str] = []
+        self.loop.set_exception_handler(self._exception)
         self.service = Service(
             settings,
             clock=SystemClock() if real_clock else clock,
@@ -79,6 +90,12 @@ class Server:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.grpc_port}")
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         self._stopped = False
+
+    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if any(lost in message for lost in LOST):
+            self.lost.append(f"{message}: {context.get('exception')!r}")
+        loop.default_exception_handler(context)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -131,6 +148,8 @@ class Server:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+        gc.collect()  # a lost task exception is reported when its task is collected
+        assert not self.lost, self.lost
 
 
 class ConfigDir:

@@ -9,25 +9,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import redis
+from redis.crc import key_slot
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import SystemClock
+from ferryman.connections.redis import RedisConnection
 from ferryman.server.app import Service
 from ferryman.settings import Settings
 
-from redis_procs import RedisProcess, free_port
+from redis_procs import RedisProcess, free_cluster_port, free_port, require_binary
 
 T = TypeVar("T")
 
@@ -214,7 +220,8 @@ class DebugServer:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.run(self.service.start())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.grpc_port}")
+        self.target = f"127.0.0.1:{self.service.grpc_port}"
+        self.channel = grpc.insecure_channel(self.target)
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
 
     def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -242,61 +249,94 @@ class Outcome:
 
 class Load:
     """ShouldRateLimit for ``sick``/``k=<value>`` at ``rate`` calls per second, each with
-    ``deadline`` seconds, from one thread; ``value`` may be changed while it runs."""
+    ``deadline`` seconds, from a process of its own (so that the load and the server do not
+    share a GIL); ``value`` may be changed while it runs."""
 
-    def __init__(self, stub: rls_pb2_grpc.RateLimitServiceStub, rate: float, deadline: float):
-        self.stub = stub
-        self.rate = rate
+    def __init__(self, target: str, rate: float, deadline: float) -> None:
         self.deadline = deadline
-        self.value = "a"
         self.outcomes: list[Outcome] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._pending = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(
+            target=_load, args=(child, target, rate, deadline), daemon=True
+        )
 
     def __enter__(self) -> Load:
-        self._thread.start()
+        self._process.start()
+        if not self._pipe.poll(60) or self._pipe.recv() != "ready":
+            raise RuntimeError("the load process did not start")
         return self
 
+    @property
+    def value(self) -> str:
+        raise AttributeError("write-only")
+
+    @value.setter
+    def value(self, value: str) -> None:
+        self._pipe.send(("value", value))
+
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        end = time.monotonic() + self.deadline + 5
-        while self._pending and time.monotonic() < end:
-            time.sleep(0.01)
+        self._pipe.send(("stop", ""))
+        if not self._pipe.poll(self.deadline + 30):
+            self._process.kill()
+            raise RuntimeError("the load process did not report")
+        self.outcomes = [
+            Outcome(started, ended, grpc.StatusCode[code], value)
+            for started, ended, code, value in self._pipe.recv()
+        ]
+        self._process.join(10)
 
-    def _run(self) -> None:
-        step = 1.0 / self.rate
-        due = time.monotonic()
-        while not self._stop.is_set():
-            value = self.value
-            request = rls_pb2.RateLimitRequest(
-                domain="sick",
-                descriptors=[
-                    ratelimit_pb2.RateLimitDescriptor(
-                        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="k", value=value)]
-                    )
-                ],
-            )
-            started = time.monotonic()
-            with self._lock:
-                self._pending += 1
-            future = self.stub.ShouldRateLimit.future(request, timeout=self.deadline)
-            future.add_done_callback(self._done(started, value))
-            due += step
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
 
-    def _done(self, started: float, value: str) -> Callable[[Any], None]:
+def _load(pipe: Connection, target: str, rate: float, deadline: float) -> None:
+    """The load process: calls until told to stop, then the outcomes back up the pipe."""
+    channel = grpc.insecure_channel(target)
+    stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+    lock = threading.Lock()
+    outcomes: list[tuple[float, float, str, str]] = []
+    pending = [0]
+
+    def done(started: float, value: str) -> Callable[[Any], None]:
         def record(future: Any) -> None:
             code = future.code()
-            with self._lock:
-                self.outcomes.append(Outcome(started, time.monotonic(), code, value))
-                self._pending -= 1
+            with lock:
+                outcomes.append((started, time.monotonic(), code.name, value))
+                pending[0] -= 1
 
         return record
+
+    value = "a"
+    step = 1.0 / rate
+    pipe.send("ready")
+    due = time.monotonic()
+    while True:
+        if pipe.poll():
+            what, arg = pipe.recv()
+            if what == "stop":
+                break
+            value = arg
+        request = rls_pb2.RateLimitRequest(
+            domain="sick",
+            descriptors=[
+                ratelimit_pb2.RateLimitDescriptor(
+                    entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key="k", value=value)]
+                )
+            ],
+        )
+        with lock:
+            pending[0] += 1
+        started = time.monotonic()
+        future = stub.ShouldRateLimit.future(request, timeout=deadline)
+        future.add_done_callback(done(started, value))
+        due += step
+        pause = due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    end = time.monotonic() + deadline + 5
+    while pending[0] and time.monotonic() < end:
+        time.sleep(0.01)
+    with lock:
+        pipe.send(list(outcomes))
+    channel.close()
 
 
 @dataclass
@@ -333,7 +373,7 @@ def run_fault(
     deadline: float = 0.3,
     redis_timeout: float = 1.0,
     fail_open: bool = False,
-    slow_delay: float = 0.1,
+    slow_delay: float = 0.05,
     settle: float = 2.0,
     debug: bool = False,
 ) -> Report:
@@ -351,7 +391,7 @@ def run_fault(
         with LogTrap() as trap:
             server = DebugServer(workdir / "config", backend, debug, fail_open=fail_open)
             _wait(lambda: connection.state == "up", 5)
-            with Load(server.stub, rate, deadline) as load:
+            with Load(server.target, rate, deadline) as load:
                 time.sleep(1.0)
                 connects = connection.connects
                 _start(fault, proc, proxy)
@@ -369,21 +409,7 @@ def run_fault(
             ]
         report.lost += [p for p in server.problems if any(m in p for m in LOST)]
         outcomes = load.outcomes
-        report.calls = len(outcomes)
-        report.codes = {}
-        for o in outcomes:
-            report.codes[o.code.name] = report.codes.get(o.code.name, 0) + 1
-        in_time = [o for o in outcomes if o.code is not grpc.StatusCode.DEADLINE_EXCEEDED]
-        report.answered_in_time = len(in_time) / max(1, len(outcomes))
-        policy = grpc.StatusCode.OK if fail_open else grpc.StatusCode.UNAVAILABLE
-        report.policy_ok = all(
-            o.code in (grpc.StatusCode.OK, policy, grpc.StatusCode.DEADLINE_EXCEEDED)
-            for o in outcomes
-        )
-        if fail_open:
-            report.policy_ok = report.policy_ok and all(
-                o.code is grpc.StatusCode.OK for o in in_time
-            )
+        _summarize(report, outcomes, fail_open, ended)
         with proc.client() as client:
             prefix = "sick_k_"
             for value in sorted({o.value for o in outcomes}):
@@ -403,15 +429,7 @@ def run_fault(
             report.hits_exact = all(s <= ok + m for s, ok, m in report.counted.values())
         else:
             report.hits_exact = all(ok <= s <= ok + m for s, ok, m in report.counted.values())
-        recovered = [
-            o.ended for o in outcomes if o.started >= ended and o.code is grpc.StatusCode.OK
-        ]
-        report.recovery = min(recovered) - ended if recovered else None
-        report.late_scripts = connection.late
-        report.refused_calls = connection.refused
-        report.transitions = [
-            f"{state} ({kind}) x{n}" for (state, kind), n in sorted(connection.transitions.items())
-        ]
+        _connection_figures(report, connection)
         report.log_lines = lines
     finally:
         if server is not None:
@@ -422,6 +440,32 @@ def run_fault(
                 os.kill(proc.proc.pid, signal.SIGCONT)
         proc.stop()
     return report
+
+
+def _summarize(report: Report, outcomes: list[Outcome], fail_open: bool, ended: float) -> None:
+    """Codes, the share answered in time, the policy, and recovery after ``ended``."""
+    report.calls = len(outcomes)
+    report.codes = {}
+    for o in outcomes:
+        report.codes[o.code.name] = report.codes.get(o.code.name, 0) + 1
+    in_time = [o for o in outcomes if o.code is not grpc.StatusCode.DEADLINE_EXCEEDED]
+    report.answered_in_time = len(in_time) / max(1, len(outcomes))
+    policy = grpc.StatusCode.OK if fail_open else grpc.StatusCode.UNAVAILABLE
+    report.policy_ok = all(
+        o.code in (grpc.StatusCode.OK, policy, grpc.StatusCode.DEADLINE_EXCEEDED) for o in outcomes
+    )
+    if fail_open:
+        report.policy_ok = report.policy_ok and all(o.code is grpc.StatusCode.OK for o in in_time)
+    recovered = [o.ended for o in outcomes if o.started >= ended and o.code is grpc.StatusCode.OK]
+    report.recovery = min(recovered) - ended if recovered else None
+
+
+def _connection_figures(report: Report, connection: RedisConnection) -> None:
+    report.late_scripts = connection.late
+    report.refused_calls = connection.refused
+    report.transitions = [
+        f"{state} ({kind}) x{n}" for (state, kind), n in sorted(connection.transitions.items())
+    ]
 
 
 def _start(fault: str, proc: RedisProcess, proxy: Proxy) -> None:
@@ -450,3 +494,137 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> None:
         if time.monotonic() > end:
             raise AssertionError("not within the time allowed")
         time.sleep(0.01)
+
+
+class ReplicatedCluster:
+    """Three masters with one replica each (six redis-servers), quick to fail over."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.nodes = [
+            RedisProcess(
+                workdir / f"node{i}",
+                free_cluster_port(),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+            )
+            for i in range(6)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:3])
+
+    def start(self) -> ReplicatedCluster:
+        for node in self.nodes:
+            node.start()
+        cli = require_binary("redis-cli")
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        self.wait_ok()
+        # A replica that has not synced yet will not be promoted.
+        end = time.monotonic() + 30
+        while not all(self._synced(node) for node in self.nodes):
+            if time.monotonic() > end:
+                raise RuntimeError("redis cluster replicas did not sync")
+            time.sleep(0.05)
+        return self
+
+    @staticmethod
+    def _synced(node: RedisProcess) -> bool:
+        with node.client() as client:
+            info = client.info("replication")
+        return info.get("role") != "slave" or info.get("master_link_status") == "up"
+
+    def wait_ok(self, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            live = [n for n in self.nodes if n.proc is not None]
+            infos = []
+            for node in live:
+                with node.client() as client, contextlib.suppress(redis.RedisError):
+                    infos.append(client.execute_command("CLUSTER", "INFO"))
+            if len(infos) == len(live) and all(b"cluster_state:ok" in i for i in infos):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis cluster did not become ready")
+
+    def master_of(self, key: str) -> RedisProcess:
+        """The live master that serves ``key``'s slot now."""
+        slot = key_slot(key.encode())
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with node.client() as client, contextlib.suppress(redis.RedisError):
+                for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                    if start <= slot <= end:
+                        port = int(master[1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"no master for slot {slot}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def run_cluster_kill(
+    workdir: Path,
+    *,
+    rate: float = 100.0,
+    deadline: float = 0.3,
+    redis_timeout: float = 1.0,
+    settle: float = 3.0,
+) -> Report:
+    """Steady load on one key of a replicated Cluster; its master is killed; load goes on
+    until the replica has taken over and for ``settle`` seconds more."""
+    cluster = ReplicatedCluster(workdir / "cluster").start()
+    backend = RedisBackend(parse_backend_url(cluster.url, timeout=redis_timeout))
+    connection = backend.connection
+    report = Report("cluster master kill", 0.0)
+    server: DebugServer | None = None
+    try:
+        with LogTrap() as trap:
+            server = DebugServer(workdir / "config", backend)
+            _wait(lambda: connection.state == "up", 10)
+            with Load(server.target, rate, deadline) as load:
+                time.sleep(1.0)
+                window = int(time.time()) // 3600 * 3600
+                master = cluster.master_of(f"sick_k_a_{window}")
+                connects = connection.connects
+                began = time.monotonic()
+                master.kill()
+                _wait(lambda: cluster.master_of(f"sick_k_a_{window}") is not master, 30)
+                cluster.wait_ok()  # the replica is promoted and the cluster agrees
+                ended = time.monotonic()
+                report.seconds = ended - began
+                report.connects_per_second = (connection.connects - connects) / report.seconds
+                time.sleep(settle)
+            time.sleep(0.5)
+            report.log_lines = trap.lines("ferryman.redis")
+            report.lost = [
+                r.getMessage() for r in trap.records if any(m in r.getMessage() for m in LOST)
+            ]
+        report.lost += [p for p in server.problems if any(m in p for m in LOST)]
+        _summarize(report, load.outcomes, False, ended)
+        key = f"sick_k_a_{window}"
+        with cluster.master_of(key).client() as client:
+            stored = int(client.get(key) or 0)
+        ok = sum(o.code is grpc.StatusCode.OK for o in load.outcomes)
+        missed = sum(o.code is grpc.StatusCode.DEADLINE_EXCEEDED for o in load.outcomes)
+        report.counted = {"a": (stored, ok, missed)}
+        report.hits_exact = ok <= stored <= ok + missed
+        _connection_figures(report, connection)
+    finally:
+        if server is not None:
+            server.stop()
+        cluster.stop()
+    return report

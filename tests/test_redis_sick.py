@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sick_redis import CONFIG, FAULTS, run_fault
+from sick_redis import CONFIG, FAULTS, run_cluster_kill, run_fault
 
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.connections.redis import BACKOFF_CAP, BREAKER_FAILURES, reason_of
@@ -46,6 +46,21 @@ def test_a_sick_redis_is_answered_in_time_and_refused_hits_are_not_counted(
     if fault != "slow":
         assert any("down" in t or "degraded" in t for t in report.transitions), report
         assert any(" is up " in line for line in report.log_lines[1:]), report.log_lines
+
+
+def test_a_cluster_master_killed_under_load_fails_over_in_time_without_losing_hits(
+    tmp_path: Path,
+) -> None:
+    """A replicated Cluster's master is killed under load: calls are answered in time with OK
+    or UNAVAILABLE while its replica takes over, the promoted replica holds every hit
+    answered OK, and the service recovers without a restart."""
+    report = run_cluster_kill(tmp_path)
+    assert report.answered_in_time >= IN_TIME, report.codes
+    assert report.policy_ok, report.codes
+    assert report.hits_exact, report.counted
+    assert report.recovery is not None and report.recovery < 5.0, report
+    assert report.lost == []
+    assert report.connects_per_second < 10 + BREAKER_FAILURES, report
 
 
 def test_fail_open_answers_ok_in_time_during_a_stall(tmp_path: Path) -> None:

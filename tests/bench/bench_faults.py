@@ -6,7 +6,8 @@ Usage::
                                        [--redis-timeout 10] [--fault sigstop,...] [--json]
 
 For each fault (SIGSTOP of redis-server; a TCP proxy that black-holes, refuses, closes or
-slows the connection; SIGKILL and restart) a real redis-server and an in-process ferryman
+slows the connection; SIGKILL and restart; ``cluster``: a master of a replicated Cluster
+killed until its replica takes over) a real redis-server and an in-process ferryman
 get ShouldRateLimit calls at ``--rate`` per second, each with a client deadline of
 ``--deadline`` seconds: one second of steady load, the fault for ``--seconds``, then three
 seconds of recovery. Defaults are the campaign of issue 26: 200 calls/s, a 1 s deadline
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sick_redis import FAULTS, Report, run_fault
+from sick_redis import FAULTS, Report, run_cluster_kill, run_fault
 
 
 def main() -> None:
@@ -44,13 +45,23 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=1.0)
     parser.add_argument("--redis-timeout", type=float, default=10.0)
     parser.add_argument("--slow-delay", type=float, default=0.3)
-    parser.add_argument("--fault", default=",".join(FAULTS))
+    parser.add_argument("--fault", default=",".join((*FAULTS, "cluster")))
     parser.add_argument("--fail-open", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     reports: list[Report] = []
     for fault in args.fault.split(","):
         with tempfile.TemporaryDirectory() as tmp:
+            if fault == "cluster":
+                reports.append(
+                    run_cluster_kill(
+                        Path(tmp),
+                        rate=args.rate,
+                        deadline=args.deadline,
+                        redis_timeout=args.redis_timeout,
+                    )
+                )
+                continue
             reports.append(
                 run_fault(
                     fault,

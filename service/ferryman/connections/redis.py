@@ -180,6 +180,7 @@ class RedisConnection:
         # Cluster: one pipelined connection per primary ("host:port").
         self._node_pipes: dict[str, PipelinedRedis] = {}
         self._refreshing: asyncio.Future[None] | None = None
+        self._next_refresh = 0.0
         self._closing = False
         # The single Redis (or Sentinel's master) when it is reached through one pipelined
         # connection; None on a Cluster.
@@ -307,7 +308,9 @@ class RedisConnection:
             self._scripts_loaded = False  # Redis may have restarted empty
         if self.breaker_open:
             return kind
-        if counts:
+        if counts and not self.cluster:
+            # On a Cluster one node's failure leaves the others usable: only a failed
+            # probe opens the breaker (each node's connection backs off on its own).
             self._failures += 1
             if self._failures >= BREAKER_FAILURES:
                 self._trip(kind, text)
@@ -532,6 +535,18 @@ class RedisConnection:
             )
         return pipe
 
+    def _refresh_soon(self) -> None:
+        """Read the Cluster's slot map again in the background, at most every 0.25 s."""
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + 0.25
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            refreshing = asyncio.ensure_future(self._client.nodes_manager.initialize())
+            refreshing.add_done_callback(retrieve)
+            self._refreshing = refreshing
+
     async def _refresh_slots(self) -> None:
         """Read the Cluster's slot map again: once, however many calls were redirected."""
         refreshing = self._refreshing
@@ -564,6 +579,12 @@ class RedisConnection:
                 if asked is None:
                     return await pipe.execute(*command, by=by)
                 return await pipe.execute_asking(*command, by=by)
+            except (rex.ConnectionError, ConnectionError) as exc:
+                # The node is gone (perhaps failed over): no MOVED will ever come from it,
+                # so read the slot map again in the background for the next calls.
+                if not isinstance(exc, DeadlineError):
+                    self._refresh_soon()
+                raise
             except rex.NoScriptError:
                 await pipe.script_load(script.source, by=by)
             except rex.ResponseError as exc:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import deque
 from typing import Any, cast
@@ -46,6 +47,11 @@ __all__ = ["DeadlineError", "PipelinedRedis", "pack_command"]
 
 # A connection with this many replies outstanding is not keeping up: refuse more.
 MAX_IN_FLIGHT = 10_000
+# After a failed connect, callers are refused at once for a while before the next try:
+# doubling from BASE to CAP, each wait drawn between half and all of it. So a server
+# (a Cluster node) that refuses connections gets a few attempts a second, not one per call.
+RECONNECT_BASE = 0.05
+RECONNECT_CAP = 3.0
 
 
 class DeadlineError(TimeoutError):
@@ -279,6 +285,9 @@ class PipelinedRedis:
         self._writes_before = 0  # batches written on connections since closed
         self._late_before = 0
         self.connects = 0  # connection attempts
+        self._retry_at = 0.0  # monotonic: no connect attempt before, after a failed one
+        self._retry_delay = 0.0
+        self._last_error: BaseException | None = None
 
     async def _open(self) -> _Channel:
         self.connects += 1
@@ -288,10 +297,17 @@ class PipelinedRedis:
                 await conn.connect()  # type: ignore[no-untyped-call]
             channel = _Channel(conn, self._window, self._limit)
             channel.attach()
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                delay = self._retry_delay = min(
+                    RECONNECT_CAP, max(RECONNECT_BASE, self._retry_delay * 2)
+                )
+                self._retry_at = time.monotonic() + random.uniform(delay / 2, delay)
+                self._last_error = exc
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
             raise
+        self._retry_delay = 0.0
         self._forget()
         self._link = channel
         if self._sweeper is None or self._sweeper.done():
@@ -315,11 +331,14 @@ class PipelinedRedis:
         """Scripts that Redis ran after their deadline, and that therefore changed nothing."""
         return self._late_before + (self._link.late if self._link is not None else 0)
 
-    async def _connected(self, by: float | None = None) -> _Channel:
+    async def _connected(self, by: float | None = None, force: bool = False) -> _Channel:
         """The open connection, opening it (once, for every caller waiting) when needed;
-        a caller waits no later than ``by`` (monotonic)."""
+        a caller waits no later than ``by`` (monotonic). Soon after a failed connect,
+        ConnectionError at once (unless ``force``: a health probe)."""
         opening = self._opening
         if opening is None or opening.done():
+            if not force and time.monotonic() < self._retry_at:
+                raise rex.ConnectionError(f"not connecting again yet: {self._last_error}")
             opening = self._opening = asyncio.create_task(self._open())
             opening.add_done_callback(retrieve)
         # Shielded: a caller that gives up must not cancel a connect that others wait on.
@@ -362,16 +381,17 @@ class PipelinedRedis:
                 raise reply
         return replies[1]
 
-    async def execute(self, *args: Any, by: float | None = None) -> Any:
+    async def execute(self, *args: Any, by: float | None = None, force: bool = False) -> Any:
         """Send one command and return its reply.
 
         Server error replies raise ResponseError; no reply within the timeout raises
         TimeoutError (and closes the connection); a broken connection ConnectionError; no
-        reply by ``by`` (monotonic, the caller's deadline) DeadlineError.
+        reply by ``by`` (monotonic, the caller's deadline) DeadlineError. ``force``
+        connects even within the backoff after a failed connect.
         """
         channel = self._link
         if channel is None or channel.closed:
-            channel = await self._connected(by)
+            channel = await self._connected(by, force)
         if len(channel.waiters) >= MAX_IN_FLIGHT:
             raise rex.ConnectionError("redis is not keeping up")
         loop = asyncio.get_running_loop()
@@ -412,7 +432,7 @@ class PipelinedRedis:
 
     async def time(self) -> tuple[int, int]:
         """The server's clock: seconds and microseconds (TIME)."""
-        seconds, micros = await self.execute("TIME")
+        seconds, micros = await self.execute("TIME", force=True)
         return int(seconds), int(micros)
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
