@@ -391,6 +391,9 @@ class RedisConnection:
             raise
         except Exception as exc:
             kind, text = reason_of(exc)
+            if kind == "timeout" and not str(exc):
+                limit = min(self.target.timeout, PROBE_TIMEOUT)
+                text = f"no answer to the health probe within {limit:g}s"
             self._last_failure = time.monotonic()
             self._scripts_loaded = False
             if not self.breaker_open:
