@@ -330,7 +330,8 @@ class RedisConnection:
     def answered(self) -> None:
         """A call got its reply."""
         self._failures = 0
-        if self.state is not UP and self.state is not DEGRADED:
+        if self.state == DOWN and not self.breaker_open:
+            # Not yet connected when the call left (an open breaker waits for its probe).
             self._move(UP, "answered", "redis answered a call")
 
     def refuse(self) -> BackendError:
