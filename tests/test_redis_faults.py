@@ -6,13 +6,11 @@ Each test owns its redis-server on a free port, so killing it disturbs no other 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import resources
 
 import grpc
 import pytest
@@ -20,6 +18,7 @@ import redis
 
 from ferryman.algorithms.fixed_window.model import CounterOp
 from ferryman.backends.redis import RedisBackend
+from ferryman.connections.redis import LuaScript
 from ferryman.errors import BackendError
 
 from helpers.ports import free_port
@@ -88,8 +87,7 @@ def backend(url: str) -> RedisBackend:
 
 
 def script_sha() -> str:
-    source = resources.files("ferryman.algorithms.fixed_window").joinpath("fixed_window.lua")
-    return hashlib.sha1(source.read_bytes()).hexdigest()
+    return LuaScript.of("ferryman.algorithms.fixed_window", "fixed_window.lua").sha
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +100,7 @@ def test_redis_killed_mid_traffic_fails_fast_and_turns_unhealthy(
 ) -> None:
     """After SIGKILL of Redis mid-traffic every call is UNAVAILABLE within the timeout."""
     proc = make_redis().start()
-    server = make_server(backend=backend(proc.url))
+    server = make_server(backend=backend(proc.url), health_requires_backend=True)
     wait_for("healthy at start", lambda: health(server) == 200, 5)
     errors_before = server.stat(f"{CALL}.redis_error")
 
@@ -138,7 +136,7 @@ def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
 ) -> None:
     """A brand new, empty Redis on the same port is used again without restarting ferryman."""
     first = make_redis().start()
-    server = make_server(backend=backend(first.url))
+    server = make_server(backend=backend(first.url), health_requires_backend=True)
     assert call(server).code is OK
     first.kill()
     wait_for("calls fail once Redis is gone", lambda: call(server).code is UNAVAILABLE, 5)
@@ -146,6 +144,7 @@ def test_service_recovers_when_redis_restarts_empty_on_the_same_port(
 
     second = make_redis(first.port).start()
     with second.client() as client:
+        client.script_flush()  # the probe may have loaded it already: make the call meet NOSCRIPT
         assert client.script_exists(script_sha()) == [False]
     wait_for("calls succeed again", lambda: call(server).code is OK, 5)
     wait_for("/healthcheck back to 200", lambda: health(server) == 200, 5)
@@ -220,7 +219,7 @@ def test_service_starts_without_redis_and_connects_when_it_appears(
 ) -> None:
     """With no Redis listening ferryman starts unhealthy, fails fast, and heals once it starts."""
     port = free_port()
-    server = make_server(backend=backend(f"redis://127.0.0.1:{port}"))
+    server = make_server(backend=backend(f"redis://127.0.0.1:{port}"), health_requires_backend=True)
     assert health(server) == 500
     for _ in range(3):
         outcome = call(server)
@@ -294,6 +293,11 @@ def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(
             with pytest.raises(BackendError):
                 await backend.windows.apply([op], stop_when_over=False)
             assert time.monotonic() - started < 3
+            # The health probe (every second) finds it gone and opens the breaker.
+            for _ in range(300):
+                if not backend.healthy():
+                    break
+                await asyncio.sleep(0.01)
             assert not backend.healthy()
         finally:
             await backend.close()

@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="answer OK (counted as degraded) when the backend fails (FAIL_OPEN)",
     )
+    serve.add_argument(
+        "--health-requires-backend",
+        action="store_true",
+        default=None,
+        help="report unhealthy while the backend is down (REDIS_HEALTH_CHECK_ACTIVE_CONNECTION,"
+        " FERRYMAN_HEALTH_REQUIRES_BACKEND)",
+    )
     serve.add_argument("--grpc-port", type=_port, help="gRPC port (GRPC_PORT, default 8081)")
     serve.add_argument("--http-port", type=_port, help="HTTP port (PORT, default 8080)")
     serve.add_argument(
@@ -255,6 +262,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.parent is not None:
         split_address(args.parent, "--parent")
         changes["doorman_parent"] = args.parent
+    if args.health_requires_backend:
+        changes["health_requires_backend"] = True
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),

@@ -181,6 +181,9 @@ class Settings:
     fail_open: bool = False
     # Fixed-window counters the memory backend keeps at most (0: no cap); see its store.
     memory_max_keys: int = 100_000
+    # Health fails while the backend is down (by default it stays SERVING: the service
+    # still answers, with its failure policy).
+    health_requires_backend: bool = False
 
     near_limit_ratio: float = 0.8
     shadow_mode: bool = False
@@ -332,6 +335,10 @@ class Settings:
             ),
             fail_open=_bool(env, "FAIL_OPEN", d.fail_open),
             memory_max_keys=_int(env, "MEMORY_MAX_KEYS", d.memory_max_keys),
+            health_requires_backend=_bool(
+                env, "FERRYMAN_HEALTH_REQUIRES_BACKEND", d.health_requires_backend
+            )
+            or _bool(env, "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", False),
             near_limit_ratio=ratio,
             shadow_mode=_bool(env, "SHADOW_MODE", d.shadow_mode),
             quota_mode=_bool(env, "QUOTA_MODE", d.quota_mode),

@@ -55,7 +55,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ferryman._version import __version__
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
-from ferryman.backends.base import Backend
+from ferryman.backends.base import Backend, ConnectionState, Watched
 from ferryman.engine import ALGORITHMS, BackendTimer
 from ferryman.settings import Settings
 from ferryman.stats import (
@@ -547,6 +547,60 @@ class Telemetry:
             "ratelimit_service_capacity_unconfigured_requests",
             callbacks=[lambda options: [Observation(capacity.unconfigured_requests())]],
             description="Capacity requested for resources no template covers (granted as asked).",
+        )
+
+    def observe_backend(self, backend: Watched) -> None:
+        """Instruments for the backend's connections: state (one series per state, 1 for the
+        current one), transitions by new state and reason, and the breaker's counts."""
+        if self.meter_provider is None:
+            return
+        meter = self.meter_provider.get_meter(SCOPE, __version__)
+
+        def states(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(int(c.state == state), {"target": c.name, "state": state})
+                for c in backend.connections()
+                for state in ("up", "degraded", "down")
+            ]
+
+        def transitions(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(n, {"target": c.name, "state": state, "reason": kind})
+                for c in backend.connections()
+                for (state, kind), n in c.transitions.items()
+            ]
+
+        def count(read: Callable[[ConnectionState], int]) -> Callable[..., Iterable[Observation]]:
+            def observe(options: CallbackOptions) -> Iterable[Observation]:
+                return [Observation(read(c), {"target": c.name}) for c in backend.connections()]
+
+            return observe
+
+        meter.create_observable_gauge(
+            "ratelimit_service_backend_state",
+            callbacks=[states],
+            description="1 for the backend connection's current state (up, degraded, down).",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_backend_state_transitions",
+            callbacks=[transitions],
+            description="Changes of the backend connection's state, by new state and reason.",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_backend_breaker_refused_calls",
+            callbacks=[count(lambda c: c.refused)],
+            description="Calls answered with the failure policy without asking the backend "
+            "(its breaker was open).",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_backend_breaker_opened",
+            callbacks=[count(lambda c: c.breaker_opened)],
+            description="Times the backend connection's breaker opened.",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_backend_probes",
+            callbacks=[count(lambda c: c.probes)],
+            description="Health probes sent to the backend (each may open a connection).",
         )
 
     def observe(

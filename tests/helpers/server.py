@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -72,6 +74,10 @@ def quota_events_stub(channel: grpc.Channel) -> limiter_pb2_grpc.QuotaEventsStub
     return limiter_pb2_grpc.QuotaEventsStub(channel)  # type: ignore[no-untyped-call]
 
 
+# What asyncio logs when an exception or a coroutine was lost.
+LOST = ("Task exception was never retrieved", "was never awaited")
+
+
 class Server:
     """A Service running on its own event loop thread, with loopback clients."""
 
@@ -86,6 +92,12 @@ class Server:
         self.settings = settings
         self.clock = clock  # with real_clock the Service reads the system clock instead
         self.loop = asyncio.new_event_loop()
+        # FERRYMAN_ASYNCIO_DEBUG=1 runs every server's loop in asyncio debug mode (which
+        # says where a lost task or coroutine came from); lost ones fail the test either way.
+        self.loop.set_debug(os.environ.get("FERRYMAN_ASYNCIO_DEBUG") == "1")
+        self.loop.slow_callback_duration = 10.0
+        self.lost: list[str] = []
+        self.loop.set_exception_handler(self._exception)
         self.service = Service(
             settings,
             clock=SystemClock() if real_clock else clock,
@@ -98,6 +110,12 @@ class Server:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.grpc_port}")
         self.stub = rls_stub(self.channel)
         self._stopped = False
+
+    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if any(lost in message for lost in LOST):
+            self.lost.append(f"{message}: {context.get('exception')!r}")
+        loop.default_exception_handler(context)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -150,6 +168,8 @@ class Server:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+        gc.collect()  # a lost task exception is reported when its task is collected
+        assert not self.lost, self.lost
 
 
 ServerFactory = Callable[..., Server]

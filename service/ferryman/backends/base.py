@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from ferryman.algorithms.burst.model import BurstStore
 from ferryman.algorithms.copies.model import CopyStore
 from ferryman.algorithms.fixed_window.model import FixedWindowStore
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "ConnectionState", "Watched"]
+
+
+class ConnectionState(Protocol):
+    """What a backend connection reports about itself (state, breaker, transitions)."""
+
+    name: str  # where it connects
+    state: str  # up | degraded | down
+    reason: str
+    refused: int
+    probes: int
+    breaker_opened: int
+
+    @property
+    def transitions(self) -> Counter[tuple[str, str]]: ...
+
+    def describe_state(self) -> dict[str, object]: ...
+
+
+@runtime_checkable
+class Watched(Protocol):
+    """A backend whose connections report their state (Redis; memory has none)."""
+
+    def connections(self) -> Sequence[ConnectionState]: ...
 
 
 class Backend(Protocol):

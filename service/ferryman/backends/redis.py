@@ -53,6 +53,9 @@ class RedisBackend:
     def healthy(self) -> bool:
         return self.connection.healthy()
 
+    def connections(self) -> list[RedisConnection]:
+        return [self.connection]
+
     async def close(self) -> None:
         await self.connection.close()
 
@@ -76,6 +79,9 @@ class RoutedBackend:
 
     def healthy(self) -> bool:
         return self.main.healthy() and self._per_second.healthy()
+
+    def connections(self) -> list[RedisConnection]:
+        return [self.main.connection, self._per_second.connection]
 
     async def close(self) -> None:
         await self.main.close()

@@ -94,7 +94,10 @@ def _shape_problem(text: str) -> tuple[Any, str] | None:
                     return event.start_mark, f"nested deeper than {MAX_DEPTH} levels"
             elif isinstance(event, ends):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        # Newer libyaml stops far-too-deep flow collections itself, before we see them.
+        if "nesting depth" in str(exc):
+            return getattr(exc, "problem_mark", None), f"nested deeper than {MAX_DEPTH} levels"
         return None
     return None
 

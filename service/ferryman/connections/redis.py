@@ -1,6 +1,20 @@
 """One connection to a Redis deployment (single, Sentinel or Cluster), shared by every
 algorithm's Redis store: health, script calls (one EVALSHA per slot, NOSCRIPT handled,
-Cluster redirections followed) and the translation of driver errors into BackendError."""
+Cluster redirections followed) and the translation of driver errors into BackendError.
+
+When Redis is sick:
+
+- Every call is answered by the caller's deadline (``ferryman.connections.deadline``) or within
+  ``REDIS_TIMEOUT``, whichever comes first.
+- Every script carries the time by which it must run, on Redis's own clock (the offset to
+  ours is measured by the health probe, TIME); one that reaches Redis later changes
+  nothing (``deadline.lua``, prepended to each script by :class:`LuaScript`).
+- A circuit breaker: after ``BREAKER_FAILURES`` consecutive failures (or a failed probe)
+  calls are refused at once without touching the network, and one probe at a time, with
+  exponential backoff and jitter, decides when Redis is back.
+- A state (up, degraded, down) with the reason of the last failure, one log line per
+  change.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +22,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import random
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,11 +42,12 @@ from redis.asyncio.sentinel import (
 )
 from redis.crc import key_slot
 
-from ferryman.connections.redis_pipe import PipelinedRedis
+from ferryman.connections.deadline import ANSWER_BY
+from ferryman.connections.redis_pipe import DeadlineError, PipelinedRedis, retrieve
 from ferryman.connections.redis_target import RedisTarget, address
 from ferryman.errors import BackendError, BackendTimeoutError
 
-__all__ = ["LuaScript", "RedisConnection"]
+__all__ = ["DEGRADED", "DOWN", "UP", "LuaScript", "RedisConnection", "reason_of"]
 
 log = logging.getLogger("ferryman.redis")
 
@@ -48,9 +66,37 @@ _TRANSIENT = (
 )
 
 
+# The states of a connection.
+UP, DEGRADED, DOWN = "up", "degraded", "down"
+# Consecutive failed calls that open the breaker.
+BREAKER_FAILURES = 5
+# Backoff between probes while the breaker is open: doubling from BASE up to CAP, each
+# wait drawn between half and all of it, so that replicas do not probe in step.
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 3.0
+# Probes while the breaker is closed (they also measure the clock offset), and the longest
+# a probe may take: a Redis that cannot answer TIME within it is down.
+PROBE_EVERY = 1.0
+PROBE_TIMEOUT = 2.0
+# A degraded connection is up again after this long without a failure.
+QUIET_FOR_UP = 2.0
+# A script must start this long before its caller is answered: covers the reply's way back
+# and the error of the measured clock offset (half the round trip of the best TIME probe,
+# which is added on top).
+SKEW = 0.005
+# A TIME probe slower than this round trip does not update the clock offset.
+OFFSET_MAX_RTT = 0.02
+
+_DEADLINE = resources.files(__package__ or "").joinpath("deadline.lua").read_text("utf-8")
+
+
 @dataclass
 class LuaScript:
-    """A Lua script shipped beside its algorithm, run by SHA (loaded again on NOSCRIPT)."""
+    """A Lua script shipped beside its algorithm, run by SHA (loaded again on NOSCRIPT).
+
+    Every script gets ``deadline.lua`` in front of its own text: its callers pass the time
+    by which it must run as the first argument (``RedisConnection.run`` does), and the
+    script's own text sees its arguments from ``ARGV[1]`` on."""
 
     source: str
     sha: str = field(init=False)
@@ -61,7 +107,37 @@ class LuaScript:
     @classmethod
     def of(cls, package: str, name: str) -> LuaScript:
         """The script ``name`` in ``package`` (e.g. ``ferryman.algorithms.burst``)."""
-        return cls(resources.files(package).joinpath(name).read_text("utf-8"))
+        return cls(_DEADLINE + resources.files(package).joinpath(name).read_text("utf-8"))
+
+
+def reason_of(exc: BaseException) -> tuple[str, str]:
+    """The kind of a failure (timeout, refused, READONLY, CLUSTERDOWN, LOADING, auth, late,
+    closed, error) and its text, never blank."""
+    text = str(exc) or type(exc).__name__
+    upper = text.upper()
+    if isinstance(exc, TimeoutError | rex.TimeoutError):
+        kind = "timeout"
+    elif isinstance(exc, rex.AuthenticationError | rex.AuthorizationError) or any(
+        word in upper for word in ("NOAUTH", "WRONGPASS", "NOPERM", "INVALID PASSWORD")
+    ):
+        kind = "auth"
+    elif isinstance(exc, rex.ReadOnlyError) or "READONLY" in upper:
+        kind = "READONLY"
+    elif isinstance(exc, rex.ClusterDownError) or "CLUSTERDOWN" in upper:
+        kind = "CLUSTERDOWN"
+    elif isinstance(exc, rex.BusyLoadingError) or upper.startswith("LOADING"):
+        kind = "LOADING"
+    elif upper.startswith("LATE"):
+        kind = "late"
+    elif isinstance(exc, ConnectionRefusedError) or any(
+        word in upper for word in ("REFUSED", "ERROR 111 ", "CONNECT CALL FAILED")
+    ):
+        kind = "refused"
+    elif isinstance(exc, rex.ConnectionError | OSError):
+        kind = "closed"
+    else:
+        kind = "error"
+    return kind, text
 
 
 def _tcp(tls: bool) -> type[AbstractConnection]:
@@ -71,21 +147,40 @@ def _tcp(tls: bool) -> type[AbstractConnection]:
 class RedisConnection:
     """The connection to one Redis deployment, its health, and the one place where scripts
     run and driver errors become BackendError. A call never waits longer than the
-    target's timeout."""
+    target's timeout, nor past its caller's deadline."""
 
     def __init__(self, target: RedisTarget) -> None:
         self.target = target
+        self.name = target.describe()
         self.cluster = target.kind == "cluster"
         # Scripts loaded whenever the connection (re)turns healthy, so a request rarely
         # meets NOSCRIPT (it is still handled).
         self.scripts: list[LuaScript] = []
         self._client: Any = None
         self._sentinel: Sentinel | None = None
-        self._healthy = False
         self._monitor: asyncio.Task[None] | None = None
+        # State: down until Redis first answers (but calls may still try it).
+        self.state = DOWN
+        self.reason = "connecting: redis has not answered yet"
+        self.since = time.time()
+        self.transitions: Counter[tuple[str, str]] = Counter()  # (to, kind) -> times
+        # The breaker.
+        self.breaker_open = False
+        self._failures = 0  # consecutive failed calls
+        self._last_failure = 0.0  # monotonic
+        self.breaker_opened = 0  # times it opened
+        self.refused = 0  # calls answered with the failure policy without asking Redis
+        self.probes = 0  # probes sent (each may open a connection)
+        self._wake = asyncio.Event()
+        # Redis's clock (TIME, microseconds) minus ours (monotonic), and its error bound.
+        self._offset = (time.time() - time.monotonic()) * 1e6
+        self._offset_error = 0.0
+        self.offset_measured = False
+        self._scripts_loaded = False  # on the single Redis, since the last failure
         # Cluster: one pipelined connection per primary ("host:port").
         self._node_pipes: dict[str, PipelinedRedis] = {}
         self._refreshing: asyncio.Future[None] | None = None
+        self._next_refresh = 0.0
         self._closing = False
         # The single Redis (or Sentinel's master) when it is reached through one pipelined
         # connection; None on a Cluster.
@@ -150,61 +245,212 @@ class RedisConnection:
         )
 
     async def start(self) -> None:
-        """Connect in the background: the service starts unhealthy until Redis answers."""
+        """One probe (within ``PROBE_TIMEOUT`` at most), then the rest in the background:
+        the connection is down until Redis answers."""
         self._client = self._connect()
         if isinstance(self._client, PipelinedRedis):
             self.single = self._client
+        await self._probe_once()
         self._monitor = asyncio.create_task(self._watch(), name="ferryman-redis-health")
 
     @property
     def writes(self) -> int:
         """Batches written so far by the pipelined connections (to a single Redis, Sentinel's
         master or the Cluster's nodes), each one round trip."""
+        return sum(pipe.writes for pipe in self._pipes())
+
+    @property
+    def late(self) -> int:
+        """Scripts that reached Redis after their deadline and changed nothing."""
+        return sum(pipe.late for pipe in self._pipes())
+
+    @property
+    def connects(self) -> int:
+        """Connections opened (or tried) by the pipelined connections."""
+        return sum(pipe.connects for pipe in self._pipes())
+
+    def _pipes(self) -> list[PipelinedRedis]:
         if self.single is not None:
-            return self.single.writes
-        return sum(pipe.writes for pipe in self._node_pipes.values())
+            return [self.single]
+        return list(self._node_pipes.values())
 
-    async def _watch(self) -> None:
-        delay = 0.1
-        attempt = 0
-        while not self._closing:
-            try:
-                async with asyncio.timeout(self.target.timeout):
-                    await self._call(self._client.ping)
-                    if not self._healthy and self.single is not None:
-                        for script in self.scripts:
-                            await self.single.script_load(script.source)
-                if not self._healthy:
-                    log.warning("redis %s is reachable", self.target.describe())
-                self._healthy = True
-                attempt = 0
-                delay = 0.1
-                await asyncio.sleep(1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                attempt += 1
-                if self._healthy or attempt == 1 or attempt % 10 == 0:
-                    log.warning(
-                        "waiting for redis %s (attempt %d): %s; retrying in %.1fs",
-                        self.target.describe(),
-                        attempt,
-                        exc,
-                        delay,
-                    )
-                self._healthy = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    # -- state, breaker, probes -----------------------------------------------------------
 
-    def healthy(self) -> bool:
-        return self._healthy
+    def _move(self, state: str, kind: str, text: str, again: bool = False) -> None:
+        """One transition, one log line (the reason is never blank); ``again``: log it even
+        if the state does not change (down while connecting, then down for a reason)."""
+        if state == self.state and not again:
+            return
+        before, self.state = self.state, state
+        self.reason = f"{kind}: {text}"
+        self.since = time.time()
+        self.transitions[(state, kind)] += 1
+        where = self.target.describe()
+        if state == DOWN:
+            log.warning(
+                "redis %s is down (%s); calls get the failure policy without asking redis, "
+                "probing with backoff up to %.1fs",
+                where,
+                self.reason,
+                BACKOFF_CAP,
+            )
+        elif state == DEGRADED:
+            log.warning("redis %s is degraded (%s)", where, self.reason)
+        else:
+            log.warning("redis %s is up (was %s: %s)", where, before, text)
+
+    def failed(self, exc: BaseException, counts: bool = True) -> str:
+        """Record a failed call; ``counts``: it tells about Redis (a caller's short deadline
+        or a script error does not count towards the breaker). Returns the kind."""
+        kind, text = reason_of(exc)
+        self._last_failure = time.monotonic()
+        if counts:
+            self._scripts_loaded = False  # Redis may have restarted empty
+        if self.breaker_open:
+            return kind
+        if counts and not self.cluster:
+            # On a Cluster one node's failure leaves the others usable: only a failed
+            # probe opens the breaker (each node's connection backs off on its own).
+            self._failures += 1
+            if self._failures >= BREAKER_FAILURES:
+                self._trip(kind, text)
+                return kind
+        if self.state == UP:
+            self._move(DEGRADED, kind, text)
+        elif self.state == DEGRADED:
+            self.reason = f"{kind}: {text}"
+        return kind
+
+    def _trip(self, kind: str, text: str) -> None:
+        self.breaker_open = True
+        self.breaker_opened += 1
+        self._move(DOWN, kind, text, again=self.breaker_opened == 1 and self.state == DOWN)
+        self._wake.set()
 
     def answered(self) -> None:
-        """A call got its reply: the connection is up."""
-        self._healthy = True
+        """A call got its reply."""
+        self._failures = 0
+        if self.state == DOWN and not self.breaker_open:
+            # Not yet connected when the call left (an open breaker waits for its probe).
+            self._move(UP, "answered", "redis answered a call")
+
+    def refuse(self) -> BackendError:
+        """The error of a call refused by the open breaker (Redis is not asked)."""
+        self.refused += 1
+        return BackendError(
+            f"redis {self.target.describe()} is down ({self.reason}); not asked until a "
+            "probe succeeds"
+        )
+
+    async def _probe(self) -> None:
+        """One TIME (PING on a Cluster) within PROBE_TIMEOUT; on a single Redis it also
+        measures the clock offset and loads the scripts after a failure. Raises on failure."""
+        self.probes += 1
+        single = self.single
+        async with asyncio.timeout(min(self.target.timeout, PROBE_TIMEOUT)):
+            if single is None:
+                await self._call(self._client.ping)
+                return
+            t0 = time.monotonic()
+            seconds, micros = await single.time()
+            t1 = time.monotonic()
+            rtt = t1 - t0
+            if rtt <= OFFSET_MAX_RTT or not self.offset_measured:
+                self._offset = seconds * 1e6 + micros - (t0 + t1) / 2 * 1e6
+                self._offset_error = rtt / 2
+                self.offset_measured = True
+            if not self._scripts_loaded:
+                for script in self.scripts:
+                    await single.script_load(script.source)
+                self._scripts_loaded = True
+
+    async def _watch(self) -> None:
+        attempt = 0
+        while not self._closing:
+            if self.breaker_open:
+                delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+                attempt += 1
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+            else:
+                attempt = 0
+                if self.state == DEGRADED and time.monotonic() - self._last_failure > QUIET_FOR_UP:
+                    self._move(UP, "quiet", f"no failure for {QUIET_FOR_UP:g}s")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(PROBE_EVERY):
+                        await self._wake.wait()
+                self._wake.clear()
+                if self.breaker_open:
+                    continue  # just opened: the first probe waits its backoff
+            await self._probe_once()
+
+    async def _probe_once(self) -> None:
+        """One probe and what follows from it: the breaker opens on failure, closes on
+        success."""
+        try:
+            await self._probe()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            kind, text = reason_of(exc)
+            if kind == "timeout" and not str(exc):
+                limit = min(self.target.timeout, PROBE_TIMEOUT)
+                text = f"no answer to the health probe within {limit:g}s"
+            self._last_failure = time.monotonic()
+            self._scripts_loaded = False
+            if not self.breaker_open:
+                self._trip(kind, text)
+            else:
+                self.reason = f"{kind}: {text}"
+            log.debug("probe of redis %s failed: %s", self.target.describe(), self.reason)
+            return
+        self._failures = 0
+        if self.breaker_open:
+            self.breaker_open = False
+            self._move(UP, "probe", "a probe succeeded; the breaker is closed")
+        elif self.state == DOWN:
+            self._move(UP, "probe", "redis answered")
+
+    def healthy(self) -> bool:
+        """Whether Redis is usable (not down): what health reports when it is asked to
+        depend on the backend."""
+        return self.state != DOWN
+
+    def describe_state(self) -> dict[str, object]:
+        """The connection's state for /status."""
+        return {
+            "target": self.target.describe(),
+            "state": self.state,
+            "reason": self.reason,
+            "since": self.since,
+            "breaker": {
+                "open": self.breaker_open,
+                "consecutive_failures": self._failures,
+                "opened": self.breaker_opened,
+                "refused_calls": self.refused,
+                "probes": self.probes,
+            },
+            "connects": self.connects,
+            "late_scripts": self.late,
+            "transitions": sum(self.transitions.values()),
+            "clock_offset_error_ms": round(self._offset_error * 1000, 3)
+            if self.offset_measured
+            else None,
+        }
+
+    def answer_by(self) -> float:
+        """The monotonic time by which the current call must be answered."""
+        limit = time.monotonic() + self.target.timeout
+        by = ANSWER_BY.get()
+        return limit if by is None or by > limit else by
+
+    def deadline_arg(self, by: float) -> int:
+        """A script's first argument: the latest Redis time (microseconds) it may start at,
+        for a call answered by ``by`` (monotonic)."""
+        return int((by - SKEW - self._offset_error) * 1e6 + self._offset)
 
     async def close(self) -> None:
         self._closing = True
+        self._wake.set()
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.wait({self._monitor}, timeout=self.target.timeout)
@@ -246,24 +492,40 @@ class RedisConnection:
                 delay = min(delay * 2, 0.01)
 
     @contextlib.asynccontextmanager
-    async def errors(self) -> AsyncIterator[None]:
-        """The one place where driver errors become BackendError, within the timeout."""
+    async def errors(self, by: float) -> AsyncIterator[None]:
+        """The one place where driver errors become BackendError, by ``by`` (monotonic)."""
         try:
-            async with asyncio.timeout(self.target.timeout):
+            async with asyncio.timeout_at(by):
                 yield
+        except DeadlineError as exc:
+            raise self.backend_error(exc) from exc
+        except TimeoutError as exc:
+            # The time ran out here, not in the pipelined client: the caller's deadline
+            # if it came before the timeout.
+            if ANSWER_BY.get() == by:
+                raise self.backend_error(DeadlineError(str(exc))) from exc
+            raise self.backend_error(exc) from exc
         except (rex.RedisError, OSError) as exc:
             raise self.backend_error(exc) from exc
 
     def backend_error(self, exc: BaseException) -> BackendError:
-        """The BackendError for a driver error; a timeout or a lost connection marks us down."""
+        """The BackendError for a driver error, recorded in the state and the breaker."""
+        where = self.target.describe()
+        if isinstance(exc, DeadlineError):
+            self.failed(exc, counts=False)
+            return BackendTimeoutError(f"redis {where} did not answer by the caller's deadline")
         if isinstance(exc, TimeoutError):
-            self._healthy = False
+            self.failed(exc)
             return BackendTimeoutError(
-                f"redis {self.target.describe()} did not answer within {self.target.timeout}s"
+                f"redis {where} did not answer within {self.target.timeout}s"
             )
         if isinstance(exc, _TRANSIENT):
-            self._healthy = False
-        return BackendError(f"redis {self.target.describe()}: {exc}")
+            self.failed(exc)
+        elif str(exc).startswith("LATE"):
+            # Redis's clock ran ahead of the measured offset: nothing was counted.
+            self.failed(exc, counts=False)
+            return BackendTimeoutError(f"redis {where}: the script ran too late: {exc}")
+        return BackendError(f"redis {where}: {exc}")
 
     # -- running scripts --------------------------------------------------------------------
 
@@ -277,15 +539,30 @@ class RedisConnection:
             )
         return pipe
 
+    def _refresh_soon(self) -> None:
+        """Read the Cluster's slot map again in the background, at most every 0.25 s."""
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + 0.25
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            refreshing = asyncio.ensure_future(self._client.nodes_manager.initialize())
+            refreshing.add_done_callback(retrieve)
+            self._refreshing = refreshing
+
     async def _refresh_slots(self) -> None:
         """Read the Cluster's slot map again: once, however many calls were redirected."""
         refreshing = self._refreshing
         if refreshing is None or refreshing.done():
             refreshing = asyncio.ensure_future(self._client.nodes_manager.initialize())
+            refreshing.add_done_callback(retrieve)
             self._refreshing = refreshing
         await asyncio.shield(refreshing)
 
-    async def _on_cluster(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+    async def _on_cluster(
+        self, script: LuaScript, keys: list[str], args: list[Any], by: float
+    ) -> Any:
         """EVALSHA a script whose keys share one slot on the primary that owns the slot,
         through that node's pipelined connection. MOVED reads the slot map again; ASK (a
         slot in migration) sends this call to the named node behind ASKING; NOSCRIPT loads
@@ -304,10 +581,16 @@ class RedisConnection:
                 pipe = self._node_pipe(*asked)
             try:
                 if asked is None:
-                    return await pipe.execute(*command)
-                return await pipe.execute_asking(*command)
+                    return await pipe.execute(*command, by=by)
+                return await pipe.execute_asking(*command, by=by)
+            except (rex.ConnectionError, ConnectionError) as exc:
+                # The node is gone (perhaps failed over): no MOVED will ever come from it,
+                # so read the slot map again in the background for the next calls.
+                if not isinstance(exc, DeadlineError):
+                    self._refresh_soon()
+                raise
             except rex.NoScriptError:
-                await pipe.script_load(script.source)
+                await pipe.script_load(script.source, by=by)
             except rex.ResponseError as exc:
                 kind, _, where = str(exc).partition(" ")
                 if kind == "MOVED":
@@ -319,35 +602,46 @@ class RedisConnection:
                     raise
         raise rex.ClusterError(f"slot {slot}: more than {MAX_REDIRECTS} redirections")
 
-    async def on_single(self, single: PipelinedRedis, script: LuaScript, command: list[Any]) -> Any:
-        """Run ``command``, an EVALSHA of ``script`` built by the caller, on the single Redis
-        (or Sentinel's master); after a NOSCRIPT (Redis restarted or failed over) the script
-        is loaded and the command sent again. Driver errors pass through."""
+    async def on_single(
+        self, single: PipelinedRedis, script: LuaScript, command: list[Any], by: float
+    ) -> Any:
+        """Run ``command``, an EVALSHA of ``script`` built by the caller (its first argument
+        ``deadline_arg(by)``), on the single Redis (or Sentinel's master), answering by
+        ``by``; after a NOSCRIPT (Redis restarted or failed over) the script is loaded and
+        the command sent again. Driver errors pass through."""
         try:
-            return await single.execute(*command)
+            return await single.execute(*command, by=by)
         except rex.NoScriptError:
-            await single.script_load(script.source)
-            return await single.execute(*command)
+            await single.script_load(script.source, by=by)
+            return await single.execute(*command, by=by)
 
     async def run(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA ``script`` with ``keys`` (one slot) and ``args``: its reply, or BackendError."""
+        """EVALSHA ``script`` with ``keys`` (one slot) and ``args`` (the deadline goes in
+        front of them): its reply, or BackendError by the caller's deadline."""
         client = self._client
         if client is None:
             raise BackendError("redis backend is not started")
-        async with self.errors():
+        if self.breaker_open:
+            raise self.refuse()
+        by = self.answer_by()
+        args = [self.deadline_arg(by), *args]
+        async with self.errors(by):
             if self.single is None:
-                reply = await self._on_cluster(script, keys, args)
+                reply = await self._on_cluster(script, keys, args, by)
             else:
                 command = ["EVALSHA", script.sha, len(keys), *keys, *args]
-                reply = await self.on_single(self.single, script, command)
-        self._healthy = True
+                reply = await self.on_single(self.single, script, command, by)
+        self.answered()
         return reply
 
     async def mget(self, keys: list[str]) -> list[int]:
         """The current value of each counter (0 when absent), without changing any."""
-        async with self.errors():
+        if self.breaker_open:
+            raise self.refuse()
+        async with self.errors(self.answer_by()):
             if self.cluster:
                 raw = await self._call(self._client.mget_nonatomic, keys)
             else:
                 raw = await self._call(self._client.mget, keys)
+        self.answered()
         return [int(v or 0) for v in raw]

@@ -23,13 +23,17 @@ writes at once. A pipeline limit (REDIS_PIPELINE_LIMIT) writes a batch as soon a
 that many commands.
 
 Time limits are kept by one sweeper per client rather than a timer per call: a connection
-whose oldest reply is overdue is closed and its callers get TimeoutError.
+whose oldest reply is overdue is closed and its callers get TimeoutError. A caller with a
+shorter deadline of its own (``execute(..., by=...)``) gets a timer that gives it
+DeadlineError when the deadline passes; the connection stays open, and the command, if
+Redis ever runs it, finds its own deadline passed and changes nothing (see ``LuaScript``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import deque
 from typing import Any, cast
@@ -39,10 +43,30 @@ import redis.asyncio as aioredis
 import redis.exceptions as rex
 from hiredis import pack_command as _hiredis_pack
 
-__all__ = ["PipelinedRedis", "pack_command"]
+__all__ = ["DeadlineError", "PipelinedRedis", "pack_command"]
 
 # A connection with this many replies outstanding is not keeping up: refuse more.
 MAX_IN_FLIGHT = 10_000
+# After a failed connect, callers are refused at once for a while before the next try:
+# doubling from BASE to CAP, each wait drawn between half and all of it. So a server
+# (a Cluster node) that refuses connections gets a few attempts a second, not one per call.
+RECONNECT_BASE = 0.05
+RECONNECT_CAP = 3.0
+
+
+class DeadlineError(TimeoutError):
+    """No reply before the caller's own deadline (the connection is not to blame yet)."""
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(DeadlineError("no reply from redis before the caller's deadline"))
+
+
+def retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback: mark a shared task's exception as seen (its waiters may all be gone)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _error(reply: rex.ResponseError) -> rex.ResponseError:
@@ -113,6 +137,7 @@ class _Channel(asyncio.Protocol):
         self.writes = 0  # batches written
         self.last_write = float("-inf")
         self.closed = False
+        self.late = 0  # replies "LATE" to callers that had given up: scripts that did nothing
 
     def attach(self) -> None:
         """Take over the connection's transport once redis-py's handshake is done."""
@@ -143,6 +168,8 @@ class _Channel(asyncio.Protocol):
                     continue
                 _, waiter = waiters.popleft()
                 if waiter.done():
+                    if isinstance(reply, rex.ResponseError) and str(reply).startswith("LATE"):
+                        self.late += 1
                     continue
                 if isinstance(reply, rex.ResponseError):
                     error = _error(reply)
@@ -256,18 +283,31 @@ class PipelinedRedis:
         self._opening: asyncio.Task[_Channel] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._writes_before = 0  # batches written on connections since closed
+        self._late_before = 0
+        self.connects = 0  # connection attempts
+        self._retry_at = 0.0  # monotonic: no connect attempt before, after a failed one
+        self._retry_delay = 0.0
+        self._last_error: BaseException | None = None
 
     async def _open(self) -> _Channel:
+        self.connects += 1
         conn = self._connection_class(**self._kwargs)
         try:
             async with asyncio.timeout(self._timeout):
                 await conn.connect()  # type: ignore[no-untyped-call]
             channel = _Channel(conn, self._window, self._limit)
             channel.attach()
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                delay = self._retry_delay = min(
+                    RECONNECT_CAP, max(RECONNECT_BASE, self._retry_delay * 2)
+                )
+                self._retry_at = time.monotonic() + random.uniform(delay / 2, delay)
+                self._last_error = exc
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
             raise
+        self._retry_delay = 0.0
         self._forget()
         self._link = channel
         if self._sweeper is None or self._sweeper.done():
@@ -278,6 +318,7 @@ class PipelinedRedis:
         """Drop the connection in hand (closed or given up on), keeping its count of writes."""
         if self._link is not None:
             self._writes_before += self._link.writes
+            self._late_before += self._link.late
             self._link = None
 
     @property
@@ -285,13 +326,29 @@ class PipelinedRedis:
         """Batches written so far (each is one round trip)."""
         return self._writes_before + (self._link.writes if self._link is not None else 0)
 
-    async def _connected(self) -> _Channel:
-        """The open connection, opening it (once, for every caller waiting) when needed."""
+    @property
+    def late(self) -> int:
+        """Scripts that Redis ran after their deadline, and that therefore changed nothing."""
+        return self._late_before + (self._link.late if self._link is not None else 0)
+
+    async def _connected(self, by: float | None = None, force: bool = False) -> _Channel:
+        """The open connection, opening it (once, for every caller waiting) when needed;
+        a caller waits no later than ``by`` (monotonic). Soon after a failed connect,
+        ConnectionError at once (unless ``force``: a health probe)."""
         opening = self._opening
         if opening is None or opening.done():
+            if not force and time.monotonic() < self._retry_at:
+                raise rex.ConnectionError(f"not connecting again yet: {self._last_error}")
             opening = self._opening = asyncio.create_task(self._open())
+            opening.add_done_callback(retrieve)
         # Shielded: a caller that gives up must not cancel a connect that others wait on.
-        return await asyncio.shield(opening)
+        if by is None:
+            return await asyncio.shield(opening)
+        try:
+            async with asyncio.timeout_at(by):
+                return await asyncio.shield(opening)
+        except TimeoutError:
+            raise DeadlineError("redis did not connect before the caller's deadline") from None
 
     async def _sweep(self) -> None:
         interval = min(0.05, max(self._timeout / 10, 0.005))
@@ -304,38 +361,52 @@ class PipelinedRedis:
                 self._forget()
                 channel.close(TimeoutError(f"redis did not answer within {self._timeout}s"))
 
-    async def execute_asking(self, *args: Any) -> Any:
+    async def execute_asking(self, *args: Any, by: float | None = None) -> Any:
         """Send ASKING and then one command, next to each other on the connection (a Cluster
         slot being migrated), and return the command's reply."""
         channel = self._link
         if channel is None or channel.closed:
-            channel = await self._connected()
+            channel = await self._connected(by)
         loop = asyncio.get_running_loop()
         asked: asyncio.Future[Any] = loop.create_future()
         waiter: asyncio.Future[Any] = loop.create_future()
         deadline = time.monotonic() + self._timeout
         channel.queue(pack_command(("ASKING",)), asked, deadline)
         channel.queue(pack_command(args), waiter, deadline)
+        if by is not None and by < deadline:
+            loop.call_at(by, _expire, waiter)
         replies = await asyncio.gather(asked, waiter, return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
         return replies[1]
 
-    async def execute(self, *args: Any) -> Any:
+    async def execute(self, *args: Any, by: float | None = None, force: bool = False) -> Any:
         """Send one command and return its reply.
 
         Server error replies raise ResponseError; no reply within the timeout raises
-        TimeoutError (and closes the connection); a broken connection ConnectionError.
+        TimeoutError (and closes the connection); a broken connection ConnectionError; no
+        reply by ``by`` (monotonic, the caller's deadline) DeadlineError. ``force``
+        connects even within the backoff after a failed connect.
         """
         channel = self._link
         if channel is None or channel.closed:
-            channel = await self._connected()
+            channel = await self._connected(by, force)
         if len(channel.waiters) >= MAX_IN_FLIGHT:
             raise rex.ConnectionError("redis is not keeping up")
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        channel.queue(pack_command(args), waiter, time.monotonic() + self._timeout)
-        return await waiter
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Any] = loop.create_future()
+        deadline = time.monotonic() + self._timeout
+        channel.queue(pack_command(args), waiter, deadline)
+        if by is None or by >= deadline:
+            return await waiter
+        # The reply and the timer are settled in the loop's order: whichever comes first
+        # decides, so a reply that arrived is never thrown away for a timeout.
+        timer = loop.call_at(by, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     async def aclose(self) -> None:
         if self._opening is not None and not self._opening.done():
@@ -355,9 +426,14 @@ class PipelinedRedis:
     async def ping(self) -> bool:
         return bool(await self.execute("PING"))
 
-    async def script_load(self, source: str) -> str:
-        sha = await self.execute("SCRIPT", "LOAD", source)
+    async def script_load(self, source: str, by: float | None = None) -> str:
+        sha = await self.execute("SCRIPT", "LOAD", source, by=by)
         return sha.decode() if isinstance(sha, bytes) else str(sha)
+
+    async def time(self) -> tuple[int, int]:
+        """The server's clock: seconds and microseconds (TIME)."""
+        seconds, micros = await self.execute("TIME", force=True)
+        return int(seconds), int(micros)
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         return await self.execute("EVALSHA", sha, numkeys, *keys_and_args)

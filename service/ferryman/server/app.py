@@ -22,7 +22,7 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman.backends.base import Backend
+from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.model import Unit
@@ -281,6 +281,8 @@ class Service:
             help_text=DEBUG_HELP,
         )
         self.console.add_panel("capacity", "Capacity leases", self._capacity_panel)
+        if isinstance(self.backend, Watched):
+            self.telemetry.observe_backend(self.backend)
         self.grpc_port = 0
         self.http_port = 0
         self.debug_port = 0
@@ -316,7 +318,11 @@ class Service:
         self.tls: TlsFiles | None = None
 
     def healthy(self) -> bool:
-        return not self._stopping and self.holder.config is not None and self.backend.healthy()
+        """Whether the service can answer: by default whatever the backend's state (its
+        failure policy answers for it), unless health is asked to require the backend."""
+        if self._stopping or self.holder.config is None:
+            return False
+        return not self.settings.health_requires_backend or self.backend.healthy()
 
     async def start(self) -> None:
         s = self.settings
@@ -595,7 +601,13 @@ class Service:
                 "last_error": holder.last_error,
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
             },
-            "backend": {"name": self.backend.name, "healthy": self.backend.healthy()},
+            "backend": {
+                "name": self.backend.name,
+                "healthy": self.backend.healthy(),
+                "connections": [c.describe_state() for c in self.backend.connections()]
+                if isinstance(self.backend, Watched)
+                else [],
+            },
             "tls": None
             if self.tls is None
             else {

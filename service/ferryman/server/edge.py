@@ -1,6 +1,9 @@
 """The edge every gRPC API shares: one wrapper around each method of each servicer that
 counts the call, times it, traces it, and turns a ferryman error into its gRPC status
-(from ``errors.STATUSES``, the one table), so that a servicer only converts messages."""
+(from ``errors.STATUSES``, the one table), so that a servicer only converts messages.
+
+The caller's deadline (less a margin, see ``ferryman.connections.deadline``) is handed down to the
+backend connection, which answers with the failure policy before it passes."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry.trace import Status, StatusCode
 
+from ferryman.connections.deadline import ANSWER_BY, answer_by
 from ferryman.errors import BackendError, FerrymanError, status_of
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
@@ -100,8 +104,9 @@ class Edge:
         if latency is None and telemetry is None:
 
             async def plain(request: Any, context: Context) -> Any:
-                # The plain path: no clock read, no span, nothing but the answer.
+                # The plain path: no span, nothing but the deadline and the answer.
                 stats.inc(total)
+                ANSWER_BY.set(answer_by(context.time_remaining()))
                 try:
                     return await fn(request, context)
                 except FerrymanError as error:
@@ -113,6 +118,7 @@ class Edge:
 
         async def observed(request: Any, context: Context) -> Any:
             stats.inc(total)
+            ANSWER_BY.set(answer_by(context.time_remaining()))
             start = perf_counter()
             try:
                 if telemetry is None:

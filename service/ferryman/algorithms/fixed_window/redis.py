@@ -66,13 +66,17 @@ class RedisFixedWindows:
         if single is not None:
             # The hot path, a single Redis: one script call built in place; the pipelined
             # client keeps the time limit.
+            if conn.breaker_open:
+                raise conn.refuse()
+            by = conn.answer_by()
             command: list[Any] = ["EVALSHA", self._script.sha, len(ops)]
             command.extend([op.key for op in ops])
+            command.append(conn.deadline_arg(by))
             command.append("1" if stop_when_over else "0")
             for op in ops:
                 command.extend((op.hits, op.limit, self._ttl(op)))
             try:
-                reply = await conn.on_single(single, self._script, command)
+                reply = await conn.on_single(single, self._script, command, by)
             except (rex.RedisError, OSError) as exc:
                 raise conn.backend_error(exc) from exc
             conn.answered()
