@@ -15,10 +15,75 @@ from ferryman.durations import parse_duration
 from ferryman.errors import SettingsError
 from ferryman.logs import parse_level
 
-__all__ = ["Settings", "check_redis_url", "default_config_dir", "split_address"]
+__all__ = [
+    "ACCEPTED_IGNORED",
+    "Settings",
+    "check_redis_url",
+    "default_config_dir",
+    "split_address",
+]
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+#: The reference's pool-exhaustion settings: validated, but ferryman has no pool to exhaust.
+POOL_ON_EMPTY = (
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+)
+#: Durations among the accepted-and-ignored settings: a bad value is still an error.
+DURATIONS_ACCEPTED = (
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "MEMCACHE_SRV_REFRESH",
+)
+#: The reference's variables that ferryman reads and accepts but that change nothing here
+#: (the README's migration section says why, one by one); those set are logged once at start.
+ACCEPTED_IGNORED = (
+    "PROTO",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_USE_EXPLICIT_PIPELINE",
+    "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "PROMETHEUS_MAPPER_YAML",
+)
 _RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
 
 
@@ -77,6 +142,20 @@ def _duration(env: Mapping[str, str], name: str, default: float) -> float:
     if value < 0:
         raise SettingsError(f"{name}={raw!r} must not be negative")
     return value
+
+
+def _tags(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    """``key1:value1,key2:value2`` (the reference's map form) as pairs, in order."""
+    raw = env.get(name, "")
+    tags: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}={raw!r}: give key:value pairs separated by commas")
+        tags.append((key.strip(), value.strip()))
+    return tuple(tags)
 
 
 def split_address(address: str, name: str = "address") -> tuple[str, int]:
@@ -179,6 +258,42 @@ class Settings:
     otlp_metrics_endpoint: str = ""
     otlp_traces_endpoint: str = ""
 
+    # The reference's settings that change what ferryman does (issue 17).
+    config_type: str = "FILE"
+    force_start_without_initial_config: bool = False
+    healthy_with_at_least_one_config_loaded: bool = False
+
+    grpc_uds: str = ""
+    grpc_max_connection_age: float = 24 * 3600.0
+    grpc_max_connection_age_grace: float = 3600.0
+
+    use_statsd: bool = True
+    statsd_host: str = "localhost"
+    statsd_port: int = 8125
+    stats_flush_interval: float = 10.0
+    extra_tags: tuple[tuple[str, str], ...] = ()
+    disable_stats: bool = False
+    use_dog_statsd: bool = False
+    use_dog_statsd_mogrifiers: tuple[str, ...] = ()
+    prometheus_mapper_yaml: str = ""
+    prometheus_response_time_as_milliseconds: bool = False
+
+    redis_tls_cacert: str = ""
+    redis_tls_client_cert: str = ""
+    redis_tls_client_key: str = ""
+    redis_tls_skip_hostname_verification: bool = False
+    redis_sentinel_auth: str = ""
+    redis_persecond_sentinel_auth: str = ""
+    redis_persecond_timeout: float = 10.0
+
+    tracing_service_name: str = "RateLimit"
+    tracing_service_namespace: str = ""
+    tracing_service_instance_id: str = ""
+    tracing_exporter_protocol: str = "http"
+
+    # Set variables of the reference that ferryman accepts but cannot honour (logged once).
+    ignored: tuple[str, ...] = ()
+
     shutdown_grace_seconds: float = 10.0
     hold_lease_seconds: float = 10.0
     # gRPC keepalive: a connection that does not answer a ping within the timeout is closed,
@@ -228,7 +343,78 @@ class Settings:
             raise SettingsError(f"LOG_FORMAT={log_format!r} must be text or json")
         log_level = env.get("LOG_LEVEL", "") or d.log_level
         parse_level(log_level)
+        config_type = (env.get("CONFIG_TYPE", "") or d.config_type).upper()
+        if config_type != "FILE":
+            raise SettingsError(
+                f"CONFIG_TYPE={config_type!r} is not supported: ferryman reads descriptor "
+                "files only (CONFIG_TYPE=FILE); see the README's migration section"
+            )
+        protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or d.tracing_exporter_protocol).lower()
+        if protocol not in ("http", "grpc"):
+            raise SettingsError(f"TRACING_EXPORTER_PROTOCOL={protocol!r} must be http or grpc")
+        for name in POOL_ON_EMPTY:
+            behaviour = env.get(name, "").upper()
+            if behaviour and behaviour not in ("WAIT", "CREATE", "ERROR"):
+                raise SettingsError(f"{name}={behaviour!r} must be WAIT, CREATE or ERROR")
+        for name in DURATIONS_ACCEPTED:
+            _duration(env, name, 0.0)
         return cls(
+            config_type=config_type,
+            force_start_without_initial_config=_bool(
+                env, "FORCE_START_WITHOUT_INITIAL_CONFIG", d.force_start_without_initial_config
+            ),
+            healthy_with_at_least_one_config_loaded=_bool(
+                env,
+                "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+                d.healthy_with_at_least_one_config_loaded,
+            ),
+            grpc_uds=env.get("GRPC_UDS", d.grpc_uds),
+            grpc_max_connection_age=_duration(
+                env, "GRPC_MAX_CONNECTION_AGE", d.grpc_max_connection_age
+            ),
+            grpc_max_connection_age_grace=_duration(
+                env, "GRPC_MAX_CONNECTION_AGE_GRACE", d.grpc_max_connection_age_grace
+            ),
+            use_statsd=_bool(env, "USE_STATSD", d.use_statsd),
+            statsd_host=env.get("STATSD_HOST", d.statsd_host),
+            statsd_port=_port(env, "STATSD_PORT", d.statsd_port),
+            stats_flush_interval=_duration(env, "STATS_FLUSH_INTERVAL", d.stats_flush_interval),
+            extra_tags=_tags(env, "EXTRA_TAGS"),
+            disable_stats=_bool(env, "DISABLE_STATS", d.disable_stats),
+            use_dog_statsd=_bool(env, "USE_DOG_STATSD", d.use_dog_statsd),
+            use_dog_statsd_mogrifiers=tuple(
+                m.strip() for m in env.get("USE_DOG_STATSD_MOGRIFIERS", "").split(",") if m.strip()
+            ),
+            prometheus_mapper_yaml=env.get("PROMETHEUS_MAPPER_YAML", d.prometheus_mapper_yaml),
+            prometheus_response_time_as_milliseconds=_bool(
+                env,
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+                d.prometheus_response_time_as_milliseconds,
+            ),
+            redis_tls_cacert=env.get("REDIS_TLS_CACERT", d.redis_tls_cacert),
+            redis_tls_client_cert=env.get("REDIS_TLS_CLIENT_CERT", d.redis_tls_client_cert),
+            redis_tls_client_key=env.get("REDIS_TLS_CLIENT_KEY", d.redis_tls_client_key),
+            redis_tls_skip_hostname_verification=_bool(
+                env,
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                d.redis_tls_skip_hostname_verification,
+            ),
+            redis_sentinel_auth=env.get("REDIS_SENTINEL_AUTH", d.redis_sentinel_auth),
+            redis_persecond_sentinel_auth=env.get(
+                "REDIS_PERSECOND_SENTINEL_AUTH", d.redis_persecond_sentinel_auth
+            ),
+            redis_persecond_timeout=_duration(
+                env, "REDIS_PERSECOND_TIMEOUT", d.redis_persecond_timeout
+            ),
+            tracing_service_name=env.get("TRACING_SERVICE_NAME", "") or d.tracing_service_name,
+            tracing_service_namespace=env.get(
+                "TRACING_SERVICE_NAMESPACE", d.tracing_service_namespace
+            ),
+            tracing_service_instance_id=env.get(
+                "TRACING_SERVICE_INSTANCE_ID", d.tracing_service_instance_id
+            ),
+            tracing_exporter_protocol=protocol,
+            ignored=tuple(name for name in ACCEPTED_IGNORED if env.get(name, "") != ""),
             host=env.get("HOST", d.host),
             port=_port(env, "PORT", d.port),
             grpc_host=env.get("GRPC_HOST", d.grpc_host),

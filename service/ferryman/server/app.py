@@ -65,6 +65,13 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
     ]
+    if settings.grpc_max_connection_age > 0:
+        # As the reference: a connection is sent GOAWAY after this age (gRPC adds +/-10%
+        # jitter), so that clients spread over new replicas; in-flight calls get the grace.
+        options.append(("grpc.max_connection_age_ms", _ms(settings.grpc_max_connection_age)))
+        options.append(
+            ("grpc.max_connection_age_grace_ms", _ms(settings.grpc_max_connection_age_grace))
+        )
     if settings.grpc_keepalive_time > 0:
         every = max(1, round(settings.grpc_keepalive_time * 1000))
         wait = max(1, round(settings.grpc_keepalive_timeout * 1000))
@@ -77,6 +84,11 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.min_time_between_pings_ms", every),
         ]
     return options
+
+
+def _ms(seconds: float) -> int:
+    # gRPC's channel arguments are C ints: a longer age than ~24 days means "never".
+    return min(2**31 - 1, max(1, round(seconds * 1000)))
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -243,7 +255,16 @@ class Service:
         self._health_task: asyncio.Task[None] | None = None
 
     def healthy(self) -> bool:
-        return not self._stopping and self.holder.config is not None and self.backend.healthy()
+        """Serving and the backend reachable; with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+        also at least one domain in force (the reference's rule; without it, a service
+        whose first configuration was rejected is healthy and answers every call with the
+        "no configuration loaded" error)."""
+        if self._stopping or not self.backend.healthy():
+            return False
+        if self.settings.healthy_with_at_least_one_config_loaded:
+            config = self.holder.config
+            return config is not None and bool(config.domains)
+        return True
 
     async def start(self) -> None:
         s = self.settings
@@ -251,7 +272,13 @@ class Service:
         # before anything else starts (and before gRPC's own resolver logs about it).
         for host, port, what in self._ports():
             _probe_port(host, port, what)
-        self.reloader.load()
+        for name in s.ignored:
+            log.warning(
+                "%s is set: ferryman accepts it but it changes nothing here "
+                "(see the README, Migrating from envoyproxy/ratelimit)",
+                name,
+            )
+        self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
@@ -274,12 +301,23 @@ class Service:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
-        try:
-            self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
-        except RuntimeError:
-            raise SettingsError(
-                _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
-            ) from None
+        if s.grpc_uds:
+            # As the reference: GRPC_UDS replaces GRPC_HOST:GRPC_PORT (gRPC removes a
+            # socket file left by a previous run).
+            try:
+                server.add_insecure_port(f"unix:{s.grpc_uds}")
+            except RuntimeError:
+                raise SettingsError(
+                    f"cannot listen on the unix socket GRPC_UDS={s.grpc_uds!r}: check that "
+                    "its directory exists and is writable and that no file is in the way"
+                ) from None
+        else:
+            try:
+                self.grpc_port = server.add_insecure_port(f"{_host(s.grpc_host)}:{s.grpc_port}")
+            except RuntimeError:
+                raise SettingsError(
+                    _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
+                ) from None
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         self.http_port = await _listen(self._http, s.host, s.port, _PORT_NAMES["http"])
@@ -290,8 +328,8 @@ class Service:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
             self.prometheus_port = await _listen(self._metrics, host, port, "PROMETHEUS_ADDR")
         log.info(
-            "ferryman serving: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
-            self.grpc_port,
+            "ferryman serving: grpc %s, http :%d, debug :%d%s, backend %s, config %s; %s",
+            f"unix:{s.grpc_uds}" if s.grpc_uds else f":{self.grpc_port}",
             self.http_port,
             self.debug_port,
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
@@ -303,10 +341,11 @@ class Service:
     def _ports(self) -> list[tuple[str, int, str]]:
         s = self.settings
         ports = [
-            (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]),
             (s.host, s.port, _PORT_NAMES["http"]),
             (s.debug_host, s.debug_port, _PORT_NAMES["debug"]),
         ]
+        if not s.grpc_uds:
+            ports.insert(0, (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]))
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
             ports.append((host, port, "PROMETHEUS_ADDR"))

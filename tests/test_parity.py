@@ -1,0 +1,270 @@
+"""Drop-in behaviours of the reference service (issue 17): counters that always expire, the
+local over-limit cache with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, a first configuration
+that is rejected, health that waits for a configuration."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman.backends.memory import MemoryBackend
+from ferryman.backends.redis import RedisBackend, parse_backend_url
+from ferryman.clock import ManualClock
+
+from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, wait_for
+from redis_procs import RedisProcess, free_port
+
+TWO = """
+domain: two
+descriptors:
+  - key: small
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 100}
+"""
+
+
+def test_an_increment_gives_a_counter_without_expiry_one(
+    config_dir: ConfigDir, make_server: ServerFactory, redis_server: RedisProcess
+) -> None:
+    """A counter that exists without a TTL (left by a writer that died between INCRBY and
+    EXPIRE) gets the window's expiry at the next increment, as in the reference."""
+    config_dir.write("t.yaml", TWO)
+    backend = RedisBackend(parse_backend_url(redis_server.url, 4, 5.0), server_time=False)
+    server = make_server(backend=backend, cache_key_prefix="noexp_")
+    key = f"noexp_two_big_b_{int(EPOCH) // 3600 * 3600}"
+    with redis_server.client() as r:
+        r.delete(key)
+        r.set(key, 5)
+        assert r.ttl(key) == -1
+        assert codes(server.ask("two", [("big", "b")])) == ["OK"]
+        assert r.get(key) == b"6"
+        assert 0 < r.ttl(key) <= 3600 + 300
+
+
+def test_a_locally_cached_over_limit_descriptor_stops_every_other_increment(
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    clock: ManualClock,
+    redis_server: RedisProcess,
+) -> None:
+    """LOCAL_CACHE_SIZE_IN_BYTES with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: once a
+    descriptor is known to be over, requests that carry it count no other hit, on either
+    backend."""
+    config_dir.write("t.yaml", TWO)
+    hour = int(EPOCH) // 3600 * 3600
+    redis_backend = RedisBackend(parse_backend_url(redis_server.url, 4, 5.0), server_time=False)
+    for backend, prefix in ((MemoryBackend(clock), "m_"), (redis_backend, "lcs_")):
+        server = make_server(
+            backend=backend,
+            cache_key_prefix=prefix,
+            local_cache_size_in_bytes=100_000,
+            stop_cache_key_increment_when_overlimit=True,
+        )
+        if prefix == "lcs_":
+            with redis_server.client() as r:
+                r.delete(f"lcs_two_big_b_{hour}", f"lcs_two_small_s_{int(EPOCH)}")
+        assert codes(server.ask("two", [("small", "s")], [("big", "b")])) == ["OK", "OK"]
+        # Over in the store: only the over counter moves, and the key enters the cache.
+        assert codes(server.ask("two", [("small", "s")], [("big", "b")])) == ["OVER_LIMIT", "OK"]
+        # Over from the cache: no round trip for it, and still nothing else is counted.
+        for _ in range(3):
+            got = server.ask("two", [("small", "s")], [("big", "b")])
+            assert codes(got) == ["OVER_LIMIT", "OK"]
+            assert got.statuses[1].limit_remaining == 99
+        assert (
+            server.stat("ratelimit.service.rate_limit.two.small.over_limit_with_local_cache") == 3
+        )
+        assert codes(server.ask("two", [("big", "b")])) == ["OK"]
+        assert server.ask("two", [("big", "b")]).statuses[0].limit_remaining == 97
+        if prefix == "lcs_":
+            with redis_server.client() as r:
+                assert r.get(f"lcs_two_big_b_{hour}") == b"3"
+
+
+# -- startup and health, through `ferryman serve` ---------------------------------------------
+
+GOOD = """
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"""
+
+
+class Proc:
+    """`ferryman serve` on free ports, ready once its debug port answers /status."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
+        if "PYTHONPATH" in os.environ:
+            full["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        self.grpc_port, self.http_port, self.debug_port = free_port(), free_port(), free_port()
+        full.update(
+            {
+                "GRPC_HOST": "127.0.0.1",
+                "GRPC_PORT": str(self.grpc_port),
+                "HOST": "127.0.0.1",
+                "PORT": str(self.http_port),
+                "DEBUG_HOST": "127.0.0.1",
+                "DEBUG_PORT": str(self.debug_port),
+                "USE_STATSD": "false",
+            }
+        )
+        full.update(env)
+        self.log = tmp / f"serve-{uuid.uuid4().hex[:6]}.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ferryman", "serve"],
+                cwd=tmp,
+                env=full,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        wait_for(f"/status answers ({self.log})", self.ready, timeout=30, ignoring=(OSError,))
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("ferryman serve exited:\n" + self.text)
+        self.get("/status", self.debug_port)
+        return True
+
+    @property
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def get(self, path: str, port: int) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", path)
+            reply = conn.getresponse()
+            return reply.status, reply.read()
+        finally:
+            conn.close()
+
+    def health(self) -> int:
+        return self.get("/healthcheck", self.http_port)[0]
+
+    def grpc_health(self, target: str | None = None) -> str:
+        with grpc.insecure_channel(target or f"127.0.0.1:{self.grpc_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(service="ratelimit"), timeout=10)
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+    def ask(self, target: str | None = None) -> rls_pb2.RateLimitResponse:
+        with grpc.insecure_channel(target or f"127.0.0.1:{self.grpc_port}") as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
+            reply: rls_pb2.RateLimitResponse = stub.ShouldRateLimit(request, timeout=10)
+            return reply
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    started: list[Proc] = []
+
+    def start(**env: str) -> Proc:
+        proc = Proc(tmp_path, env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def test_an_invalid_first_config_keeps_serving_until_a_good_one_appears(
+    tmp_path: Path, serve: Callable[..., Proc]
+) -> None:
+    """As the reference: a rejected first configuration is logged (naming the file) and
+    counted; every call is answered with the "no configuration loaded" error; the service
+    stays healthy; a good file is picked up by the watch. (`ferryman check` stays strict.)"""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n")
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path), RUNTIME_SUBDIRECTORY="", RUNTIME_APPDIRECTORY="config"
+    )
+    assert "config rejected, no configuration loaded" in server.text
+    assert f"{config}/x.yaml" in server.text
+    with pytest.raises(grpc.RpcError) as caught:
+        server.ask()
+    assert "no rate limit configuration is loaded" in str(caught.value.details())
+    assert server.health() == 200
+    stats = server.get("/stats", server.debug_port)[1].decode()
+    assert "ratelimit.service.config_load_error: 1" in stats
+    (config / "x.yaml").write_text(GOOD)
+    wait_for(
+        "the good file is loaded",
+        lambda: server.ask().overall_code == rls_pb2.RateLimitResponse.OK,
+        ignoring=(grpc.RpcError,),
+    )
+
+
+def test_healthy_with_at_least_one_config_loaded(
+    tmp_path: Path, serve: Callable[..., Proc]
+) -> None:
+    """HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: HTTP and gRPC health report not serving
+    until a domain is loaded, serving once one is, and not serving again when a reload
+    leaves none."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text("domain: [\n")
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path),
+        RUNTIME_APPDIRECTORY="config",
+        HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED="true",
+    )
+    assert server.health() == 500
+    assert server.grpc_health() == "NOT_SERVING"
+    (config / "x.yaml").write_text(GOOD)
+    wait_for("healthy", lambda: server.health() == 200)
+    wait_for("gRPC serving", lambda: server.grpc_health() == "SERVING")
+    (config / "x.yaml").unlink()
+    wait_for("unhealthy again", lambda: server.health() == 500)
+    wait_for("gRPC not serving", lambda: server.grpc_health() == "NOT_SERVING")
+
+
+def test_force_start_without_initial_config_waits_for_the_directory(
+    tmp_path: Path, serve: Callable[..., Proc]
+) -> None:
+    """FORCE_START_WITHOUT_INITIAL_CONFIG: the service starts with no configuration even
+    when its directory does not exist yet, and loads it when it appears. Without it, a
+    missing directory stops the start."""
+    root = tmp_path / "runtime"
+    env = {"RUNTIME_ROOT": str(root), "RUNTIME_APPDIRECTORY": "config"}
+    server = serve(FORCE_START_WITHOUT_INITIAL_CONFIG="true", **env)
+    with pytest.raises(grpc.RpcError):
+        server.ask()
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "x.yaml").write_text(GOOD)
+    wait_for(
+        "the directory is loaded",
+        lambda: server.ask().overall_code == rls_pb2.RateLimitResponse.OK,
+        timeout=20,
+        ignoring=(grpc.RpcError,),
+    )
+    shutil.rmtree(root)
+    with pytest.raises(AssertionError, match="exited"):
+        serve(**env)
