@@ -8,6 +8,7 @@ import http.client
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -268,3 +269,55 @@ def test_force_start_without_initial_config_waits_for_the_directory(
     shutil.rmtree(root)
     with pytest.raises(AssertionError, match="exited"):
         serve(**env)
+
+
+# -- gRPC listener ------------------------------------------------------------------------------
+
+
+def test_grpc_uds_listens_on_a_unix_socket_instead_of_the_port(
+    tmp_path: Path, serve: Callable[..., Proc]
+) -> None:
+    """GRPC_UDS: ShouldRateLimit and health are served on the socket, and GRPC_PORT is not
+    bound."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text(GOOD)
+    sock = tmp_path / "rl.sock"
+    server = serve(RUNTIME_ROOT=str(tmp_path), RUNTIME_APPDIRECTORY="config", GRPC_UDS=str(sock))
+    target = f"unix:{sock}"
+    assert server.ask(target).overall_code == rls_pb2.RateLimitResponse.OK
+    assert server.grpc_health(target) == "SERVING"
+    assert f"grpc unix:{sock}" in server.text
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5).close()
+
+
+def test_grpc_max_connection_age_sends_goaway_and_clients_reconnect(
+    tmp_path: Path, serve: Callable[..., Proc]
+) -> None:
+    """GRPC_MAX_CONNECTION_AGE / _GRACE: a connection older than the age is closed by the
+    server (the client's channel goes idle, then reconnects), and calls keep succeeding."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text(GOOD)
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path),
+        RUNTIME_APPDIRECTORY="config",
+        GRPC_MAX_CONNECTION_AGE="1s",
+        GRPC_MAX_CONNECTION_AGE_GRACE="1s",
+    )
+    states: list[grpc.ChannelConnectivity] = []
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        channel.subscribe(states.append, try_to_connect=False)
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
+        stub.ShouldRateLimit(request, timeout=10)
+        wait_for(
+            "the connection is aged out",
+            lambda: (
+                grpc.ChannelConnectivity.IDLE
+                in states[states.index(grpc.ChannelConnectivity.READY) :]
+            ),
+            timeout=10,
+        )
+        assert stub.ShouldRateLimit(request, timeout=10).overall_code == 1
