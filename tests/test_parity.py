@@ -4,6 +4,7 @@ that is rejected, health that waits for a configuration."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -321,3 +323,120 @@ def test_grpc_max_connection_age_sends_goaway_and_clients_reconnect(
             timeout=10,
         )
         assert stub.ShouldRateLimit(request, timeout=10).overall_code == 1
+
+
+# -- StatsD -------------------------------------------------------------------------------------
+
+
+class Listener:
+    """A UDP socket standing in for a StatsD agent: every line it receives."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+
+    def receive(self) -> list[str]:
+        with contextlib.suppress(TimeoutError):
+            while True:
+                data = self.sock.recv(65536)
+                self.lines.extend(data.decode().split("\n"))
+        return self.lines
+
+    def total(self, prefix: str) -> int:
+        """The sum of the counter lines whose name (and tags) is ``prefix``."""
+        return sum(
+            int(line[len(prefix) + 1 :].split("|")[0])
+            for line in self.lines
+            if line.startswith(prefix + ":")
+        )
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    udp = Listener()
+    yield udp
+    udp.sock.close()
+
+
+def test_statsd_sends_the_reference_counters_with_extra_tags(
+    tmp_path: Path, serve: Callable[..., Proc], listener: Listener
+) -> None:
+    """USE_STATSD (the reference's default sink): every STATS_FLUSH_INTERVAL the counters
+    that moved reach STATSD_HOST:STATSD_PORT over UDP as ``name:increase|c``, under the
+    reference's names, with EXTRA_TAGS appended as its statsd library does."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text(GOOD)
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path),
+        RUNTIME_APPDIRECTORY="config",
+        USE_STATSD="true",
+        STATSD_HOST="127.0.0.1",
+        STATSD_PORT=str(listener.port),
+        STATS_FLUSH_INTERVAL="200ms",
+        EXTRA_TAGS="env:test,zone:a",
+    )
+    for _ in range(7):
+        server.ask()
+    tags = ".__env=test.__zone=a"
+    rule = "ratelimit.service.rate_limit.d.k"
+    wait_for(
+        "seven hits counted",
+        lambda: listener.receive() and listener.total(f"{rule}.total_hits{tags}") == 7,
+    )
+    assert listener.total(f"{rule}.within_limit{tags}") == 5
+    assert listener.total(f"{rule}.over_limit{tags}") == 2
+    assert listener.total(f"{rule}.near_limit{tags}") == 1
+    assert listener.total(f"ratelimit_server.ShouldRateLimit.total_requests{tags}") == 7
+    assert listener.total(f"ratelimit.service.config_load_success{tags}") == 1
+    assert "statsd 127.0.0.1:" in server.text
+
+
+def test_dog_statsd_tags_and_mogrifiers(
+    tmp_path: Path, serve: Callable[..., Proc], listener: Listener
+) -> None:
+    """USE_DOG_STATSD: DogStatsD lines (``|#tag:value``); a mogrifier of
+    USE_DOG_STATSD_MOGRIFIERS turns the per-rule names into one name with tags."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text(GOOD)
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path),
+        RUNTIME_APPDIRECTORY="config",
+        USE_DOG_STATSD="true",
+        STATSD_HOST="127.0.0.1",
+        STATSD_PORT=str(listener.port),
+        STATS_FLUSH_INTERVAL="200ms",
+        EXTRA_TAGS="env:test",
+        USE_DOG_STATSD_MOGRIFIERS="hits",
+        DOG_STATSD_MOGRIFIER_HITS_PATTERN=r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$",
+        DOG_STATSD_MOGRIFIER_HITS_NAME="ratelimit.service.rate_limit.$3",
+        DOG_STATSD_MOGRIFIER_HITS_TAGS="domain:$1,descriptor:$2",
+    )
+    for _ in range(3):
+        server.ask()
+    line = "ratelimit.service.rate_limit.total_hits:3|c|#domain:d,descriptor:k,env:test"
+    wait_for("the mogrified line", lambda: line in listener.receive())
+    assert "ratelimit_server.ShouldRateLimit.total_requests:3|c|#env:test" in listener.lines
+
+
+def test_statsd_to_nowhere_and_disable_stats_are_harmless(
+    config_dir: ConfigDir, make_server: ServerFactory, listener: Listener
+) -> None:
+    """StatsD is on by default: with no agent listening the service answers as usual; with
+    DISABLE_STATS nothing is sent at all."""
+    config_dir.write("x.yaml", GOOD)
+    closed = free_port()
+    quiet = make_server(statsd_host="127.0.0.1", statsd_port=closed, stats_flush_interval=0.05)
+    assert quiet.service.statsd is not None
+    for _ in range(3):
+        assert codes(quiet.ask("d", [("k", "v")])) == ["OK"]
+        time.sleep(0.1)
+    off = make_server(disable_stats=True, statsd_host="127.0.0.1", statsd_port=listener.port)
+    assert off.service.statsd is None
+    off.ask("d", [("k", "v")])
+    off.stop()
+    assert listener.receive() == []

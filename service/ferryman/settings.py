@@ -275,6 +275,8 @@ class Settings:
     disable_stats: bool = False
     use_dog_statsd: bool = False
     use_dog_statsd_mogrifiers: tuple[str, ...] = ()
+    # The DOG_STATSD_MOGRIFIER_<NAME>_{PATTERN,NAME,TAGS} variables of those mogrifiers.
+    dog_statsd_mogrifier_env: tuple[tuple[str, str], ...] = ()
     prometheus_mapper_yaml: str = ""
     prometheus_response_time_as_milliseconds: bool = False
 
@@ -358,6 +360,19 @@ class Settings:
                 raise SettingsError(f"{name}={behaviour!r} must be WAIT, CREATE or ERROR")
         for name in DURATIONS_ACCEPTED:
             _duration(env, name, 0.0)
+        mogrifiers = tuple(
+            m.strip() for m in env.get("USE_DOG_STATSD_MOGRIFIERS", "").split(",") if m.strip()
+        )
+        mogrifier_env = tuple(
+            sorted((k, v) for k, v in env.items() if k.startswith("DOG_STATSD_MOGRIFIER_"))
+        )
+        use_dog_statsd = _bool(env, "USE_DOG_STATSD", d.use_dog_statsd)
+        if use_dog_statsd:
+            from ferryman.statsd import mogrifiers_from_env
+
+            mogrifiers_from_env(mogrifiers, dict(mogrifier_env))
+        # DISABLE_STATS, as the reference: no stats sink of any kind.
+        disable_stats = _bool(env, "DISABLE_STATS", d.disable_stats)
         return cls(
             config_type=config_type,
             force_start_without_initial_config=_bool(
@@ -380,11 +395,10 @@ class Settings:
             statsd_port=_port(env, "STATSD_PORT", d.statsd_port),
             stats_flush_interval=_duration(env, "STATS_FLUSH_INTERVAL", d.stats_flush_interval),
             extra_tags=_tags(env, "EXTRA_TAGS"),
-            disable_stats=_bool(env, "DISABLE_STATS", d.disable_stats),
-            use_dog_statsd=_bool(env, "USE_DOG_STATSD", d.use_dog_statsd),
-            use_dog_statsd_mogrifiers=tuple(
-                m.strip() for m in env.get("USE_DOG_STATSD_MOGRIFIERS", "").split(",") if m.strip()
-            ),
+            disable_stats=disable_stats,
+            use_dog_statsd=use_dog_statsd,
+            use_dog_statsd_mogrifiers=mogrifiers,
+            dog_statsd_mogrifier_env=mogrifier_env,
             prometheus_mapper_yaml=env.get("PROMETHEUS_MAPPER_YAML", d.prometheus_mapper_yaml),
             prometheus_response_time_as_milliseconds=_bool(
                 env,
@@ -480,13 +494,15 @@ class Settings:
             response_dynamic_metadata=_bool(
                 env, "RESPONSE_DYNAMIC_METADATA", d.response_dynamic_metadata
             ),
-            use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus),
+            use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus) and not disable_stats,
             prometheus_addr=prometheus_addr,
             prometheus_path=prometheus_path,
             metrics_max_series=_int(env, "METRICS_MAX_SERIES", d.metrics_max_series, minimum=1),
             tracing_enabled=_bool(env, "TRACING_ENABLED", d.tracing_enabled),
             tracing_sampling_rate=sampling,
-            otlp_metrics_endpoint=env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
+            otlp_metrics_endpoint=""
+            if disable_stats
+            else env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
             otlp_traces_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or otlp,
             hold_lease_seconds=_duration(env, "HOLD_LEASE_SECONDS", d.hold_lease_seconds),
             grpc_keepalive_time=_duration(env, "GRPC_KEEPALIVE_TIME", d.grpc_keepalive_time),

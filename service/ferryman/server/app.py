@@ -35,9 +35,16 @@ from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
+from ferryman.statsd import StatsdSink, mogrifiers_from_env
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 
-__all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
+__all__ = [
+    "Service",
+    "engine_options",
+    "grpc_server_options",
+    "make_backend",
+    "statsd_sink",
+]
 
 log = logging.getLogger("ferryman")
 
@@ -105,6 +112,28 @@ def engine_options(settings: Settings) -> EngineOptions:
         cache_key_prefix=settings.cache_key_prefix,
         local_cache_bytes=settings.local_cache_size_in_bytes,
         fail_open=settings.fail_open,
+    )
+
+
+def statsd_sink(settings: Settings, stats: Stats) -> StatsdSink | None:
+    """The StatsD (or DogStatsD) sink the settings ask for: on by default, as in the
+    reference; off with USE_STATSD=false (and USE_DOG_STATSD unset) or DISABLE_STATS."""
+    s = settings
+    if s.disable_stats or not (s.use_statsd or s.use_dog_statsd):
+        return None
+    mogrifiers = (
+        mogrifiers_from_env(s.use_dog_statsd_mogrifiers, dict(s.dog_statsd_mogrifier_env))
+        if s.use_dog_statsd
+        else []
+    )
+    return StatsdSink(
+        stats,
+        s.statsd_host,
+        s.statsd_port,
+        s.stats_flush_interval,
+        tags=s.extra_tags,
+        dog=s.use_dog_statsd,
+        mogrifiers=mogrifiers,
     )
 
 
@@ -253,6 +282,7 @@ class Service:
             )
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
+        self.statsd = statsd_sink(settings, self.stats)
 
     def healthy(self) -> bool:
         """Serving and the backend reachable; with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
@@ -282,6 +312,8 @@ class Service:
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
+        if self.statsd is not None:
+            await self.statsd.start()
         server = grpc.aio.server(options=grpc_server_options(s))
         # Registered through the guard, so that a request that does not decode is counted
         # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
@@ -335,7 +367,14 @@ class Service:
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
             s.config_dir,
-            self.telemetry.describe(),
+            "; ".join(
+                part
+                for part in (
+                    self.telemetry.describe(),
+                    self.statsd.describe() if self.statsd is not None else "",
+                )
+                if part
+            ),
         )
 
     def _ports(self) -> list[tuple[str, int, str]]:
@@ -370,6 +409,8 @@ class Service:
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
+        if self.statsd is not None:
+            await self.statsd.stop()  # the last flush carries every call
         # Last, so that the final push carries every call.
         await asyncio.to_thread(self.telemetry.shutdown)
 
