@@ -5,26 +5,40 @@ that is rejected, health that waits for a configuration."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.client
+import http.server
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import SERVICE_NAME
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
+from ferryman.server.app import make_backend
+from ferryman.settings import Settings
+from ferryman.telemetry import http_traces_url, telemetry_resource
 
 from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, wait_for
 from redis_procs import RedisProcess, free_port
@@ -440,3 +454,226 @@ def test_statsd_to_nowhere_and_disable_stats_are_harmless(
     off.ask("d", [("k", "v")])
     off.stop()
     assert listener.receive() == []
+
+
+# -- Redis TLS ----------------------------------------------------------------------------------
+
+
+def _cert(
+    name: str, issuer: tuple[Any, Any] | None, ca: bool = False, dns: str | None = None
+) -> tuple[Any, Any]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if issuer is None else issuer[0].subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if dns is not None:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False
+        )
+    cert = builder.sign(key if issuer is None else issuer[1], hashes.SHA256())
+    return cert, key
+
+
+def _write(path: Path, cert: Any, key: Any) -> tuple[str, str]:
+    crt, pem = path.with_suffix(".crt"), path.with_suffix(".key")
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(crt), str(pem)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict[str, str]]]:
+    """A redis-server that speaks TLS only to clients with a certificate of its CA; its
+    certificate names ``localhost`` (not 127.0.0.1)."""
+    work = tmp_path_factory.mktemp("tls")
+    ca = _cert("test ca", None, ca=True)
+    ca_file, _ = _write(work / "ca", *ca)
+    server_crt, server_key = _write(work / "server", *_cert("localhost", ca, dns="localhost"))
+    client_crt, client_key = _write(work / "client", *_cert("ferryman", ca))
+    tls_port = free_port()
+    proc = RedisProcess(
+        work,
+        None,
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        server_crt,
+        "--tls-key-file",
+        server_key,
+        "--tls-ca-cert-file",
+        ca_file,
+        "--tls-auth-clients",
+        "yes",
+    ).start()
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_TLS": "true",
+        "REDIS_TLS_CACERT": ca_file,
+        "REDIS_TLS_CLIENT_CERT": client_crt,
+        "REDIS_TLS_CLIENT_KEY": client_key,
+        "REDIS_TIMEOUT": "2s",
+    }
+    yield tls_port, env
+    proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("host", "extra", "works"),
+    [
+        pytest.param("localhost", {}, True, id="verified"),
+        pytest.param("127.0.0.1", {}, False, id="hostname-mismatch"),
+        pytest.param(
+            "127.0.0.1",
+            {"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+            True,
+            id="skip-hostname",
+        ),
+        pytest.param(
+            "localhost",
+            {"REDIS_TLS_CLIENT_CERT": "", "REDIS_TLS_CLIENT_KEY": ""},
+            False,
+            id="no-client-cert",
+        ),
+    ],
+)
+def test_redis_tls_files_and_hostname_verification(
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    clock: ManualClock,
+    tls_redis: tuple[int, dict[str, str]],
+    host: str,
+    extra: dict[str, str],
+    works: bool,
+) -> None:
+    """REDIS_TLS_CACERT verifies the server, REDIS_TLS_CLIENT_CERT/_KEY authenticate
+    ferryman, and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION accepts a certificate for another
+    name (its chain still checked)."""
+    port, env = tls_redis
+    config_dir.write("t.yaml", TWO)
+    settings = Settings.from_env({**env, "REDIS_URL": f"{host}:{port}", **extra})
+    server = make_server(backend=make_backend(settings, clock), cache_key_prefix="tls_")
+    if works:
+        wait_for("redis over TLS", server.service.backend.healthy, timeout=10)
+        assert codes(server.ask("two", [("big", "b")])) == ["OK"]
+    else:
+        time.sleep(1.5)
+        assert not server.service.backend.healthy()
+        with pytest.raises(grpc.RpcError) as caught:
+            server.ask("two", [("big", "b")])
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+# -- tracing ------------------------------------------------------------------------------------
+
+
+class SpanReceiver:
+    """Real OTLP receivers on loopback, HTTP (POST /v1/traces) and gRPC, keeping the
+    resources of the spans they are sent."""
+
+    def __init__(self) -> None:
+        self.resources: list[dict[str, str]] = []
+        self.paths: list[str] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.paths.append(self.path)
+                receiver.keep(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http_port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                receiver.paths.append("grpc")
+                receiver.keep(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self.grpc)
+        self.grpc_port = self.grpc.add_insecure_port("127.0.0.1:0")
+        self.grpc.start()
+
+    def keep(self, request: Any) -> None:
+        for spans in request.resource_spans:
+            self.resources.append(
+                {kv.key: kv.value.string_value for kv in spans.resource.attributes}
+            )
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.grpc.stop(None)
+
+
+@pytest.fixture
+def spans() -> Iterator[SpanReceiver]:
+    receiver = SpanReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.mark.parametrize("protocol", ["", "grpc"], ids=["http-default", "grpc"])
+def test_tracing_service_resource_and_exporter_protocol(
+    tmp_path: Path, serve: Callable[..., Proc], spans: SpanReceiver, protocol: str
+) -> None:
+    """TRACING_EXPORTER_PROTOCOL (http, the reference's default, or grpc) picks the OTLP
+    transport; TRACING_SERVICE_NAME / _NAMESPACE / _INSTANCE_ID name the service."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "x.yaml").write_text(GOOD)
+    port = spans.grpc_port if protocol == "grpc" else spans.http_port
+    server = serve(
+        RUNTIME_ROOT=str(tmp_path),
+        RUNTIME_APPDIRECTORY="config",
+        TRACING_ENABLED="true",
+        TRACING_EXPORTER_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        TRACING_SERVICE_NAME="edge-limits",
+        TRACING_SERVICE_NAMESPACE="payments",
+        TRACING_SERVICE_INSTANCE_ID="pod-7",
+    )
+    server.ask()
+    wait_for("a span exported", lambda: spans.resources, timeout=15)
+    resource = spans.resources[0]
+    assert resource["service.name"] == "edge-limits"
+    assert resource["service.namespace"] == "payments"
+    assert resource["service.instance.id"] == "pod-7"
+    assert spans.paths[0] == ("grpc" if protocol == "grpc" else "/v1/traces")
+
+
+def test_the_service_is_named_ratelimit_by_default() -> None:
+    """Without TRACING_SERVICE_NAME or OTEL_SERVICE_NAME the resource is the reference's
+    "RateLimit"; OTEL_SERVICE_NAME still names it when set."""
+    assert Settings.from_env({}).tracing_exporter_protocol == "http"
+    assert telemetry_resource(Settings()).attributes[SERVICE_NAME] == "RateLimit"
+    assert http_traces_url("collector:4318") == "http://collector:4318/v1/traces"
+    assert http_traces_url("https://c/custom/path") == "https://c/custom/path"

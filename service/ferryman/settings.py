@@ -286,12 +286,16 @@ class Settings:
     redis_tls_skip_hostname_verification: bool = False
     redis_sentinel_auth: str = ""
     redis_persecond_sentinel_auth: str = ""
-    redis_persecond_timeout: float = 10.0
+    # None: as REDIS_TIMEOUT (what ferryman did before the reference split them).
+    redis_persecond_timeout: float | None = None
 
-    tracing_service_name: str = "RateLimit"
+    # Empty: OTEL_SERVICE_NAME when set, else the reference's default, "RateLimit".
+    tracing_service_name: str = ""
     tracing_service_namespace: str = ""
     tracing_service_instance_id: str = ""
-    tracing_exporter_protocol: str = "http"
+    # How spans are pushed (OTLP over http or grpc). The reference's default, http, is what
+    # from_env gives; a Settings built in code keeps gRPC, the transport of OTLP metrics.
+    tracing_exporter_protocol: str = "grpc"
 
     # Set variables of the reference that ferryman accepts but cannot honour (logged once).
     ignored: tuple[str, ...] = ()
@@ -351,7 +355,7 @@ class Settings:
                 f"CONFIG_TYPE={config_type!r} is not supported: ferryman reads descriptor "
                 "files only (CONFIG_TYPE=FILE); see the README's migration section"
             )
-        protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or d.tracing_exporter_protocol).lower()
+        protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or "http").lower()
         if protocol not in ("http", "grpc"):
             raise SettingsError(f"TRACING_EXPORTER_PROTOCOL={protocol!r} must be http or grpc")
         for name in POOL_ON_EMPTY:
@@ -417,10 +421,10 @@ class Settings:
             redis_persecond_sentinel_auth=env.get(
                 "REDIS_PERSECOND_SENTINEL_AUTH", d.redis_persecond_sentinel_auth
             ),
-            redis_persecond_timeout=_duration(
-                env, "REDIS_PERSECOND_TIMEOUT", d.redis_persecond_timeout
-            ),
-            tracing_service_name=env.get("TRACING_SERVICE_NAME", "") or d.tracing_service_name,
+            redis_persecond_timeout=_duration(env, "REDIS_PERSECOND_TIMEOUT", 0.0)
+            if env.get("REDIS_PERSECOND_TIMEOUT")
+            else None,
+            tracing_service_name=env.get("TRACING_SERVICE_NAME", d.tracing_service_name),
             tracing_service_namespace=env.get(
                 "TRACING_SERVICE_NAMESPACE", d.tracing_service_namespace
             ),

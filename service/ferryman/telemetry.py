@@ -74,7 +74,9 @@ __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
     "PrometheusReader",
     "Telemetry",
+    "http_traces_url",
     "render_prometheus",
+    "telemetry_resource",
 ]
 
 log = logging.getLogger("ferryman.telemetry")
@@ -164,12 +166,24 @@ _FIXED_COUNTERS = (
 )
 
 
-def _resource() -> Resource:
-    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; the service is 'ferryman' otherwise."""
+DEFAULT_SERVICE_NAME = "RateLimit"
+
+
+def telemetry_resource(settings: Settings) -> Resource:
+    """The reference's TRACING_SERVICE_NAME / _NAMESPACE / _INSTANCE_ID when set; else
+    OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the service is "RateLimit" otherwise,
+    as the reference names it."""
     resource = Resource.create({"service.version": __version__})
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "ferryman"}))
-    return resource
+    own: dict[str, str] = {}
+    if settings.tracing_service_name:
+        own[SERVICE_NAME] = settings.tracing_service_name
+    elif str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        own[SERVICE_NAME] = DEFAULT_SERVICE_NAME
+    if settings.tracing_service_namespace:
+        own["service.namespace"] = settings.tracing_service_namespace
+    if settings.tracing_service_instance_id:
+        own["service.instance.id"] = settings.tracing_service_instance_id
+    return resource.merge(Resource(own)) if own else resource
 
 
 # --------------------------------------------------------------------------- Prometheus text
@@ -410,7 +424,7 @@ class Telemetry:
             readers.append(self.prometheus)
         if settings.otlp_metrics_endpoint:
             readers.append(_otlp_metric_reader(settings))
-        resource = _resource() if readers or settings.tracing_enabled else None
+        resource = telemetry_resource(settings) if readers or settings.tracing_enabled else None
         if readers:
             self.meter_provider = MeterProvider(
                 metric_readers=readers,
@@ -646,7 +660,27 @@ def _otlp_metric_reader(settings: Settings) -> MetricReader:
 
 
 def _otlp_span_processor(settings: Settings) -> SpanProcessor:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    return BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_traces_endpoint))
+    endpoint = settings.otlp_traces_endpoint
+    if settings.tracing_exporter_protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+
+        return BatchSpanProcessor(HttpSpanExporter(endpoint=http_traces_url(endpoint)))
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+
+
+def http_traces_url(endpoint: str) -> str:
+    """OTLP/HTTP's URL for spans: a base endpoint (no path, as OTEL_EXPORTER_OTLP_ENDPOINT
+    is) gets ``/v1/traces``; a bare ``host:port`` gets ``http://``."""
+    if "://" not in endpoint:
+        endpoint = "http://" + endpoint
+    scheme, _, rest = endpoint.partition("://")
+    host, _, path = rest.partition("/")
+    if not path:
+        return f"{scheme}://{host}/v1/traces"
+    return endpoint

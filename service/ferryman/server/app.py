@@ -10,6 +10,7 @@ import logging
 import socket
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -151,6 +152,13 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
 
     jitter = s.expiration_jitter_max_seconds
     window, limit = s.redis_pipeline_window, s.redis_pipeline_limit
+    # As the reference: one set of TLS files for every Redis that uses TLS.
+    tls: dict[str, Any] = {
+        "tls_ca_cert": s.redis_tls_cacert,
+        "tls_client_cert": s.redis_tls_client_cert,
+        "tls_client_key": s.redis_tls_client_key,
+        "tls_check_hostname": not s.redis_tls_skip_hostname_verification,
+    }
     if s.backend == "redis":
         check_redis_url(s.redis_type, s.redis_url, s.redis_socket_type, "REDIS")
         if s.redis_persecond:
@@ -173,6 +181,8 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
                 ),
                 pipeline_window=window,
                 pipeline_limit=limit,
+                sentinel_password=s.redis_sentinel_auth or None,
+                **tls,
             ),
             jitter_max=jitter,
         )
@@ -187,10 +197,14 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
                     s.redis_persecond_auth,
                     s.redis_persecond_tls,
                     s.redis_persecond_pool_size,
-                    s.redis_timeout,
+                    s.redis_timeout
+                    if s.redis_persecond_timeout is None
+                    else s.redis_persecond_timeout,
                 ),
                 pipeline_window=s.redis_persecond_pipeline_window,
                 pipeline_limit=s.redis_persecond_pipeline_limit,
+                sentinel_password=s.redis_persecond_sentinel_auth or None,
+                **tls,
             ),
             jitter_max=jitter,
         )
@@ -198,7 +212,8 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     if s.backend.startswith(("redis", "rediss", "unix")):
         target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
         return RedisBackend(
-            replace(target, pipeline_window=window, pipeline_limit=limit), jitter_max=jitter
+            replace(target, pipeline_window=window, pipeline_limit=limit, **tls),
+            jitter_max=jitter,
         )
     raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
 
