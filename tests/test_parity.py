@@ -677,3 +677,33 @@ def test_the_service_is_named_ratelimit_by_default() -> None:
     assert telemetry_resource(Settings()).attributes[SERVICE_NAME] == "RateLimit"
     assert http_traces_url("collector:4318") == "http://collector:4318/v1/traces"
     assert http_traces_url("https://c/custom/path") == "https://c/custom/path"
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["seconds", "milliseconds"])
+def test_prometheus_response_time_as_milliseconds(
+    config_dir: ConfigDir, make_server: ServerFactory, legacy: bool
+) -> None:
+    """PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS: the response-time histogram keeps its
+    name and records milliseconds, as the reference's legacy form does."""
+    config_dir.write("x.yaml", GOOD)
+    server = make_server(
+        use_prometheus=True,
+        prometheus_addr="127.0.0.1:0",
+        prometheus_response_time_as_milliseconds=legacy,
+    )
+    for _ in range(3):
+        server.ask("d", [("k", "v")])
+    assert server.service.prometheus_port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", server.service.prometheus_port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith(
+            'ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit"'
+        )
+    ]
+    smallest = rows[0].split('le="')[1].split('"')[0]
+    assert float(smallest) == (0.1 if legacy else 0.0001)

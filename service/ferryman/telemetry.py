@@ -52,6 +52,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes
 
 from ferryman._version import __version__
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
@@ -388,6 +389,21 @@ class HoldsView(Protocol):
     def by_group(self) -> list[tuple[dict[str, str], int]]: ...
 
 
+class _Milliseconds(Histogram):
+    """A histogram fed seconds that records milliseconds."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._histogram = histogram
+
+    def record(
+        self,
+        amount: float,
+        attributes: Attributes = None,
+        context: Context | None = None,
+    ) -> None:
+        self._histogram.record(amount * 1000, attributes, context)
+
+
 class Telemetry:
     """The metric and trace pipelines of one Service, built from Settings.
 
@@ -433,12 +449,23 @@ class Telemetry:
                 shutdown_on_exit=False,
             )
             meter = self.meter_provider.get_meter(SCOPE, __version__)
-            self.request_latency = meter.create_histogram(
-                "ratelimit_service_response_time_seconds",
-                unit="s",
-                description="Time to answer a call, by gRPC method.",
-                explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
-            )
+            if settings.prometheus_response_time_as_milliseconds:
+                # The reference's legacy form: the same name, the values in milliseconds.
+                self.request_latency = _Milliseconds(
+                    meter.create_histogram(
+                        "ratelimit_service_response_time_seconds",
+                        unit="ms",
+                        description="Time to answer a call, by gRPC method (milliseconds).",
+                        explicit_bucket_boundaries_advisory=[b * 1000 for b in LATENCY_BUCKETS],
+                    )
+                )
+            else:
+                self.request_latency = meter.create_histogram(
+                    "ratelimit_service_response_time_seconds",
+                    unit="s",
+                    description="Time to answer a call, by gRPC method.",
+                    explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+                )
             self.backend_latency = meter.create_histogram(
                 "ratelimit_service_backend_response_time_seconds",
                 unit="s",
