@@ -46,6 +46,11 @@ DURATIONS_ACCEPTED = (
 #: (the README's migration section says why, one by one); those set are logged once at start.
 ACCEPTED_IGNORED = (
     "PROTO",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "REDIS_POOL_ON_EMPTY_BEHAVIOR",
     "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
     "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
@@ -354,6 +359,12 @@ class Settings:
             raise SettingsError(
                 f"CONFIG_TYPE={config_type!r} is not supported: ferryman reads descriptor "
                 "files only (CONFIG_TYPE=FILE); see the README's migration section"
+            )
+        if _bool(env, "GRPC_SERVER_USE_TLS", False):
+            # Serving plaintext to a client that expects TLS would fail every call; refuse.
+            raise SettingsError(
+                "GRPC_SERVER_USE_TLS=true: ferryman does not serve gRPC over TLS yet; "
+                "terminate TLS in front of it (a sidecar proxy) and unset the variable"
             )
         protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or "http").lower()
         if protocol not in ("http", "grpc"):
