@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -41,7 +42,7 @@ from ferryman.settings import Settings
 from ferryman.telemetry import http_traces_url, telemetry_resource
 
 from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, wait_for
-from redis_procs import RedisProcess, free_port
+from redis_procs import RedisProcess, free_port, require_binary, stop_process
 
 TWO = """
 domain: two
@@ -707,3 +708,74 @@ def test_prometheus_response_time_as_milliseconds(
     ]
     smallest = rows[0].split('le="')[1].split('"')[0]
     assert float(smallest) == (0.1 if legacy else 0.0001)
+
+
+# -- Sentinel's own password --------------------------------------------------------------------
+
+
+@pytest.fixture
+def guarded_sentinel(tmp_path: Path) -> Iterator[tuple[RedisProcess, int]]:
+    """A master with the password ``serverpass`` and a sentinel with ``sentinelpass``."""
+    master = RedisProcess(tmp_path / "master", None, "--requirepass", "serverpass")
+    master.client = lambda: redis.Redis(  # type: ignore[method-assign]
+        port=master.port, password="serverpass", socket_timeout=5
+    )
+    master.start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\nrequirepass sentinelpass\n"
+        f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+        "sentinel auth-pass mymaster serverpass\n"
+    )
+    proc = subprocess.Popen(
+        [require_binary("redis-server"), str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with redis.Redis(port=port, password="sentinelpass", socket_timeout=2) as client:
+            wait_for(
+                "the sentinel knows its master",
+                lambda: client.sentinel_get_master_addr_by_name("mymaster"),
+                timeout=10,
+                ignoring=(redis.RedisError,),
+            )
+        yield master, port
+    finally:
+        stop_process(proc)
+        master.stop()
+
+
+@pytest.mark.parametrize("sentinel_auth", ["sentinelpass", ""], ids=["given", "missing"])
+def test_redis_sentinel_auth_is_the_sentinels_own_password(
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    clock: ManualClock,
+    guarded_sentinel: tuple[RedisProcess, int],
+    sentinel_auth: str,
+) -> None:
+    """REDIS_SENTINEL_AUTH authenticates to the sentinels, REDIS_AUTH to the master; without
+    it the sentinels refuse and the backend stays unhealthy."""
+    master, port = guarded_sentinel
+    config_dir.write("t.yaml", TWO)
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_TYPE": "sentinel",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": f"mymaster,127.0.0.1:{port}",
+        "REDIS_AUTH": "serverpass",
+        "REDIS_SENTINEL_AUTH": sentinel_auth,
+        "REDIS_TIMEOUT": "2s",
+    }
+    server = make_server(
+        backend=make_backend(Settings.from_env(env), clock), cache_key_prefix="sa_"
+    )
+    if sentinel_auth:
+        wait_for("the master through the sentinel", server.service.backend.healthy, timeout=10)
+        assert codes(server.ask("two", [("big", "b")])) == ["OK"]
+        with master.client() as client:
+            assert client.get(f"sa_two_big_b_{int(EPOCH) // 3600 * 3600}") == b"1"
+    else:
+        time.sleep(1.5)
+        assert not server.service.backend.healthy()
