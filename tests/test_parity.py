@@ -329,15 +329,15 @@ def test_grpc_max_connection_age_sends_goaway_and_clients_reconnect(
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
         stub.ShouldRateLimit(request, timeout=10)
-        wait_for(
-            "the connection is aged out",
-            lambda: (
-                grpc.ChannelConnectivity.IDLE
-                in states[states.index(grpc.ChannelConnectivity.READY) :]
-            ),
-            timeout=10,
-        )
-        assert stub.ShouldRateLimit(request, timeout=10).overall_code == 1
+
+        def aged_out() -> bool:
+            ready = grpc.ChannelConnectivity.READY
+            return (
+                ready in states and grpc.ChannelConnectivity.IDLE in states[states.index(ready) :]
+            )
+
+        wait_for("the connection is aged out", aged_out, timeout=15)
+        assert stub.ShouldRateLimit(request, timeout=10, wait_for_ready=True).overall_code == 1
 
 
 # -- StatsD -------------------------------------------------------------------------------------
@@ -379,9 +379,10 @@ def listener() -> Iterator[Listener]:
 def test_statsd_sends_the_reference_counters_with_extra_tags(
     tmp_path: Path, serve: Callable[..., Proc], listener: Listener
 ) -> None:
-    """USE_STATSD (the reference's default sink): every STATS_FLUSH_INTERVAL the counters
-    that moved reach STATSD_HOST:STATSD_PORT over UDP as ``name:increase|c``, under the
-    reference's names, with EXTRA_TAGS appended as its statsd library does."""
+    """USE_STATSD (the reference's default sink) with STATSD_PROTOCOL=udp: every
+    STATS_FLUSH_INTERVAL the counters that moved reach STATSD_HOST:STATSD_PORT as
+    ``name:increase|c`` datagrams, under the reference's names, with EXTRA_TAGS appended as
+    its statsd library does."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "x.yaml").write_text(GOOD)
@@ -389,6 +390,7 @@ def test_statsd_sends_the_reference_counters_with_extra_tags(
         RUNTIME_ROOT=str(tmp_path),
         RUNTIME_APPDIRECTORY="config",
         USE_STATSD="true",
+        STATSD_PROTOCOL="udp",
         STATSD_HOST="127.0.0.1",
         STATSD_PORT=str(listener.port),
         STATS_FLUSH_INTERVAL="200ms",
@@ -407,7 +409,43 @@ def test_statsd_sends_the_reference_counters_with_extra_tags(
     assert listener.total(f"{rule}.near_limit{tags}") == 1
     assert listener.total(f"ratelimit_server.ShouldRateLimit.total_requests{tags}") == 7
     assert listener.total(f"ratelimit.service.config_load_success{tags}") == 1
-    assert "statsd 127.0.0.1:" in server.text
+    assert "statsd udp 127.0.0.1:" in server.text
+
+
+def test_statsd_over_tcp_by_default_reconnects_after_the_agent_restarts(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Without STATSD_PROTOCOL the lines go over one TCP connection, as the reference's
+    statsd library sends them; an agent that closes it gets a new one at the next flush."""
+    config_dir.write("x.yaml", GOOD)
+    agent = socket.create_server(("127.0.0.1", 0))
+    agent.settimeout(10)
+    port = agent.getsockname()[1]
+    received: list[str] = []
+
+    def serve_one() -> None:
+        conn, _ = agent.accept()
+        with conn:
+            conn.settimeout(10)
+            buffer = b""
+            while b"total_hits" not in buffer:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+            received.extend(buffer.decode().splitlines())
+
+    server = make_server(statsd_host="127.0.0.1", statsd_port=port, stats_flush_interval=0.1)
+    try:
+        for round_ in (1, 2):
+            reader = threading.Thread(target=serve_one)
+            reader.start()
+            server.ask("d", [("k", "v")])
+            reader.join(15)
+            assert "ratelimit.service.rate_limit.d.k.total_hits:1|c" in received, round_
+            received.clear()
+    finally:
+        agent.close()
 
 
 def test_dog_statsd_tags_and_mogrifiers(
@@ -445,11 +483,17 @@ def test_statsd_to_nowhere_and_disable_stats_are_harmless(
     DISABLE_STATS nothing is sent at all."""
     config_dir.write("x.yaml", GOOD)
     closed = free_port()
-    quiet = make_server(statsd_host="127.0.0.1", statsd_port=closed, stats_flush_interval=0.05)
-    assert quiet.service.statsd is not None
-    for _ in range(3):
-        assert codes(quiet.ask("d", [("k", "v")])) == ["OK"]
-        time.sleep(0.1)
+    for protocol in ("tcp", "udp"):
+        quiet = make_server(
+            statsd_host="127.0.0.1",
+            statsd_port=closed,
+            statsd_protocol=protocol,
+            stats_flush_interval=0.05,
+        )
+        assert quiet.service.statsd is not None
+        for _ in range(3):
+            assert codes(quiet.ask("d", [("k", "v")])) == ["OK"]
+            time.sleep(0.1)
     off = make_server(disable_stats=True, statsd_host="127.0.0.1", statsd_port=listener.port)
     assert off.service.statsd is None
     off.ask("d", [("k", "v")])

@@ -275,6 +275,8 @@ class Settings:
     use_statsd: bool = True
     statsd_host: str = "localhost"
     statsd_port: int = 8125
+    # The reference's statsd library reads STATSD_PROTOCOL too: tcp (its default) or udp.
+    statsd_protocol: str = "tcp"
     stats_flush_interval: float = 10.0
     extra_tags: tuple[tuple[str, str], ...] = ()
     disable_stats: bool = False
@@ -386,6 +388,9 @@ class Settings:
             from ferryman.statsd import mogrifiers_from_env
 
             mogrifiers_from_env(mogrifiers, dict(mogrifier_env))
+        statsd_protocol = (env.get("STATSD_PROTOCOL", "") or d.statsd_protocol).lower()
+        if statsd_protocol not in ("tcp", "udp"):
+            raise SettingsError(f"STATSD_PROTOCOL={statsd_protocol!r} must be tcp or udp")
         # DISABLE_STATS, as the reference: no stats sink of any kind.
         disable_stats = _bool(env, "DISABLE_STATS", d.disable_stats)
         return cls(
@@ -408,6 +413,7 @@ class Settings:
             use_statsd=_bool(env, "USE_STATSD", d.use_statsd),
             statsd_host=env.get("STATSD_HOST", d.statsd_host),
             statsd_port=_port(env, "STATSD_PORT", d.statsd_port),
+            statsd_protocol=statsd_protocol,
             stats_flush_interval=_duration(env, "STATS_FLUSH_INTERVAL", d.stats_flush_interval),
             extra_tags=_tags(env, "EXTRA_TAGS"),
             disable_stats=disable_stats,

@@ -1,14 +1,16 @@
 """The reference service's default stats sink: StatsD counters under its metric names.
 
 Every ``STATS_FLUSH_INTERVAL`` the counters of :class:`ferryman.stats.Stats` that moved are
-sent as ``<name>:<increase>|c`` lines to ``STATSD_HOST:STATSD_PORT``, several lines to a
-datagram. ``EXTRA_TAGS`` are appended to every name as the reference's statsd library does
-(``<name>.__<key>=<value>``, keys sorted); with ``USE_DOG_STATSD`` they are DogStatsD tags
-(``|#key:value``) instead, and the mogrifiers named in ``USE_DOG_STATSD_MOGRIFIERS`` rewrite
-names into name plus tags (``DOG_STATSD_MOGRIFIER_<NAME>_PATTERN``, ``_NAME``, ``_TAGS``).
+sent as ``<name>:<increase>|c`` lines to ``STATSD_HOST:STATSD_PORT``: over one TCP connection,
+as the reference's statsd library does by default, or over UDP (several lines to a datagram)
+with ``STATSD_PROTOCOL=udp``, that library's switch. ``EXTRA_TAGS`` are appended to every
+name as that library does (``<name>.__<key>=<value>``, keys sorted). With ``USE_DOG_STATSD``
+the lines are DogStatsD over UDP, tags as ``|#key:value``, and the mogrifiers named in
+``USE_DOG_STATSD_MOGRIFIERS`` rewrite names into name plus tags
+(``DOG_STATSD_MOGRIFIER_<NAME>_PATTERN``, ``_NAME``, ``_TAGS``).
 
 A send never fails a request and never stops the loop: with nothing listening (StatsD is on
-by default, as in the reference) the datagrams are simply lost.
+by default, as in the reference) that flush is lost, and the next one tries again.
 """
 
 from __future__ import annotations
@@ -93,10 +95,12 @@ class StatsdSink:
         tags: Sequence[tuple[str, str]] = (),
         dog: bool = False,
         mogrifiers: Sequence[Mogrifier] = (),
+        protocol: str = "tcp",
     ) -> None:
         self._stats = stats
         self.host = host
         self.port = port
+        self.protocol = protocol
         self.interval = interval if interval > 0 else 10.0
         self._dog = dog
         self._mogrifiers = list(mogrifiers)
@@ -105,12 +109,13 @@ class StatsdSink:
         self._sent: dict[str, int] = {}
         self._socket: socket.socket | None = None
         self._address: tuple[str, int] | None = None
+        self._stream: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._warned = False
 
     def describe(self) -> str:
         kind = "dogstatsd" if self._dog else "statsd"
-        return f"{kind} {self.host}:{self.port} every {self.interval:g}s"
+        return f"{kind} {self.protocol} {self.host}:{self.port} every {self.interval:g}s"
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ferryman-statsd")
@@ -122,9 +127,10 @@ class StatsdSink:
                 await self._task
             self._task = None
         await asyncio.to_thread(self.flush)
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        for sock in (self._socket, self._stream):
+            if sock is not None:
+                sock.close()
+        self._socket = self._stream = None
 
     async def _run(self) -> None:
         while True:
@@ -161,10 +167,12 @@ class StatsdSink:
         return f"{name}:{delta}|c|#" + ",".join(f"{k}:{_safe(v)}" for k, v in tags)
 
     def flush(self) -> int:
-        """Send the next flush's lines; how many datagrams were sent."""
+        """Send the next flush's lines; how many datagrams (or TCP writes) were sent."""
         lines = self.lines()
         if not lines:
             return 0
+        if self.protocol == "tcp":
+            return self._send_tcp(lines)
         sock, address = self._connect()
         if sock is None or address is None:
             return 0
@@ -176,6 +184,25 @@ class StatsdSink:
             except OSError as exc:
                 self._warn(f"cannot send to {self.host}:{self.port}: {exc}")
         return sent
+
+    def _send_tcp(self, lines: Sequence[str]) -> int:
+        data = "".join(line + "\n" for line in lines).encode()
+        for _ in range(2):  # a connection the agent closed is opened again, once
+            try:
+                if self._stream is not None and not _open(self._stream):
+                    self._stream.close()
+                    self._stream = None
+                if self._stream is None:
+                    self._stream = socket.create_connection((self.host, self.port), timeout=2)
+                self._stream.sendall(data)
+                return 1
+            except OSError as exc:
+                if self._stream is not None:
+                    self._stream.close()
+                    self._stream = None
+                error = exc
+        self._warn(f"cannot send to {self.host}:{self.port} over TCP: {error}")
+        return 0
 
     def _connect(self) -> tuple[socket.socket | None, tuple[str, int] | None]:
         if self._socket is not None and self._address is not None:
@@ -197,6 +224,17 @@ class StatsdSink:
         if not self._warned:
             self._warned = True
             log.warning("statsd: %s (further failures are not logged)", message)
+
+
+def _open(sock: socket.socket) -> bool:
+    """False once the agent has closed the connection: a write would still succeed, and
+    be lost, so this is asked before each flush."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 def _safe(value: str) -> str:

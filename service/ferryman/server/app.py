@@ -135,6 +135,8 @@ def statsd_sink(settings: Settings, stats: Stats) -> StatsdSink | None:
         tags=s.extra_tags,
         dog=s.use_dog_statsd,
         mogrifiers=mogrifiers,
+        # DogStatsD agents listen on UDP (the reference's dogstatsd client sends UDP).
+        protocol="udp" if s.use_dog_statsd else s.statsd_protocol,
     )
 
 
