@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import http.client
 import http.server
+import logging
 import os
 import shutil
 import signal
@@ -477,23 +478,33 @@ def test_dog_statsd_tags_and_mogrifiers(
 
 
 def test_statsd_to_nowhere_and_disable_stats_are_harmless(
-    config_dir: ConfigDir, make_server: ServerFactory, listener: Listener
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    listener: Listener,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """StatsD is on by default: with no agent listening the service answers as usual; with
+    """StatsD is on by default: with no agent listening the service answers as usual and
+    says so once (INFO when StatsD was not asked for, WARNING when it was); with
     DISABLE_STATS nothing is sent at all."""
     config_dir.write("x.yaml", GOOD)
     closed = free_port()
-    for protocol in ("tcp", "udp"):
+    caplog.set_level(logging.INFO, logger="ferryman.statsd")
+    for protocol, explicit in (("tcp", False), ("udp", False), ("tcp", True)):
+        caplog.clear()
         quiet = make_server(
             statsd_host="127.0.0.1",
             statsd_port=closed,
             statsd_protocol=protocol,
+            statsd_explicit=explicit,
             stats_flush_interval=0.05,
         )
         assert quiet.service.statsd is not None
         for _ in range(3):
             assert codes(quiet.ask("d", [("k", "v")])) == ["OK"]
             time.sleep(0.1)
+        if protocol == "tcp":  # a refused UDP datagram is not even noticed
+            [record] = [r for r in caplog.records if r.name == "ferryman.statsd"]
+            assert record.levelno == (logging.WARNING if explicit else logging.INFO)
     off = make_server(disable_stats=True, statsd_host="127.0.0.1", statsd_port=listener.port)
     assert off.service.statsd is None
     off.ask("d", [("k", "v")])

@@ -277,6 +277,9 @@ class Settings:
     statsd_port: int = 8125
     # The reference's statsd library reads STATSD_PROTOCOL too: tcp (its default) or udp.
     statsd_protocol: str = "tcp"
+    # Whether the StatsD sink was asked for (any of its variables set), or is only on by
+    # default: an agent missing by default is not worth a WARNING.
+    statsd_explicit: bool = False
     stats_flush_interval: float = 10.0
     extra_tags: tuple[tuple[str, str], ...] = ()
     disable_stats: bool = False
@@ -414,6 +417,16 @@ class Settings:
             statsd_host=env.get("STATSD_HOST", d.statsd_host),
             statsd_port=_port(env, "STATSD_PORT", d.statsd_port),
             statsd_protocol=statsd_protocol,
+            statsd_explicit=any(
+                env.get(name, "") != ""
+                for name in (
+                    "USE_STATSD",
+                    "STATSD_HOST",
+                    "STATSD_PORT",
+                    "STATSD_PROTOCOL",
+                    "USE_DOG_STATSD",
+                )
+            ),
             stats_flush_interval=_duration(env, "STATS_FLUSH_INTERVAL", d.stats_flush_interval),
             extra_tags=_tags(env, "EXTRA_TAGS"),
             disable_stats=disable_stats,

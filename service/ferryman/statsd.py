@@ -96,11 +96,14 @@ class StatsdSink:
         dog: bool = False,
         mogrifiers: Sequence[Mogrifier] = (),
         protocol: str = "tcp",
+        quiet: bool = False,
     ) -> None:
         self._stats = stats
         self.host = host
         self.port = port
         self.protocol = protocol
+        # On by default and not configured: a missing agent is said at INFO, not WARNING.
+        self._quiet = quiet
         self.interval = interval if interval > 0 else 10.0
         self._dog = dog
         self._mogrifiers = list(mogrifiers)
@@ -223,7 +226,11 @@ class StatsdSink:
         # Once: StatsD is on by default, and a missing agent is not worth a line a flush.
         if not self._warned:
             self._warned = True
-            log.warning("statsd: %s (further failures are not logged)", message)
+            log.log(
+                logging.INFO if self._quiet else logging.WARNING,
+                "statsd: %s (further failures are not logged)",
+                message,
+            )
 
 
 def _open(sock: socket.socket) -> bool:

@@ -137,6 +137,7 @@ def statsd_sink(settings: Settings, stats: Stats) -> StatsdSink | None:
         mogrifiers=mogrifiers,
         # DogStatsD agents listen on UDP (the reference's dogstatsd client sends UDP).
         protocol="udp" if s.use_dog_statsd else s.statsd_protocol,
+        quiet=not s.statsd_explicit,
     )
 
 
