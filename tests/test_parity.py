@@ -38,7 +38,8 @@ from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
-from ferryman.server.app import make_backend
+from ferryman.errors import SettingsError
+from ferryman.server.app import Service, make_backend
 from ferryman.settings import Settings
 from ferryman.telemetry import http_traces_url, telemetry_resource
 
@@ -834,3 +835,57 @@ def test_redis_sentinel_auth_is_the_sentinels_own_password(
     else:
         time.sleep(1.5)
         assert not server.service.backend.healthy()
+
+
+MAPPING = r"""
+mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "rl_hits"
+    labels: {domain: "$1", descriptor: "$2"}
+  - match: 'ratelimit\.service\.config_load_.*'
+    match_type: regex
+    action: drop
+"""
+
+
+def test_prometheus_mapper_yaml_names_the_counters(
+    tmp_path: Path, config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """PROMETHEUS_MAPPER_YAML: counters are served under the file's names and labels (or
+    dropped); unmatched ones with their statsd names escaped; histograms as usual."""
+    config_dir.write("x.yaml", GOOD)
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(MAPPING)
+    server = make_server(
+        use_prometheus=True,
+        prometheus_addr="127.0.0.1:0",
+        prometheus_mapper_yaml=str(mapping),
+    )
+    for _ in range(3):
+        server.ask("d", [("k", "v")])
+    assert server.service.prometheus_port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", server.service.prometheus_port, timeout=10)
+    conn.request("GET", "/metrics")
+    lines = conn.getresponse().read().decode().splitlines()
+    conn.close()
+    assert 'rl_hits{domain="d",descriptor="k"} 3' in lines
+    assert "ratelimit_server_ShouldRateLimit_total_requests 3" in lines
+    assert "ratelimit_service_rate_limit_d_k_within_limit 3" in lines
+    assert not [ln for ln in lines if "config_load" in ln]
+    assert not [ln for ln in lines if ln.startswith("ratelimit_service_rate_limit_total_hits")]
+    assert any(ln.startswith("ratelimit_service_response_time_seconds_bucket") for ln in lines)
+
+
+def test_a_bad_mapper_file_stops_the_start(tmp_path: Path, config_dir: ConfigDir) -> None:
+    """A mapping file that cannot be read or has no mappings is named at start."""
+    config_dir.write("x.yaml", GOOD)
+    (tmp_path / "bad.yaml").write_text("mappings: {}\n")
+    for path in (tmp_path / "missing.yaml", tmp_path / "bad.yaml"):
+        settings = Settings(
+            config_dir=config_dir.path,
+            use_prometheus=True,
+            prometheus_mapper_yaml=str(path),
+            use_statsd=False,
+        )
+        with pytest.raises(SettingsError, match="PROMETHEUS_MAPPER_YAML"):
+            Service(settings)

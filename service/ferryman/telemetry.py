@@ -73,6 +73,7 @@ from ferryman.stats import (
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
+    "STATS_COUNTER_FAMILIES",
     "PrometheusReader",
     "Telemetry",
     "http_traces_url",
@@ -166,6 +167,18 @@ _FIXED_COUNTERS = (
     ),
 )
 
+#: The Prometheus families that are Stats counters under their built-in names: with a
+#: PROMETHEUS_MAPPER_YAML file these are served through the mapping instead.
+STATS_COUNTER_FAMILIES = frozenset(
+    [f"ratelimit_service_rate_limit_{stat}" for stat in RULE_STATS]
+    + [name for name, _, _ in _FIXED_COUNTERS]
+    + [
+        "ratelimit_service_should_rate_limit_error",
+        "ratelimit_service_total_requests",
+        "ratelimit_service_local_cache_hits",
+    ]
+)
+
 
 DEFAULT_SERVICE_NAME = "RateLimit"
 
@@ -229,7 +242,7 @@ def _labels(attributes: Mapping[str, object] | None, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
-def render_prometheus(data: MetricsData | None) -> str:
+def render_prometheus(data: MetricsData | None, leave_out: frozenset[str] = frozenset()) -> str:
     """Prometheus text exposition (0.0.4) of ``data``, metric names kept exactly as given.
 
     Monotonic sums are counters (no ``_total`` is added: the reference's names are the
@@ -240,6 +253,8 @@ def render_prometheus(data: MetricsData | None) -> str:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 name = _metric_name(metric.name)
+                if name in leave_out:
+                    continue
                 point_data = metric.data
                 lines: list[str] = []
                 if isinstance(point_data, Sum):
@@ -293,11 +308,12 @@ class PrometheusReader(MetricReader):
         self._lock = threading.Lock()
         self._data: MetricsData | None = None
 
-    def render(self) -> str:
+    def render(self, leave_out: frozenset[str] = frozenset()) -> str:
+        """Collect, then the text of every family but those named in ``leave_out``."""
         with self._lock:
             self._data = None
             self.collect()
-            return render_prometheus(self._data)
+            return render_prometheus(self._data, leave_out)
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object

@@ -26,6 +26,7 @@ from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.errors import BackendError, FerrymanError, SettingsError, status_of
+from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge
 from ferryman.server.holds import HoldManager
@@ -37,7 +38,7 @@ from ferryman.server.rls import RateLimitServicer
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env
-from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
+from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
 __all__ = [
     "Service",
@@ -294,6 +295,11 @@ class Service:
             "debug",
         )
         self._metrics: HttpServer | None = None
+        self.mapping = (
+            StatsdMapping.from_file(settings.prometheus_mapper_yaml)
+            if settings.prometheus_mapper_yaml and self.telemetry.prometheus is not None
+            else None
+        )
         if self.telemetry.prometheus is not None:
             self._metrics = HttpServer(
                 {("GET", settings.prometheus_path): self._prometheus}, "prometheus"
@@ -550,8 +556,14 @@ class Service:
     async def _prometheus(self, request: HttpRequest) -> HttpResponse:
         reader = self.telemetry.prometheus
         assert reader is not None
-        # Collection reads every series; keep it off the event loop.
-        body = await asyncio.to_thread(reader.render)
+        mapping = self.mapping
+        if mapping is None:
+            # Collection reads every series; keep it off the event loop.
+            body = await asyncio.to_thread(reader.render)
+        else:
+            # PROMETHEUS_MAPPER_YAML: the counters under the file's names, the rest as usual.
+            body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
+            body = mapping.render(self.stats) + body
         return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
 
 
