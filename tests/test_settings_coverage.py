@@ -105,9 +105,9 @@ def test_every_accepted_variable_is_explained_in_the_migration_section() -> None
 def test_set_ignored_variables_are_recorded_and_invalid_values_still_refused() -> None:
     """Settings names the accepted variables that are set (for the one start-up line), and a
     value that cannot mean anything is still an error."""
-    settings = Settings.from_env({"MEMCACHE_HOST_PORT": "m:11211", "PROTO": "tcp"})
-    assert settings.ignored == ("PROTO", "MEMCACHE_HOST_PORT")
-    assert Settings.from_env({"MEMCACHE_HOST_PORT": ""}).ignored == ()
+    settings = Settings.from_env({"MEMCACHE_MAX_IDLE_CONNS": "4", "PROTO": "tcp"})
+    assert settings.ignored == ("PROTO", "MEMCACHE_MAX_IDLE_CONNS")
+    assert Settings.from_env({"MEMCACHE_MAX_IDLE_CONNS": ""}).ignored == ()
     with pytest.raises(SettingsError, match="REDIS_POOL_ON_EMPTY_BEHAVIOR"):
         Settings.from_env({"REDIS_POOL_ON_EMPTY_BEHAVIOR": "sometimes"})
     with pytest.raises(SettingsError, match="REDIS_STARTUP_MAX_INTERVAL"):
@@ -116,6 +116,10 @@ def test_set_ignored_variables_are_recorded_and_invalid_values_still_refused() -
         Settings.from_env({"CONFIG_TYPE": "GRPC_XDS_SOTW"})
     with pytest.raises(SettingsError, match="GRPC_SERVER_USE_TLS"):
         Settings.from_env({"GRPC_SERVER_USE_TLS": "true"})
+    with pytest.raises(SettingsError, match="MEMCACHE_TLS"):
+        Settings.from_env(
+            {"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "m:1", "MEMCACHE_TLS": "1"}
+        )
 
 
 def test_a_set_ignored_variable_is_logged_once_at_start(tmp_path: Path) -> None:
@@ -127,7 +131,7 @@ def test_a_set_ignored_variable_is_logged_once_at_start(tmp_path: Path) -> None:
         "PATH": os.environ.get("PATH", ""),
         "PYTHONDONTWRITEBYTECODE": "1",
         "REDIS_POOL_ON_EMPTY_BEHAVIOR": "WAIT",
-        "MEMCACHE_HOST_PORT": "memcached:11211",
+        "MEMCACHE_MAX_IDLE_CONNS": "4",
         "USE_STATSD": "false",
         "DEBUG_PORT": str(free_port()),
     }
@@ -148,6 +152,6 @@ def test_a_set_ignored_variable_is_logged_once_at_start(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     text = log.read_text()
-    for name in ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "MEMCACHE_HOST_PORT"):
+    for name in ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "MEMCACHE_MAX_IDLE_CONNS"):
         assert text.count(f"{name} is set") == 1, text
     assert "USE_STATSD is set" not in text

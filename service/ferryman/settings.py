@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ferryman.connections.redis_target import address
 from ferryman.durations import parse_duration
 from ferryman.errors import SettingsError
 from ferryman.logs import parse_level
@@ -78,7 +79,6 @@ ACCEPTED_IGNORED = (
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
     "XDS_CLIENT_BACKOFF_JITTER",
     "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-    "MEMCACHE_HOST_PORT",
     "MEMCACHE_MAX_IDLE_CONNS",
     "MEMCACHE_SRV",
     "MEMCACHE_SRV_REFRESH",
@@ -237,6 +237,8 @@ class Settings:
     redis_persecond_pool_size: int = 10
     redis_persecond_pipeline_window: float = 0.0
     redis_persecond_pipeline_limit: int = 0
+    # BACKEND_TYPE=memcache: MEMCACHE_HOST_PORT's servers.
+    memcache_servers: tuple[tuple[str, int], ...] = ()
     cache_key_prefix: str = ""
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
@@ -339,8 +341,28 @@ class Settings:
             backend = "memory"
         elif backend_type == "redis":
             backend = "redis"
+        elif backend_type == "memcache":
+            backend = "memcache"
+            if not env.get("MEMCACHE_HOST_PORT"):
+                raise SettingsError(
+                    "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT=host:port[,host:port...]"
+                    + (
+                        " (MEMCACHE_SRV discovery is not supported)"
+                        if env.get("MEMCACHE_SRV")
+                        else ""
+                    )
+                )
+            if _bool(env, "MEMCACHE_TLS", False):
+                raise SettingsError("MEMCACHE_TLS=true: ferryman speaks to memcached without TLS")
         else:
-            raise SettingsError(f"BACKEND_TYPE={backend_type!r} is not supported (memory, redis)")
+            raise SettingsError(
+                f"BACKEND_TYPE={backend_type!r} is not supported (memory, redis, memcache)"
+            )
+        memcache_servers = tuple(
+            address(item, "MEMCACHE_HOST_PORT")
+            for item in env.get("MEMCACHE_HOST_PORT", "").split(",")
+            if item.strip()
+        )
         ratio = _float(env, "NEAR_LIMIT_RATIO", d.near_limit_ratio)
         if not 0.0 <= ratio <= 1.0:
             raise SettingsError(f"NEAR_LIMIT_RATIO={ratio} must be between 0 and 1")
@@ -462,6 +484,7 @@ class Settings:
             ),
             tracing_exporter_protocol=protocol,
             ignored=tuple(name for name in ACCEPTED_IGNORED if env.get(name, "") != ""),
+            memcache_servers=memcache_servers,
             host=env.get("HOST", d.host),
             port=_port(env, "PORT", d.port),
             grpc_host=env.get("GRPC_HOST", d.grpc_host),

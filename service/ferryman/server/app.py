@@ -147,6 +147,12 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     s = settings
     if s.backend == "memory":
         return MemoryBackend(clock)
+    if s.backend == "memcache":
+        from ferryman.backends.memcache import MemcacheBackend
+
+        return MemcacheBackend(
+            s.memcache_servers, jitter_max=s.expiration_jitter_max_seconds, clock=clock
+        )
     from ferryman.backends.redis import (
         RedisBackend,
         RoutedBackend,
