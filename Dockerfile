@@ -25,14 +25,19 @@ COPY --from=build /wheels /wheels
 # Every distribution is pinned and installed without resolution (--no-deps), so two builds
 # hold the same code; `pip check` fails the build if the list misses a dependency.
 RUN python -m pip install --no-cache-dir --no-deps \
+      certifi==2026.5.20 \
+      charset-normalizer==3.4.7 \
       googleapis-common-protos==1.76.0 \
       grpcio==1.85.1 \
       grpcio-health-checking==1.85.1 \
       hiredis==3.5.0 \
+      idna==3.13 \
       opentelemetry-api==1.45.2 \
+      opentelemetry-exporter-http-transport==0.66b2 \
       opentelemetry-exporter-otlp-common==0.66b2 \
       opentelemetry-exporter-otlp-proto-common==1.45.2 \
       opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
+      opentelemetry-exporter-otlp-proto-http==1.45.2 \
       opentelemetry-propagator-b3==1.45.1 \
       opentelemetry-proto==1.45.2 \
       opentelemetry-sdk==1.45.2 \
@@ -40,7 +45,9 @@ RUN python -m pip install --no-cache-dir --no-deps \
       protobuf==7.36.2 \
       pyyaml==6.0.3 \
       redis==8.1.0 \
+      requests==2.34.2 \
       typing-extensions==4.16.0 \
+      urllib3==2.7.0 \
       watchdog==7.1.0 \
       /wheels/ferryman-0.1.0-py3-none-any.whl \
  && python -m pip check \

@@ -142,29 +142,3 @@ def test_check_rejects_a_missing_directory(tmp_path: Path) -> None:
     result = ferryman("check", str(missing), cwd=tmp_path)
     assert result.returncode == 2
     assert f"config directory {missing} does not exist" in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("name", "where"), [("bad_unknown_key", "x.yaml:7:"), ("bad_syntax", "x.yaml:6:")]
-)
-def test_serve_with_a_bad_config_exits_nonzero_naming_the_file(
-    name: str, where: str, tmp_path: Path
-) -> None:
-    """`ferryman serve` with a bad config at startup exits non-zero at once, naming the file."""
-    directory = DATA / name
-    result = ferryman(
-        "serve",
-        "--config",
-        str(directory),
-        "--grpc-port",
-        "0",
-        "--http-port",
-        "0",
-        "--debug-port",
-        "0",
-        cwd=tmp_path,
-        timeout=30,
-    )
-    assert result.returncode != 0
-    assert f"{directory}/{where}" in result.stderr
-    assert "ferryman serving" not in result.stderr

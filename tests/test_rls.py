@@ -395,17 +395,45 @@ def test_response_header_names_are_configurable(
 def test_dynamic_metadata_merges_rule_metadata_first_value_wins(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
-    """RESPONSE_DYNAMIC_METADATA: domain, descriptors, hits, and merged rule metadata."""
+    """RESPONSE_DYNAMIC_METADATA, in the reference's shape: the request echoed (entries as
+    key=value), and the passed rules' metadata merged in request order under ``metadata``."""
     config_dir.write("o.yaml", OPTIONS)
     server = make_server(response_dynamic_metadata=True)
-    r = server.ask("opts", [("meta", "1")], [("meta2", "2")], hits=1)
-    md = r.dynamic_metadata
+    r = server.ask("opts", [("meta2", "2")], [("meta", "1")], hits=1)
+    md = cast(Any, r.dynamic_metadata)
     assert md["domain"] == "opts"
-    assert md["team"] == "payments"
-    assert md["extra"] is True
-    assert md["tier"] == 2
     assert md["hitsAddend"] == 1
-    assert cast(Any, md["descriptors"])[1]["entries"][0]["key"] == "meta2"
+    assert list(md["descriptors"][1]["entries"]) == ["meta=1"]
+    assert dict(md["metadata"]) == {"team": "search", "extra": True, "tier": 2}
+    assert "team" not in md  # never merged into the top level
+    plain = server.ask("opts", [("strict", "a")]).dynamic_metadata
+    assert "hitsAddend" not in plain and "metadata" not in plain  # 0 and none: left out
+
+
+NESTED = """
+domain: nest
+descriptors:
+  - key: a
+    metadata: {route: {cluster: one, weight: 1}, tag: first}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    metadata: {route: {cluster: two, zone: z}, tag: second}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"""
+
+
+def test_dynamic_metadata_merges_maps_level_by_level_and_skips_over_limit_rules(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Nested maps merge key by key (first value wins); an over-limit rule adds nothing."""
+    config_dir.write("n.yaml", NESTED)
+    server = make_server(response_dynamic_metadata=True)
+    md = cast(Any, server.ask("nest", [("a", "x")], [("b", "y")]).dynamic_metadata)
+    assert dict(md["metadata"]["route"]) == {"cluster": "one", "weight": 1, "zone": "z"}
+    assert md["metadata"]["tag"] == "first"
+    md = cast(Any, server.ask("nest", [("a", "x")], [("b", "y")]).dynamic_metadata)  # a: over
+    assert dict(md["metadata"]["route"]) == {"cluster": "two", "zone": "z"}
+    assert md["metadata"]["tag"] == "second"
 
 
 def test_near_and_over_limit_stats_follow_the_reference_arithmetic(

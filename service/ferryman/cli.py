@@ -283,7 +283,9 @@ def _serve(args: argparse.Namespace) -> int:
         origin = "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY"
     else:
         origin = "the default: run ferryman where descriptors/ is, or pass --config DIR"
-    _require_directory(settings.config_dir, origin)
+    if not (settings.force_start_without_initial_config and not settings.config_dir.exists()):
+        # FORCE_START_WITHOUT_INITIAL_CONFIG: the directory may appear later (watched).
+        _require_directory(settings.config_dir, origin)
     if settings.workers < 1:
         raise SettingsError(f"--workers {settings.workers}: give 1 or more")
     if settings.workers > 1 and WORKER_ENV not in os.environ:

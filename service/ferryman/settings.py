@@ -11,14 +11,83 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ferryman.connections.redis_target import address
 from ferryman.durations import parse_duration
 from ferryman.errors import SettingsError
 from ferryman.logs import parse_level
 
-__all__ = ["Settings", "check_redis_url", "default_config_dir", "split_address"]
+__all__ = [
+    "ACCEPTED_IGNORED",
+    "Settings",
+    "check_redis_url",
+    "default_config_dir",
+    "split_address",
+]
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+#: The reference's pool-exhaustion settings: validated, but ferryman has no pool to exhaust.
+POOL_ON_EMPTY = (
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+)
+#: Durations among the accepted-and-ignored settings: a bad value is still an error.
+DURATIONS_ACCEPTED = (
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "MEMCACHE_SRV_REFRESH",
+)
+#: The reference's variables that ferryman reads and accepts but that change nothing here
+#: (the README's migration section says why, one by one); those set are logged once at start.
+ACCEPTED_IGNORED = (
+    "PROTO",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
+    "REDIS_USE_EXPLICIT_PIPELINE",
+    "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+)
 _RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
 
 
@@ -77,6 +146,20 @@ def _duration(env: Mapping[str, str], name: str, default: float) -> float:
     if value < 0:
         raise SettingsError(f"{name}={raw!r} must not be negative")
     return value
+
+
+def _tags(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    """``key1:value1,key2:value2`` (the reference's map form) as pairs, in order."""
+    raw = env.get(name, "")
+    tags: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}={raw!r}: give key:value pairs separated by commas")
+        tags.append((key.strip(), value.strip()))
+    return tuple(tags)
 
 
 def split_address(address: str, name: str = "address") -> tuple[str, int]:
@@ -175,6 +258,8 @@ class Settings:
     redis_persecond_pool_size: int = 10
     redis_persecond_pipeline_window: float = 0.0
     redis_persecond_pipeline_limit: int = 0
+    # BACKEND_TYPE=memcache: MEMCACHE_HOST_PORT's servers.
+    memcache_servers: tuple[tuple[str, int], ...] = ()
     cache_key_prefix: str = ""
     expiration_jitter_max_seconds: int = 300
     local_cache_size_in_bytes: int = 0
@@ -204,6 +289,53 @@ class Settings:
     # OpenTelemetry's standard OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]ENDPOINT: push over OTLP/gRPC.
     otlp_metrics_endpoint: str = ""
     otlp_traces_endpoint: str = ""
+
+    # The reference's settings that change what ferryman does (issue 17).
+    config_type: str = "FILE"
+    force_start_without_initial_config: bool = False
+    healthy_with_at_least_one_config_loaded: bool = False
+
+    grpc_uds: str = ""
+    grpc_max_connection_age: float = 24 * 3600.0
+    grpc_max_connection_age_grace: float = 3600.0
+
+    use_statsd: bool = True
+    statsd_host: str = "localhost"
+    statsd_port: int = 8125
+    # The reference's statsd library reads STATSD_PROTOCOL too: tcp (its default) or udp.
+    statsd_protocol: str = "tcp"
+    # Whether the StatsD sink was asked for (any of its variables set), or is only on by
+    # default: an agent missing by default is not worth a WARNING.
+    statsd_explicit: bool = False
+    stats_flush_interval: float = 10.0
+    extra_tags: tuple[tuple[str, str], ...] = ()
+    disable_stats: bool = False
+    use_dog_statsd: bool = False
+    use_dog_statsd_mogrifiers: tuple[str, ...] = ()
+    # The DOG_STATSD_MOGRIFIER_<NAME>_{PATTERN,NAME,TAGS} variables of those mogrifiers.
+    dog_statsd_mogrifier_env: tuple[tuple[str, str], ...] = ()
+    prometheus_mapper_yaml: str = ""
+    prometheus_response_time_as_milliseconds: bool = False
+
+    redis_tls_cacert: str = ""
+    redis_tls_client_cert: str = ""
+    redis_tls_client_key: str = ""
+    redis_tls_skip_hostname_verification: bool = False
+    redis_sentinel_auth: str = ""
+    redis_persecond_sentinel_auth: str = ""
+    # None: as REDIS_TIMEOUT (what ferryman did before the reference split them).
+    redis_persecond_timeout: float | None = None
+
+    # Empty: OTEL_SERVICE_NAME when set, else the reference's default, "RateLimit".
+    tracing_service_name: str = ""
+    tracing_service_namespace: str = ""
+    tracing_service_instance_id: str = ""
+    # How spans are pushed (OTLP over http or grpc). The reference's default, http, is what
+    # from_env gives; a Settings built in code keeps gRPC, the transport of OTLP metrics.
+    tracing_exporter_protocol: str = "grpc"
+
+    # Set variables of the reference that ferryman accepts but cannot honour (logged once).
+    ignored: tuple[str, ...] = ()
 
     shutdown_grace_seconds: float = 10.0
     hold_lease_seconds: float = 10.0
@@ -254,8 +386,28 @@ class Settings:
             backend = "memory"
         elif backend_type == "redis":
             backend = "redis"
+        elif backend_type == "memcache":
+            backend = "memcache"
+            if not env.get("MEMCACHE_HOST_PORT"):
+                raise SettingsError(
+                    "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT=host:port[,host:port...]"
+                    + (
+                        " (MEMCACHE_SRV discovery is not supported)"
+                        if env.get("MEMCACHE_SRV")
+                        else ""
+                    )
+                )
+            if _bool(env, "MEMCACHE_TLS", False):
+                raise SettingsError("MEMCACHE_TLS=true: ferryman speaks to memcached without TLS")
         else:
-            raise SettingsError(f"BACKEND_TYPE={backend_type!r} is not supported (memory, redis)")
+            raise SettingsError(
+                f"BACKEND_TYPE={backend_type!r} is not supported (memory, redis, memcache)"
+            )
+        memcache_servers = tuple(
+            address(item, "MEMCACHE_HOST_PORT")
+            for item in env.get("MEMCACHE_HOST_PORT", "").split(",")
+            if item.strip()
+        )
         ratio = _float(env, "NEAR_LIMIT_RATIO", d.near_limit_ratio)
         if not 0.0 <= ratio <= 1.0:
             raise SettingsError(f"NEAR_LIMIT_RATIO={ratio} must be between 0 and 1")
@@ -285,7 +437,105 @@ class Settings:
         client_ca = env.get("GRPC_CLIENT_TLS_CACERT", d.grpc_client_tls_cacert)
         client_san = env.get("GRPC_CLIENT_TLS_SAN", d.grpc_client_tls_san)
         _check_tls(use_tls, tls_cert, tls_key, client_ca, client_san)
+        config_type = (env.get("CONFIG_TYPE", "") or d.config_type).upper()
+        if config_type != "FILE":
+            raise SettingsError(
+                f"CONFIG_TYPE={config_type!r} is not supported: ferryman reads descriptor "
+                "files only (CONFIG_TYPE=FILE); see the README's migration section"
+            )
+        protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or "http").lower()
+        if protocol not in ("http", "grpc"):
+            raise SettingsError(f"TRACING_EXPORTER_PROTOCOL={protocol!r} must be http or grpc")
+        for name in POOL_ON_EMPTY:
+            behaviour = env.get(name, "").upper()
+            if behaviour and behaviour not in ("WAIT", "CREATE", "ERROR"):
+                raise SettingsError(f"{name}={behaviour!r} must be WAIT, CREATE or ERROR")
+        for name in DURATIONS_ACCEPTED:
+            _duration(env, name, 0.0)
+        mogrifiers = tuple(
+            m.strip() for m in env.get("USE_DOG_STATSD_MOGRIFIERS", "").split(",") if m.strip()
+        )
+        mogrifier_env = tuple(
+            sorted((k, v) for k, v in env.items() if k.startswith("DOG_STATSD_MOGRIFIER_"))
+        )
+        use_dog_statsd = _bool(env, "USE_DOG_STATSD", d.use_dog_statsd)
+        if use_dog_statsd:
+            from ferryman.statsd import mogrifiers_from_env
+
+            mogrifiers_from_env(mogrifiers, dict(mogrifier_env))
+        statsd_protocol = (env.get("STATSD_PROTOCOL", "") or d.statsd_protocol).lower()
+        if statsd_protocol not in ("tcp", "udp"):
+            raise SettingsError(f"STATSD_PROTOCOL={statsd_protocol!r} must be tcp or udp")
+        # DISABLE_STATS, as the reference: no stats sink of any kind.
+        disable_stats = _bool(env, "DISABLE_STATS", d.disable_stats)
         return cls(
+            config_type=config_type,
+            force_start_without_initial_config=_bool(
+                env, "FORCE_START_WITHOUT_INITIAL_CONFIG", d.force_start_without_initial_config
+            ),
+            healthy_with_at_least_one_config_loaded=_bool(
+                env,
+                "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+                d.healthy_with_at_least_one_config_loaded,
+            ),
+            grpc_uds=env.get("GRPC_UDS", d.grpc_uds),
+            grpc_max_connection_age=_duration(
+                env, "GRPC_MAX_CONNECTION_AGE", d.grpc_max_connection_age
+            ),
+            grpc_max_connection_age_grace=_duration(
+                env, "GRPC_MAX_CONNECTION_AGE_GRACE", d.grpc_max_connection_age_grace
+            ),
+            use_statsd=_bool(env, "USE_STATSD", d.use_statsd),
+            statsd_host=env.get("STATSD_HOST", d.statsd_host),
+            statsd_port=_port(env, "STATSD_PORT", d.statsd_port),
+            statsd_protocol=statsd_protocol,
+            statsd_explicit=any(
+                env.get(name, "") != ""
+                for name in (
+                    "USE_STATSD",
+                    "STATSD_HOST",
+                    "STATSD_PORT",
+                    "STATSD_PROTOCOL",
+                    "USE_DOG_STATSD",
+                )
+            ),
+            stats_flush_interval=_duration(env, "STATS_FLUSH_INTERVAL", d.stats_flush_interval),
+            extra_tags=_tags(env, "EXTRA_TAGS"),
+            disable_stats=disable_stats,
+            use_dog_statsd=use_dog_statsd,
+            use_dog_statsd_mogrifiers=mogrifiers,
+            dog_statsd_mogrifier_env=mogrifier_env,
+            prometheus_mapper_yaml=env.get("PROMETHEUS_MAPPER_YAML", d.prometheus_mapper_yaml),
+            prometheus_response_time_as_milliseconds=_bool(
+                env,
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+                d.prometheus_response_time_as_milliseconds,
+            ),
+            redis_tls_cacert=env.get("REDIS_TLS_CACERT", d.redis_tls_cacert),
+            redis_tls_client_cert=env.get("REDIS_TLS_CLIENT_CERT", d.redis_tls_client_cert),
+            redis_tls_client_key=env.get("REDIS_TLS_CLIENT_KEY", d.redis_tls_client_key),
+            redis_tls_skip_hostname_verification=_bool(
+                env,
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                d.redis_tls_skip_hostname_verification,
+            ),
+            redis_sentinel_auth=env.get("REDIS_SENTINEL_AUTH", d.redis_sentinel_auth),
+            redis_persecond_sentinel_auth=env.get(
+                "REDIS_PERSECOND_SENTINEL_AUTH", d.redis_persecond_sentinel_auth
+            ),
+            redis_persecond_timeout=_duration(env, "REDIS_PERSECOND_TIMEOUT", 0.0)
+            if env.get("REDIS_PERSECOND_TIMEOUT")
+            else None,
+            tracing_service_name=env.get("TRACING_SERVICE_NAME", d.tracing_service_name),
+            tracing_service_namespace=env.get(
+                "TRACING_SERVICE_NAMESPACE", d.tracing_service_namespace
+            ),
+            tracing_service_instance_id=env.get(
+                "TRACING_SERVICE_INSTANCE_ID", d.tracing_service_instance_id
+            ),
+            tracing_exporter_protocol=protocol,
+            ignored=tuple(name for name in ACCEPTED_IGNORED if env.get(name, "") != ""),
+            memcache_servers=memcache_servers,
             host=env.get("HOST", d.host),
             port=_port(env, "PORT", d.port),
             grpc_host=env.get("GRPC_HOST", d.grpc_host),
@@ -356,13 +606,15 @@ class Settings:
             response_dynamic_metadata=_bool(
                 env, "RESPONSE_DYNAMIC_METADATA", d.response_dynamic_metadata
             ),
-            use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus),
+            use_prometheus=_bool(env, "USE_PROMETHEUS", d.use_prometheus) and not disable_stats,
             prometheus_addr=prometheus_addr,
             prometheus_path=prometheus_path,
             metrics_max_series=_int(env, "METRICS_MAX_SERIES", d.metrics_max_series, minimum=1),
             tracing_enabled=_bool(env, "TRACING_ENABLED", d.tracing_enabled),
             tracing_sampling_rate=sampling,
-            otlp_metrics_endpoint=env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
+            otlp_metrics_endpoint=""
+            if disable_stats
+            else env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "") or otlp,
             otlp_traces_endpoint=env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or otlp,
             hold_lease_seconds=_duration(env, "HOLD_LEASE_SECONDS", d.hold_lease_seconds),
             grpc_keepalive_time=_duration(env, "GRPC_KEEPALIVE_TIME", d.grpc_keepalive_time),

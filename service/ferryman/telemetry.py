@@ -52,6 +52,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes
 
 from ferryman._version import __version__
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
@@ -72,9 +73,12 @@ from ferryman.stats import (
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
+    "STATS_COUNTER_FAMILIES",
     "PrometheusReader",
     "Telemetry",
+    "http_traces_url",
     "render_prometheus",
+    "telemetry_resource",
 ]
 
 log = logging.getLogger("ferryman.telemetry")
@@ -163,13 +167,37 @@ _FIXED_COUNTERS = (
     ),
 )
 
+#: The Prometheus families that are Stats counters under their built-in names: with a
+#: PROMETHEUS_MAPPER_YAML file these are served through the mapping instead.
+STATS_COUNTER_FAMILIES = frozenset(
+    [f"ratelimit_service_rate_limit_{stat}" for stat in RULE_STATS]
+    + [name for name, _, _ in _FIXED_COUNTERS]
+    + [
+        "ratelimit_service_should_rate_limit_error",
+        "ratelimit_service_total_requests",
+        "ratelimit_service_local_cache_hits",
+    ]
+)
 
-def _resource() -> Resource:
-    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win; the service is 'ferryman' otherwise."""
+
+DEFAULT_SERVICE_NAME = "RateLimit"
+
+
+def telemetry_resource(settings: Settings) -> Resource:
+    """The reference's TRACING_SERVICE_NAME / _NAMESPACE / _INSTANCE_ID when set; else
+    OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the service is "RateLimit" otherwise,
+    as the reference names it."""
     resource = Resource.create({"service.version": __version__})
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "ferryman"}))
-    return resource
+    own: dict[str, str] = {}
+    if settings.tracing_service_name:
+        own[SERVICE_NAME] = settings.tracing_service_name
+    elif str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        own[SERVICE_NAME] = DEFAULT_SERVICE_NAME
+    if settings.tracing_service_namespace:
+        own["service.namespace"] = settings.tracing_service_namespace
+    if settings.tracing_service_instance_id:
+        own["service.instance.id"] = settings.tracing_service_instance_id
+    return resource.merge(Resource(own)) if own else resource
 
 
 # --------------------------------------------------------------------------- Prometheus text
@@ -214,7 +242,7 @@ def _labels(attributes: Mapping[str, object] | None, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
-def render_prometheus(data: MetricsData | None) -> str:
+def render_prometheus(data: MetricsData | None, leave_out: frozenset[str] = frozenset()) -> str:
     """Prometheus text exposition (0.0.4) of ``data``, metric names kept exactly as given.
 
     Monotonic sums are counters (no ``_total`` is added: the reference's names are the
@@ -225,6 +253,8 @@ def render_prometheus(data: MetricsData | None) -> str:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 name = _metric_name(metric.name)
+                if name in leave_out:
+                    continue
                 point_data = metric.data
                 lines: list[str] = []
                 if isinstance(point_data, Sum):
@@ -278,11 +308,12 @@ class PrometheusReader(MetricReader):
         self._lock = threading.Lock()
         self._data: MetricsData | None = None
 
-    def render(self) -> str:
+    def render(self, leave_out: frozenset[str] = frozenset()) -> str:
+        """Collect, then the text of every family but those named in ``leave_out``."""
         with self._lock:
             self._data = None
             self.collect()
-            return render_prometheus(self._data)
+            return render_prometheus(self._data, leave_out)
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
@@ -382,6 +413,21 @@ class CapacityView(Protocol):
     def unconfigured_requests(self) -> int: ...
 
 
+class _Milliseconds(Histogram):
+    """A histogram fed seconds that records milliseconds."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._histogram = histogram
+
+    def record(
+        self,
+        amount: float,
+        attributes: Attributes = None,
+        context: Context | None = None,
+    ) -> None:
+        self._histogram.record(amount * 1000, attributes, context)
+
+
 class Telemetry:
     """The metric and trace pipelines of one Service, built from Settings.
 
@@ -418,7 +464,7 @@ class Telemetry:
             readers.append(self.prometheus)
         if settings.otlp_metrics_endpoint:
             readers.append(_otlp_metric_reader(settings))
-        resource = _resource() if readers or settings.tracing_enabled else None
+        resource = telemetry_resource(settings) if readers or settings.tracing_enabled else None
         if readers:
             self.meter_provider = MeterProvider(
                 metric_readers=readers,
@@ -427,12 +473,23 @@ class Telemetry:
                 shutdown_on_exit=False,
             )
             meter = self.meter_provider.get_meter(SCOPE, __version__)
-            self.request_latency = meter.create_histogram(
-                "ratelimit_service_response_time_seconds",
-                unit="s",
-                description="Time to answer a call, by gRPC method.",
-                explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
-            )
+            if settings.prometheus_response_time_as_milliseconds:
+                # The reference's legacy form: the same name, the values in milliseconds.
+                self.request_latency = _Milliseconds(
+                    meter.create_histogram(
+                        "ratelimit_service_response_time_seconds",
+                        unit="ms",
+                        description="Time to answer a call, by gRPC method (milliseconds).",
+                        explicit_bucket_boundaries_advisory=[b * 1000 for b in LATENCY_BUCKETS],
+                    )
+                )
+            else:
+                self.request_latency = meter.create_histogram(
+                    "ratelimit_service_response_time_seconds",
+                    unit="s",
+                    description="Time to answer a call, by gRPC method.",
+                    explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+                )
             self.backend_latency = meter.create_histogram(
                 "ratelimit_service_backend_response_time_seconds",
                 unit="s",
@@ -743,7 +800,27 @@ def _otlp_metric_reader(settings: Settings) -> MetricReader:
 
 
 def _otlp_span_processor(settings: Settings) -> SpanProcessor:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    return BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_traces_endpoint))
+    endpoint = settings.otlp_traces_endpoint
+    if settings.tracing_exporter_protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+
+        return BatchSpanProcessor(HttpSpanExporter(endpoint=http_traces_url(endpoint)))
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+
+
+def http_traces_url(endpoint: str) -> str:
+    """OTLP/HTTP's URL for spans: a base endpoint (no path, as OTEL_EXPORTER_OTLP_ENDPOINT
+    is) gets ``/v1/traces``; a bare ``host:port`` gets ``http://``."""
+    if "://" not in endpoint:
+        endpoint = "http://" + endpoint
+    scheme, _, rest = endpoint.partition("://")
+    host, _, path = rest.partition("/")
+    if not path:
+        return f"{scheme}://{host}/v1/traces"
+    return endpoint

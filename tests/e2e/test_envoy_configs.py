@@ -46,8 +46,14 @@ def ratelimit_filter(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_there_are_configs_to_check() -> None:
-    """envoy/ holds the front proxy, its fail-closed variant and the sidecar layout."""
-    assert CONFIGS == ["front-proxy-fail-closed.yaml", "front-proxy.yaml", "sidecar.yaml"]
+    """envoy/ holds the front proxy, its fail-closed variant, routing on the rate limit
+    answer's dynamic metadata, and the sidecar layout."""
+    assert CONFIGS == [
+        "dynamic-metadata.yaml",
+        "front-proxy-fail-closed.yaml",
+        "front-proxy.yaml",
+        "sidecar.yaml",
+    ]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -152,9 +152,19 @@ class Reloader:
         self._attempted: str | None = None
         self._read_failure: str | None = None
 
-    def load(self) -> Config:
-        """Load synchronously (startup); raises ConfigError so a bad start is fatal."""
-        config = self._read()
+    def load(self, *, keep_serving: bool = False, missing_ok: bool = False) -> Config | None:
+        """Load synchronously (startup). A missing directory raises ConfigError unless
+        ``missing_ok``; invalid files raise it unless ``keep_serving``, in which case the
+        error is logged and counted, nothing is in force, and the watch loads the files as
+        soon as they are good (the reference's behaviour)."""
+        present = self.directory.is_dir()
+        try:
+            config = self._read()
+        except ConfigError as exc:
+            if (present and not keep_serving) or (not present and not missing_ok):
+                raise
+            self._reject(exc, "no configuration loaded, waiting for a good one")
+            return None
         assert config is not None
         change = describe_change(self.holder.config, config)
         fields = change_fields(self.holder.config, config)
@@ -168,6 +178,23 @@ class Reloader:
             extra={"fields": {"version": self.holder.version, **fields}},
         )
         return config
+
+    def _reject(self, exc: ConfigError, keeping: str) -> None:
+        log.error(
+            "config rejected, %s: %d problem(s): %s",
+            keeping,
+            len(exc.problems),
+            "; ".join(str(p) for p in exc.problems),
+            extra={
+                "fields": {
+                    "version": self.holder.version,
+                    "problems": [str(p) for p in exc.problems],
+                }
+            },
+        )
+        self._stats.inc(CONFIG_LOAD_ERROR)
+        self.holder.last_error = str(exc)
+        self.holder.last_error_at = time.time()
 
     def _read(self, skip_unchanged: bool = False) -> Config | None:
         try:
@@ -249,22 +276,12 @@ class Reloader:
             config = await asyncio.to_thread(self._read, True)
         except ConfigError as exc:
             self._rewatch()
-            message = str(exc)
-            log.error(
-                "config rejected, keeping version %d: %d problem(s): %s",
-                self.holder.version,
-                len(exc.problems),
-                "; ".join(str(p) for p in exc.problems),
-                extra={
-                    "fields": {
-                        "version": self.holder.version,
-                        "problems": [str(p) for p in exc.problems],
-                    }
-                },
+            keeping = (
+                f"keeping version {self.holder.version}"
+                if self.holder.config is not None
+                else "still no configuration loaded"
             )
-            self._stats.inc(CONFIG_LOAD_ERROR)
-            self.holder.last_error = message
-            self.holder.last_error_at = time.time()
+            self._reject(exc, keeping)
             return False
         self._rewatch()
         if config is None:

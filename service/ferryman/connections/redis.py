@@ -198,6 +198,7 @@ class RedisConnection:
             "socket_connect_timeout": timeout,
             "health_check_interval": 0,
         }
+        common.update(t.ssl_options())
         if t.kind == "cluster":
             return RedisCluster(
                 startup_nodes=[ClusterNode(h, p) for h, p in t.addresses],
@@ -209,7 +210,10 @@ class RedisConnection:
         if t.kind == "sentinel":
             self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
                 list(t.addresses),
-                sentinel_kwargs={"socket_timeout": timeout, "password": t.password},
+                sentinel_kwargs={
+                    "socket_timeout": timeout,
+                    "password": t.password if t.sentinel_password is None else t.sentinel_password,
+                },
                 ssl=t.tls,
                 **common,
             )
@@ -241,6 +245,7 @@ class RedisConnection:
             socket_timeout=None,
             socket_connect_timeout=t.timeout,
             health_check_interval=0,
+            **(t.ssl_options() if issubclass(connection_class, aioredis.SSLConnection) else {}),
             **where,
         )
 

@@ -29,6 +29,31 @@ class RedisTarget:
     # connection, and commands that fill a batch; 0 means off.
     pipeline_window: float = 0.0
     pipeline_limit: int = 0
+    # TLS files (PEM) and checks, as REDIS_TLS_CACERT / _CLIENT_CERT / _CLIENT_KEY /
+    # _SKIP_HOSTNAME_VERIFICATION: the server's certificate is always verified (against
+    # the system's roots unless a CA file is given); skipping keeps the chain check.
+    tls_ca_cert: str = ""
+    tls_client_cert: str = ""
+    tls_client_key: str = ""
+    tls_check_hostname: bool = True
+    # REDIS_SENTINEL_AUTH: the sentinels' own password (None: the servers' password).
+    sentinel_password: str | None = None
+
+    def ssl_options(self) -> dict[str, Any]:
+        """redis-py's keyword arguments for this target's TLS (empty without TLS)."""
+        if not self.tls:
+            return {}
+        options: dict[str, Any] = {
+            "ssl_cert_reqs": "required",
+            "ssl_check_hostname": self.tls_check_hostname,
+        }
+        if self.tls_ca_cert:
+            options["ssl_ca_certs"] = self.tls_ca_cert
+        if self.tls_client_cert:
+            options["ssl_certfile"] = self.tls_client_cert
+        if self.tls_client_key:
+            options["ssl_keyfile"] = self.tls_client_key
+        return options
 
     def describe(self) -> str:
         if self.unix_path:

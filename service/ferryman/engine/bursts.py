@@ -70,11 +70,7 @@ class BurstLimiter:
             over = outcome.granted < b.hits
             status = self._status(b, outcome, over)
             statuses[b.index] = status
-            tally.add(
-                status.code is Code.OVER_LIMIT,
-                b.quota,
-                None if over else b.rule.metadata,
-            )
+            tally.add(status.code is Code.OVER_LIMIT, b.quota, b.rule.metadata, b.index)
 
     def _status(self, b: BurstItem, outcome: BurstOutcome, over: bool) -> Status:
         """The Envoy view of a burst decision: the current tier as the limit."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy
@@ -113,7 +113,9 @@ class RateLimitEngine:
         dom = config.domains.get(domain)
         if dom is None:
             self._stats.rule(domain, "domain_not_found", 1, (domain,))
-            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+            return self._decision(
+                domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
+            )
         request_hits = hits_addend or 1
         now = self._clock.now()
         plan = self._plan(config, dom, descriptors, request_hits, now)
@@ -130,9 +132,9 @@ class RateLimitEngine:
         self.windows.answer(plan.windows, results, now, statuses, tally)
         for h, status in zip(plan.holds, held, strict=True):
             statuses[h.index] = status
-            tally.add(status.code is Code.OVER_LIMIT, h.quota)
+            tally.add(status.code is Code.OVER_LIMIT, h.quota, h.rule.metadata, h.index)
         self.bursts.answer(plan.bursts, outcomes, statuses, tally)
-        return self._decision(domain, descriptors, request_hits, statuses, tally)
+        return self._decision(domain, descriptors, hits_addend, statuses, tally)
 
     def _config(self) -> Config:
         config = self._source.config
@@ -219,6 +221,10 @@ class RateLimitEngine:
         backend = self._backend
         stop = self.options.stop_when_over
         ops: list[CounterOp] = [w.op for w in plan.windows if w.op is not None and not w.cached]
+        if stop and ops and any(w.cached and w.hits > 0 for w in plan.windows):
+            # A descriptor known to be over (local cache) blocks the request: as with one
+            # found over in the store, the others are read, not incremented.
+            ops = [replace(op, hits=0) if op.hits > 0 else op for op in ops]
         calls: list[Awaitable[Any]] = []
         if ops:
             calls.append(
@@ -251,7 +257,7 @@ class RateLimitEngine:
         self,
         domain: str,
         descriptors: Sequence[DescriptorRequest],
-        request_hits: int,
+        hits_addend: int,
         statuses: list[Status | None],
         tally: Tally,
     ) -> Decision:
@@ -264,7 +270,7 @@ class RateLimitEngine:
         headers = response.headers(opts, final) if opts.headers else ()
         meta = None
         if opts.dynamic_metadata:
-            meta = response.metadata(domain, descriptors, request_hits, tally.metadata)
+            meta = response.metadata(domain, descriptors, hits_addend, tally.metadata)
         return Decision(code, final, headers, meta)
 
     # -- ferryman.v1 ------------------------------------------------------------------------

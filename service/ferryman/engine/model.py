@@ -63,22 +63,36 @@ class Decision:
 @dataclass(slots=True)
 class Tally:
     """What a request's descriptors add up to: the overall code and the metadata of the
-    rules that were within their limit (first value wins)."""
+    rules that were within their limit, by descriptor index."""
 
     quota_total: int = 0
     quota_over: int = 0
     over_hard: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
+    passed: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
 
-    def add(self, over: bool, quota: bool, metadata: Mapping[str, Any] | None = None) -> None:
+    def add(
+        self,
+        over: bool,
+        quota: bool,
+        metadata: Mapping[str, Any] | None = None,
+        index: int = 0,
+    ) -> None:
         if quota:
             self.quota_total += 1
             self.quota_over += over
         elif over:
             self.over_hard = True
         if metadata and not over:
-            for name, value in metadata.items():
-                self.metadata.setdefault(name, value)
+            self.passed.append((index, metadata))
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The passed rules' metadata merged in request order: the first value wins, and
+        two maps under one name are merged the same way, level by level."""
+        merged: dict[str, Any] = {}
+        for _, meta in sorted(self.passed, key=lambda p: p[0]):
+            _merge(merged, meta)
+        return merged
 
     @property
     def code(self) -> Code:
@@ -109,6 +123,18 @@ class EngineOptions:
 class ConfigSource(Protocol):
     @property
     def config(self) -> Config | None: ...
+
+
+def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    for name, value in other.items():
+        if name not in into:
+            into[name] = _copy(value)
+        elif isinstance(into[name], dict) and isinstance(value, Mapping):
+            _merge(into[name], value)
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def unit_for(window: float) -> Unit:

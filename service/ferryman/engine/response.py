@@ -42,19 +42,25 @@ def metadata(
     hits: int,
     rules: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Dynamic metadata: the request as the reference echoes it, then the ``metadata`` of
-    the rules that were within their limit (the request's own fields win)."""
+    """Dynamic metadata in the reference's shape: the request echoed (``domain``;
+    ``descriptors``, each with ``entries`` as ``key=value`` strings, its ``limit`` and
+    ``hitsAddend`` when sent; the request's ``hitsAddend`` when not 0), and under
+    ``metadata`` the merged ``metadata:`` of the rules that passed, when there is any."""
     meta: dict[str, Any] = {
         "domain": domain,
-        "descriptors": [
-            {
-                "entries": [{"key": k, "value": v} for k, v in d.entries],
-                **({} if d.hits is None else {"hitsAddend": d.hits}),
-            }
-            for d in descriptors
-        ],
-        "hitsAddend": hits,
+        "descriptors": [_descriptor(d) for d in descriptors],
     }
-    for name, value in rules.items():
-        meta.setdefault(name, value)
+    if hits:
+        meta["hitsAddend"] = hits
+    if rules:
+        meta["metadata"] = dict(rules)
     return meta
+
+
+def _descriptor(d: DescriptorRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {"entries": [f"{k}={v}" for k, v in d.entries]}
+    if d.limit is not None and d.limit.unit is not None:
+        out["limit"] = f"requests_per_unit:{d.limit.requests_per_unit} unit:{d.limit.unit.name}"
+    if d.hits is not None:
+        out["hitsAddend"] = d.hits
+    return out

@@ -181,6 +181,6 @@ class WindowLimiter:
                 remaining = 0 if over else rpu - after
             code = Code.OVER_LIMIT if over else Code.OK
             statuses[item.index] = Status(code, limit, remaining, reset, item.quota)
-            tally.add(over, item.quota, item.metadata)
+            tally.add(over, item.quota, item.metadata, item.index)
         if counts:
             stats.rule_counts(counts)

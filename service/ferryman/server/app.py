@@ -11,6 +11,7 @@ import socket
 import ssl
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qs
 
 import grpc
@@ -31,6 +32,7 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
+from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.console import Console, LatencyRecorder
 from ferryman.server.decoding import GuardedServer
@@ -50,9 +52,16 @@ from ferryman.server.rls import RateLimitServicer
 from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
-from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
+from ferryman.statsd import StatsdSink, mogrifiers_from_env
+from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
-__all__ = ["Service", "engine_options", "grpc_server_options", "make_backend"]
+__all__ = [
+    "Service",
+    "engine_options",
+    "grpc_server_options",
+    "make_backend",
+    "statsd_sink",
+]
 
 log = logging.getLogger("ferryman")
 
@@ -107,6 +116,13 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
     ]
+    if settings.grpc_max_connection_age > 0:
+        # As the reference: a connection is sent GOAWAY after this age (gRPC adds +/-10%
+        # jitter), so that clients spread over new replicas; in-flight calls get the grace.
+        options.append(("grpc.max_connection_age_ms", _ms(settings.grpc_max_connection_age)))
+        options.append(
+            ("grpc.max_connection_age_grace_ms", _ms(settings.grpc_max_connection_age_grace))
+        )
     if settings.grpc_keepalive_time > 0:
         every = max(1, round(settings.grpc_keepalive_time * 1000))
         wait = max(1, round(settings.grpc_keepalive_timeout * 1000))
@@ -119,6 +135,11 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.min_time_between_pings_ms", every),
         ]
     return options
+
+
+def _ms(seconds: float) -> int:
+    # gRPC's channel arguments are C ints: a longer age than ~24 days means "never".
+    return min(2**31 - 1, max(1, round(seconds * 1000)))
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -138,11 +159,42 @@ def engine_options(settings: Settings) -> EngineOptions:
     )
 
 
+def statsd_sink(settings: Settings, stats: Stats) -> StatsdSink | None:
+    """The StatsD (or DogStatsD) sink the settings ask for: on by default, as in the
+    reference; off with USE_STATSD=false (and USE_DOG_STATSD unset) or DISABLE_STATS."""
+    s = settings
+    if s.disable_stats or not (s.use_statsd or s.use_dog_statsd):
+        return None
+    mogrifiers = (
+        mogrifiers_from_env(s.use_dog_statsd_mogrifiers, dict(s.dog_statsd_mogrifier_env))
+        if s.use_dog_statsd
+        else []
+    )
+    return StatsdSink(
+        stats,
+        s.statsd_host,
+        s.statsd_port,
+        s.stats_flush_interval,
+        tags=s.extra_tags,
+        dog=s.use_dog_statsd,
+        mogrifiers=mogrifiers,
+        # DogStatsD agents listen on UDP (the reference's dogstatsd client sends UDP).
+        protocol="udp" if s.use_dog_statsd else s.statsd_protocol,
+        quiet=not s.statsd_explicit,
+    )
+
+
 def make_backend(settings: Settings, clock: Clock) -> Backend:
     """The backend the settings ask for: memory, the REDIS_* variables, or a URL."""
     s = settings
     if s.backend == "memory":
         return MemoryBackend(clock, s.memory_max_keys)
+    if s.backend == "memcache":
+        from ferryman.backends.memcache import MemcacheBackend
+
+        return MemcacheBackend(
+            s.memcache_servers, jitter_max=s.expiration_jitter_max_seconds, clock=clock
+        )
     from ferryman.backends.redis import (
         RedisBackend,
         RoutedBackend,
@@ -152,6 +204,13 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
 
     jitter = s.expiration_jitter_max_seconds
     window, limit = s.redis_pipeline_window, s.redis_pipeline_limit
+    # As the reference: one set of TLS files for every Redis that uses TLS.
+    tls: dict[str, Any] = {
+        "tls_ca_cert": s.redis_tls_cacert,
+        "tls_client_cert": s.redis_tls_client_cert,
+        "tls_client_key": s.redis_tls_client_key,
+        "tls_check_hostname": not s.redis_tls_skip_hostname_verification,
+    }
     if s.backend == "redis":
         check_redis_url(s.redis_type, s.redis_url, s.redis_socket_type, "REDIS")
         if s.redis_persecond:
@@ -174,6 +233,8 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
                 ),
                 pipeline_window=window,
                 pipeline_limit=limit,
+                sentinel_password=s.redis_sentinel_auth or None,
+                **tls,
             ),
             jitter_max=jitter,
         )
@@ -188,10 +249,14 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
                     s.redis_persecond_auth,
                     s.redis_persecond_tls,
                     s.redis_persecond_pool_size,
-                    s.redis_timeout,
+                    s.redis_timeout
+                    if s.redis_persecond_timeout is None
+                    else s.redis_persecond_timeout,
                 ),
                 pipeline_window=s.redis_persecond_pipeline_window,
                 pipeline_limit=s.redis_persecond_pipeline_limit,
+                sentinel_password=s.redis_persecond_sentinel_auth or None,
+                **tls,
             ),
             jitter_max=jitter,
         )
@@ -199,7 +264,8 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
     if s.backend.startswith(("redis", "rediss", "unix")):
         target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
         return RedisBackend(
-            replace(target, pipeline_window=window, pipeline_limit=limit), jitter_max=jitter
+            replace(target, pipeline_window=window, pipeline_limit=limit, **tls),
+            jitter_max=jitter,
         )
     raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
 
@@ -309,6 +375,11 @@ class Service:
             "debug",
         )
         self._metrics: HttpServer | None = None
+        self.mapping = (
+            StatsdMapping.from_file(settings.prometheus_mapper_yaml)
+            if settings.prometheus_mapper_yaml and self.telemetry.prometheus is not None
+            else None
+        )
         if self.telemetry.prometheus is not None:
             self._metrics = HttpServer(
                 {("GET", settings.prometheus_path): self._prometheus}, "prometheus"
@@ -316,13 +387,22 @@ class Service:
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
+        self.statsd = statsd_sink(settings, self.stats)
 
     def healthy(self) -> bool:
-        """Whether the service can answer: by default whatever the backend's state (its
-        failure policy answers for it), unless health is asked to require the backend."""
-        if self._stopping or self.holder.config is None:
+        """Whether the service can answer. By default whatever the backend's state (its
+        failure policy answers for it), unless health is asked to require the backend; with
+        HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, also at least one domain in force (the
+        reference's rule; without it, a service whose first configuration was rejected is
+        healthy and answers every call with the "no configuration loaded" error)."""
+        if self._stopping:
             return False
-        return not self.settings.health_requires_backend or self.backend.healthy()
+        if self.settings.health_requires_backend and not self.backend.healthy():
+            return False
+        if self.settings.healthy_with_at_least_one_config_loaded:
+            config = self.holder.config
+            return config is not None and bool(config.domains)
+        return True
 
     async def start(self) -> None:
         s = self.settings
@@ -331,12 +411,20 @@ class Service:
         if s.workers == 1:  # workers share their ports: each may bind what another holds
             for host, port, what in self._ports():
                 _probe_port(host, port, what)
+        for name in s.ignored:
+            log.warning(
+                "%s is set: ferryman accepts it but it changes nothing here "
+                "(see the README, Migrating from envoyproxy/ratelimit)",
+                name,
+            )
         self.tls = tls = TlsFiles.from_settings(s)
-        self.reloader.load()
+        self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
         await self.backend.start()
         await self.reloader.start()
         await self.holds.start()
         self.console.start()
+        if self.statsd is not None:
+            await self.statsd.start()
         server = grpc.aio.server(options=grpc_server_options(s))
         # Registered through the guard, so that a request that does not decode is counted
         # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
@@ -367,16 +455,25 @@ class Service:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
-        address = f"{_host(s.grpc_host)}:{s.grpc_port}"
+        # As the reference: GRPC_UDS replaces GRPC_HOST:GRPC_PORT (gRPC removes a socket file
+        # left by a previous run).
+        address = f"unix:{s.grpc_uds}" if s.grpc_uds else f"{_host(s.grpc_host)}:{s.grpc_port}"
         try:
             if tls is None:
-                self.grpc_port = server.add_insecure_port(address)
+                port = server.add_insecure_port(address)
             else:
-                self.grpc_port = server.add_secure_port(address, tls.grpc_credentials())
+                port = server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError:
+            if s.grpc_uds:
+                raise SettingsError(
+                    f"cannot listen on the unix socket GRPC_UDS={s.grpc_uds!r}: check that "
+                    "its directory exists and is writable and that no file is in the way"
+                ) from None
             raise SettingsError(
                 _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
             ) from None
+        if not s.grpc_uds:
+            self.grpc_port = port
         await self.capacity.start(self.grpc_port)
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
@@ -394,24 +491,32 @@ class Service:
                 self._metrics, host, port, "PROMETHEUS_ADDR", context, shared
             )
         log.info(
-            "ferryman serving%s: grpc :%d, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "ferryman serving%s: grpc %s, http :%d, debug :%d%s, backend %s, config %s; %s",
             "" if tls is None else " over TLS" + (" (mutual)" if tls.mutual else ""),
-            self.grpc_port,
+            f"unix:{s.grpc_uds}" if s.grpc_uds else f":{self.grpc_port}",
             self.http_port,
             self.debug_port,
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
             s.config_dir,
-            self.telemetry.describe(),
+            "; ".join(
+                part
+                for part in (
+                    self.telemetry.describe(),
+                    self.statsd.describe() if self.statsd is not None else "",
+                )
+                if part
+            ),
         )
 
     def _ports(self) -> list[tuple[str, int, str]]:
         s = self.settings
         ports = [
-            (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]),
             (s.host, s.port, _PORT_NAMES["http"]),
             (s.debug_host, s.debug_port, _PORT_NAMES["debug"]),
         ]
+        if not s.grpc_uds:
+            ports.insert(0, (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]))
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
             ports.append((host, port, "PROMETHEUS_ADDR"))
@@ -439,6 +544,8 @@ class Service:
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()
+        if self.statsd is not None:
+            await self.statsd.stop()  # the last flush carries every call
         # Last, so that the final push carries every call.
         await asyncio.to_thread(self.telemetry.shutdown)
 
@@ -634,8 +741,14 @@ class Service:
     async def _prometheus(self, request: HttpRequest) -> HttpResponse:
         reader = self.telemetry.prometheus
         assert reader is not None
-        # Collection reads every series; keep it off the event loop.
-        body = await asyncio.to_thread(reader.render)
+        mapping = self.mapping
+        if mapping is None:
+            # Collection reads every series; keep it off the event loop.
+            body = await asyncio.to_thread(reader.render)
+        else:
+            # PROMETHEUS_MAPPER_YAML: the counters under the file's names, the rest as usual.
+            body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
+            body = mapping.render(self.stats) + body
         return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
 
 

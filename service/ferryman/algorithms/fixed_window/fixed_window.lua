@@ -5,7 +5,8 @@
 --                only those counters (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); else "0"
 -- ARGV[3i-1]     hits for counter i (negative: give hits back, never below zero)
 -- ARGV[3i]       limit for counter i
--- ARGV[3i+1]     TTL in seconds for counter i (window length plus jitter)
+-- ARGV[3i+1]     TTL in seconds for counter i (window length plus jitter), set on a new
+--                counter and on any changed counter that has no expiry
 -- returns        {after_1, applied_1, after_2, applied_2, ...}: each counter's value after
 --                the call and how many hits were stored for it
 local n = #KEYS
@@ -61,7 +62,9 @@ for i = 1, n do
       before = after
     else
       before = after - h
-      if after == h then
+      -- A new counter gets its expiry; so does one found without any (written by hand, or
+      -- left by a writer that died between its INCRBY and its EXPIRE): none lives forever.
+      if after == h or redis.call('TTL', key) == -1 then
         redis.call('EXPIRE', key, ttls[i])
       end
       values[key] = after
@@ -72,6 +75,9 @@ for i = 1, n do
     if not skip[i] and h < 0 and before > 0 then
       after = math.max(0, before + h)
       redis.call('SET', key, after, 'KEEPTTL')
+      if redis.call('TTL', key) == -1 then
+        redis.call('EXPIRE', key, ttls[i])
+      end
       values[key] = after
     end
   end
