@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferryman.envoy.read import Piece, message_class
+from ferryman.envoy.read import Piece, message_class, quiet
 
 __all__ = ["Entry", "Filter", "Inventory", "Part", "collect", "parts_of"]
 
@@ -278,6 +278,11 @@ def _listener(inv: Inventory, file: str, where: str, listener: Any) -> None:
 
 def collect(pieces: Sequence[Piece]) -> Inventory:
     """Every rate limit filter and ``rate_limits`` entry of ``pieces``."""
+    with quiet():
+        return _collect(pieces)
+
+
+def _collect(pieces: Sequence[Piece]) -> Inventory:
     inv = Inventory()
     for piece in pieces:
         m = piece.message

@@ -8,25 +8,35 @@ YAML path, never crashed on.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from ferryman.errors import EnvoyFileError
 
-__all__ = ["Piece", "message_class", "read_file", "read_text"]
+__all__ = ["Piece", "message_class", "quiet", "read_file", "read_text"]
 
 _PREFIX = "type.googleapis.com/"
 
 
-def _module(package: str) -> Any:
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No DeprecationWarning: the generated models use a pydantic form deprecated in 2.12,
+    and reading a deprecated Envoy field (Envoy warns about those itself) warns too."""
     with warnings.catch_warnings():
-        # The generated models use a pydantic validator form deprecated in 2.12.
         warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _module(package: str) -> Any:
+    with quiet():
         return importlib.import_module(f"envoy_data_plane.{package}")
 
 
@@ -89,14 +99,18 @@ def _parse(file: str, where: str, kind: tuple[str, str], value: object) -> Piece
     _import_types(file, value, where)
     cls = message_class(*kind)
     try:
-        message = cls.from_dict(value)
+        with quiet():
+            message = cls.from_dict(value)
     except KeyError as exc:
         # "Unknown field 'nmae' in message Listener."
         raise EnvoyFileError(file, where, str(exc.args[0]).rstrip(".")) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        detail = f"invalid {exc.title}: {field}: {first['msg']}"
+        raise EnvoyFileError(file, where, detail) from None
     except (ValueError, TypeError) as exc:
-        first = str(exc).splitlines()
-        detail = "; ".join(line.strip() for line in first[:3])
-        raise EnvoyFileError(file, where, f"invalid {kind[1]}: {detail}") from None
+        raise EnvoyFileError(file, where, f"invalid {kind[1]}: {exc}") from None
     return Piece(file, where, kind[1], message)
 
 
