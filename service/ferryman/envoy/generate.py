@@ -311,6 +311,13 @@ def generate(
             for limit in _limits(path, None, headers)  # no stream-done release on a vhost
         ]
         docs = _istio(domain, limits, ferryman)
+        held = [p[-1].stats_key for p in paths if isinstance(table.get(p[-1]), CopiesNode)]
+        if held:
+            # A virtual host's entries cannot give a copy back when the stream ends.
+            head += (
+                f"# {', '.join(held)} hold copies: add, per route, a RateLimitPerRoute entry "
+                "with apply_on_stream_done and negative hits_addend to give them back.\n"
+            )
         return head + yaml.safe_dump_all(docs, sort_keys=False)
     routes = [_route(path, table.get(path[-1]), headers) for path in paths]
     tree = _bootstrap(domain, routes, ferryman, upstream, listen)
