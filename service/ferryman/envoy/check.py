@@ -319,6 +319,8 @@ def render(report: Report, strict: bool = False) -> str:
                 lines.append(f"        -> {rule['stats_key']}: {_short(rule)}{when}")
             if not r["reaches"]:
                 lines.append(f"        -> nothing in domain {r['domain']}")
+        if not e["results"]:
+            lines.append("        -> not walked: see the errors below")
     for f in report.findings:
         lines.append(f"{f['severity']}: {f['file']}: {f['where']}: {f['message']}")
     verdict = "ok" if report.exit_code(strict) == 0 else "FAILED"
