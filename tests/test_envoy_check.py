@@ -319,3 +319,38 @@ def test_an_entry_of_a_stage_without_filter_is_an_error(
     run = envoy_cli(capsys, "check", str(envoy), "--config", str(config))
     assert run.code == 1
     assert "stage 1 has no rate limit filter: Envoy never sends this entry" in run.out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--domain", "nope"], "ferryman: --domain: 'nope' is not configured (known: shop)\n"),
+        (
+            ["--domain", "shop", "--header", "user"],
+            "ferryman: --header 'user': expected KEY=HEADER (a header name)\n",
+        ),
+    ],
+    ids=["unknown domain", "malformed header mapping"],
+)
+def test_generate_refuses_a_bad_request_with_status_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown domain or a malformed --header: one line naming the flag, exit 2."""
+    run = envoy_cli(capsys, "generate", "--config", str(_config(tmp_path)), *args)
+    assert (run.code, run.out, run.err) == (2, "", message)
+
+
+def test_generate_then_check_round_trips_with_a_header_mapping(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The generated routes send each rule's descriptor; --header names the header read."""
+    config = _config(tmp_path)
+    run = envoy_cli(
+        capsys, "generate", "--config", str(config), "--domain", "shop", "--header", "user=X-User"
+    )
+    assert run.code == 0
+    assert "header_name: x-user" in run.out and "descriptor_value: checkout" in run.out
+    checked = envoy_cli(capsys, "check", str(_envoy(tmp_path, run.out)), "--config", str(config))
+    assert checked.code == 0, checked.out
+    assert "-> shop.tenant.plan_gold: fixed window 5/second when header plan = gold" in checked.out
+    assert "no Envoy entry reaches" not in checked.out

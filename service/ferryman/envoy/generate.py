@@ -50,7 +50,7 @@ def rule_paths(config: Config, options: EngineOptions, domain: str) -> list[tupl
     dom = config.domains.get(domain)
     if dom is None:
         known = ", ".join(sorted(config.domains)) or "none"
-        raise NotFoundError("domain", f"domain {domain!r} is not configured (known: {known})")
+        raise NotFoundError("--domain", f"{domain!r} is not configured (known: {known})")
     table = policies(config, options)
     out: list[tuple[Rule, ...]] = []
 
