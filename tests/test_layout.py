@@ -99,3 +99,16 @@ def test_pure_parts_import_without_grpc_or_the_client() -> None:
         "assert 'grpc' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_only_the_command_line_imports_the_envoy_tools() -> None:
+    """``ferryman.envoy`` (and envoy-data-plane, an optional extra) stays out of the service."""
+    edges = import_graph()
+    assert [part for part, targets in edges.items() if "envoy" in targets] == ["cli"]
+    code = (
+        "import sys\n"
+        "import ferryman.cli, ferryman.server.app\n"
+        "names = ('envoy_data_plane', 'ferryman.envoy')\n"
+        "assert not [m for m in sys.modules if m.startswith(names)]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -317,13 +317,14 @@ def test_bash_completion_offers_commands_options_and_values(workdir: Path) -> No
     result = ferryman("completion", "bash", cwd=workdir)
     assert result.returncode == 0
     script = result.stdout
-    commands = ["serve", "check", "query", "explain", "completion"]
+    commands = ["serve", "check", "query", "explain", "envoy", "completion"]
     assert complete(script, "") == [*commands, "--version", "--help", "--debug"]
     assert complete(script, "se") == ["serve"]
     assert "--grpc-port" in complete(script, "serve", "--")
     assert complete(script, "serve", "--log-level", "") == ["debug", "info", "warn", "error"]
     assert complete(script, "query", "--format", "j") == ["json"]
     assert complete(script, "completion", "") == ["--help", "--debug", "bash", "zsh"]
+    assert complete(script, "envoy", "") == ["--help", "--debug", "check", "generate"]
     assert complete(script, "check", "desc", cwd=workdir) == ["descriptors"]
 
 

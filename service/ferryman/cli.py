@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from ferryman import logs
@@ -28,6 +28,10 @@ from ferryman.config.loader import load_sources, read_directory
 from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
 from ferryman.server.workers import WORKER_ENV
 from ferryman.settings import Settings, split_address
+
+if TYPE_CHECKING:
+    from ferryman.config.model import Config
+    from ferryman.engine.model import EngineOptions
 
 __all__ = ["main"]
 
@@ -66,6 +70,11 @@ _EXAMPLES = {
       --descriptor message_type=marketing,to_number=2061111111
   ferryman explain --target 127.0.0.1:6070 --domain edge-proxy \\
       --descriptor remote_address=10.0.0.1 --format json   # with the current counts""",
+    "envoy": """examples:
+  ferryman envoy check envoy/front-proxy.yaml --config descriptors
+  ferryman envoy check k8s/overlays/istio/*.yaml --config k8s/base/descriptors --format json
+  ferryman envoy generate --domain messaging --config descriptors > envoy.yaml
+  ferryman envoy generate --domain edge-proxy --format istio --header plan=x-plan""",
     "completion": """examples:
   source <(ferryman completion bash)              # in ~/.bashrc
   ferryman completion zsh > "${fpath[1]}/_ferryman" # then restart zsh""",
@@ -225,6 +234,65 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument(
         "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
+    envoy = sub.add_parser(
+        "envoy",
+        help="check Envoy configs against the descriptors, or generate them",
+        description="check: read Envoy bootstraps, Listeners, RouteConfigurations or Istio "
+        "EnvoyFilters, derive the descriptor each rate_limits entry sends and walk it down "
+        "its domain's tree; exit 0 when every entry reaches a rule, 1 when one cannot (or, "
+        "with --strict, on a warning), 2 when a file cannot be read. generate: print the "
+        "Envoy pieces that make a domain's rules reachable. Needs pip install ferryman[envoy].",
+        epilog=_EXAMPLES["envoy"],
+        formatter_class=raw,
+        parents=[debug],
+    )
+    envoy_sub = envoy.add_subparsers(dest="envoy_command", required=True, metavar="ACTION")
+    envoy_check = envoy_sub.add_parser(
+        "check", help="check Envoy files against the descriptors", parents=[debug]
+    )
+    envoy_check.add_argument("files", nargs="+", type=Path, metavar="ENVOY_FILE")
+    envoy_check.add_argument(
+        "--config", type=Path, help="descriptor directory (default: descriptors/ here)"
+    )
+    envoy_check.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
+    envoy_check.add_argument("--strict", action="store_true", help="fail on warnings too")
+    envoy_generate = envoy_sub.add_parser(
+        "generate", help="print Envoy config reaching a domain's rules", parents=[debug]
+    )
+    envoy_generate.add_argument("--domain", required=True)
+    envoy_generate.add_argument(
+        "--config", type=Path, help="descriptor directory (default: descriptors/ here)"
+    )
+    envoy_generate.add_argument(
+        "--format",
+        choices=("envoy", "istio"),
+        default="envoy",
+        help="a bootstrap (default) or Istio EnvoyFilter manifests",
+    )
+    envoy_generate.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=HEADER",
+        help="read descriptor key KEY from request header HEADER (default: the header KEY)",
+    )
+    envoy_generate.add_argument(
+        "--ferryman",
+        default="127.0.0.1:8081",
+        metavar="HOST:PORT",
+        help="ferryman's gRPC address (default 127.0.0.1:8081)",
+    )
+    envoy_generate.add_argument(
+        "--upstream",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
+        help="the upstream the routes lead to (default 127.0.0.1:8000)",
+    )
+    envoy_generate.add_argument(
+        "--listen", type=_port, default=10000, help="Envoy's listener port (default 10000)"
     )
     completion = sub.add_parser(
         "completion",
@@ -573,6 +641,57 @@ def _explain_remote(args: argparse.Namespace) -> dict[str, Any]:
     return answer
 
 
+def _load_config(directory: Path | None) -> tuple[Config, EngineOptions]:
+    from ferryman.server.app import engine_options
+
+    settings = Settings.from_env()
+    directory = directory if directory is not None else Path("descriptors")
+    _require_directory(directory, "the path given to --config")
+    config = load_sources(
+        read_directory(directory, ignore_dotfiles=settings.ignore_dotfiles),
+        merge_domains=settings.merge_domain_config,
+    )
+    return config, engine_options(settings)
+
+
+def _envoy(args: argparse.Namespace) -> int:
+    try:
+        import envoy_data_plane  # noqa: F401
+    except ImportError:
+        raise SettingsError(
+            "ferryman envoy needs the envoy-data-plane package: pip install ferryman[envoy]"
+        ) from None
+    config, options = _load_config(args.config)
+    if args.envoy_command == "generate":
+        from ferryman.envoy.generate import generate, parse_headers
+
+        print(
+            generate(
+                config,
+                options,
+                args.domain,
+                fmt=args.format,
+                headers=parse_headers(args.header),
+                ferryman=args.ferryman,
+                upstream=args.upstream,
+                listen=args.listen,
+            ),
+            end="",
+        )
+        return 0
+    from ferryman.envoy.actions import collect
+    from ferryman.envoy.check import check, render
+    from ferryman.envoy.read import read_file
+
+    pieces = [piece for path in args.files for piece in read_file(path)]
+    report = check(collect(pieces), config, options)
+    if args.format == "json":
+        print(json.dumps(report.as_dict(args.strict)))
+    else:
+        print(render(report, args.strict), end="")
+    return report.exit_code(args.strict)
+
+
 def _completion(args: argparse.Namespace) -> int:
     print(completion_script(args.shell, _parser()), end="")
     return 0
@@ -648,6 +767,7 @@ _COMMANDS = {
     "check": _check,
     "query": _query,
     "explain": _explain,
+    "envoy": _envoy,
     "completion": _completion,
 }
 

@@ -5,6 +5,7 @@ Every exception derives from :class:`FerrymanError`::
     FerrymanError
     ├── ConfigError            a descriptor file or directory is invalid (carries every problem)
     ├── SettingsError          an environment variable or command-line flag is invalid
+    ├── EnvoyFileError         an Envoy or Istio file given to `ferryman envoy` cannot be read
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
     │   ├── NotFoundError          ...or names a domain or descriptor that is not configured
     │   ├── HoldError              ...or releases/transfers more copies than it holds
@@ -36,6 +37,7 @@ __all__ = [
     "BackendTimeoutError",
     "ConfigError",
     "ConfigProblem",
+    "EnvoyFileError",
     "ErrorStatus",
     "FerrymanError",
     "HoldError",
@@ -85,6 +87,15 @@ class ConfigError(FerrymanError):
 
 class SettingsError(FerrymanError):
     """A setting (environment variable or flag) has an invalid value."""
+
+
+class EnvoyFileError(FerrymanError):
+    """An Envoy or Istio file cannot be read: ``where`` is the YAML path of the problem."""
+
+    def __init__(self, file: str, where: str, message: str) -> None:
+        self.file = file
+        self.where = where
+        super().__init__(f"{file}: {where}: {message}" if where else f"{file}: {message}")
 
 
 class RequestError(FerrymanError):
@@ -180,6 +191,7 @@ STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
         FerrymanError: ErrorStatus("INTERNAL", 500, _CLIENT),
         ConfigError: ErrorStatus("FAILED_PRECONDITION", 400, _CLIENT),
         SettingsError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
+        EnvoyFileError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
         RequestError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
         NotFoundError: ErrorStatus("NOT_FOUND", 404, _CLIENT),
         HoldError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),

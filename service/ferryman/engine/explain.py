@@ -17,7 +17,7 @@ from ferryman.engine.policy import policies as build_policies
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
 
-__all__ = ["Explanation", "explain", "parse_descriptor", "render"]
+__all__ = ["Explanation", "describe_rule", "explain", "parse_descriptor", "render"]
 
 
 def parse_descriptor(text: str) -> list[tuple[str, str]]:
@@ -66,7 +66,8 @@ def _step(level: Level, key: str, value: str) -> tuple[Rule | None, dict[str, An
     return rule, step
 
 
-def _rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
+def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
+    """A rule as plain data: its kind (fixed_window, burst_tiers, copies...) and numbers."""
     out: dict[str, Any] = {
         "stats_key": rule.stats_key,
         "source": rule.source,
@@ -169,7 +170,7 @@ def explain(
         else:
             last = path[-1]
             policy = table.get(last)
-            d["rule"] = _rule(policy, last)
+            d["rule"] = describe_rule(policy, last)
             d["stats_key"] = stats_key(domain, entries, path)[0]
             if isinstance(policy, Plain | Window):
                 seconds = policy.limit.unit.seconds if policy.limit.unit else 1

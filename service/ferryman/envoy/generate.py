@@ -1,0 +1,324 @@
+"""The Envoy pieces that make a domain's rules reachable: the rate limit filter, the ferryman
+cluster, and per rule path a route whose ``rate_limits`` actions send that path's descriptor.
+
+Well-known keys become their own actions (``remote_address``, ``destination_cluster``,
+``source_cluster``, ``generic_key``); any other key is read from the request header of the
+same name, or the one ``--header KEY=HEADER`` names.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from ferryman.config.model import Config, Level, Rule
+from ferryman.engine.model import EngineOptions
+from ferryman.engine.policy import CopiesNode, Policy, policies
+from ferryman.envoy.actions import RATELIMIT_FILTER
+from ferryman.errors import NotFoundError, SettingsError
+from ferryman.settings import split_address
+
+__all__ = ["generate", "parse_headers", "rule_paths"]
+
+_TYPE = "type.googleapis.com/"
+_RL = _TYPE + "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
+_RL_ROUTE = _TYPE + "envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute"
+_HCM = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
+_H2 = _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_CLUSTER = "ferryman"
+_HEADER = re.compile(r"^:?[0-9a-zA-Z!#$%&'*+\-.^_|~`]+$")
+
+
+def parse_headers(pairs: Sequence[str]) -> dict[str, str]:
+    """``KEY=HEADER`` flags as a mapping; SettingsError on a malformed one."""
+    out = {}
+    for pair in pairs:
+        key, sep, header = pair.partition("=")
+        if not sep or not key or not _HEADER.match(header):
+            raise SettingsError(f"--header {pair!r}: expected KEY=HEADER (a header name)")
+        out[key] = header.lower()
+    return out
+
+
+def rule_paths(config: Config, options: EngineOptions, domain: str) -> list[tuple[Rule, ...]]:
+    """Every path from the root to a rule with a limit, in config order."""
+    dom = config.domains.get(domain)
+    if dom is None:
+        known = ", ".join(sorted(config.domains)) or "none"
+        raise NotFoundError("--domain", f"{domain!r} is not configured (known: {known})")
+    table = policies(config, options)
+    out: list[tuple[Rule, ...]] = []
+
+    def visit(level: Level, parents: tuple[Rule, ...]) -> None:
+        for rule in level.rules:
+            path = (*parents, rule)
+            if rule in table:
+                out.append(path)
+            visit(rule.children, path)
+
+    visit(dom.root, ())
+    return out
+
+
+def _fixed(rule: Rule) -> str:
+    # A wildcard's stars stand for any run, the empty one included.
+    return rule.value.replace("*", "") if rule.value else "any"
+
+
+def _action(rule: Rule, headers: Mapping[str, str]) -> dict[str, Any]:
+    if rule.key in headers:
+        return {"request_headers": {"header_name": headers[rule.key], "descriptor_key": rule.key}}
+    if rule.key == "remote_address":
+        return {"remote_address": {}}
+    if rule.key in ("destination_cluster", "source_cluster"):
+        return {rule.key: {}}
+    if rule.key == "generic_key":
+        return {"generic_key": {"descriptor_value": _fixed(rule)}}
+    if not _HEADER.match(rule.key):
+        raise SettingsError(
+            f"descriptor key {rule.key!r} ({rule.source}) is no header name: "
+            f"map it with --header {rule.key}=HEADER"
+        )
+    return {"request_headers": {"header_name": rule.key.lower(), "descriptor_key": rule.key}}
+
+
+def _limits(
+    path: tuple[Rule, ...], policy: Policy | None, headers: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    actions = [_action(rule, headers) for rule in path]
+    limits: list[dict[str, Any]] = [{"actions": actions}]
+    if isinstance(policy, CopiesNode):
+        # A held copy is given back when the request's stream ends.
+        limits.append(
+            {
+                "actions": actions,
+                "apply_on_stream_done": True,
+                "hits_addend": {"number": 1, "is_negative_hits": True},
+            }
+        )
+    return limits
+
+
+def _slug(path: tuple[Rule, ...]) -> str:
+    parts = [f"{r.key}_{r.value}" if r.value else r.key for r in path]
+    return "/" + "/".join(re.sub(r"[^A-Za-z0-9._~-]+", "-", p) for p in parts) + "/"
+
+
+def _address(text: str) -> tuple[str, int]:
+    try:
+        host, port = split_address(text)
+    except (ValueError, SettingsError):
+        raise SettingsError(f"{text!r} is not HOST:PORT") from None
+    return host, port
+
+
+def _cluster(name: str, target: str, http2: bool) -> dict[str, Any]:
+    host, port = _address(target)
+    try:
+        ipaddress.ip_address(host)
+        kind = "STATIC"
+    except ValueError:
+        kind = "STRICT_DNS"
+    cluster: dict[str, Any] = {"name": name, "type": kind, "connect_timeout": "1s"}
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _H2,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    cluster["load_assignment"] = {
+        "cluster_name": name,
+        "endpoints": [
+            {
+                "lb_endpoints": [
+                    {
+                        "endpoint": {
+                            "address": {"socket_address": {"address": host, "port_value": port}}
+                        }
+                    }
+                ]
+            }
+        ],
+    }
+    return cluster
+
+
+def _filter(domain: str) -> dict[str, Any]:
+    return {
+        "name": RATELIMIT_FILTER,
+        "typed_config": {
+            "@type": _RL,
+            "domain": domain,
+            "timeout": "0.5s",
+            "failure_mode_deny": False,
+            "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+            "rate_limit_service": {
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": _CLUSTER}},
+            },
+        },
+    }
+
+
+def _route(
+    path: tuple[Rule, ...], policy: Policy | None, headers: Mapping[str, str]
+) -> dict[str, Any]:
+    limits = _limits(path, policy, headers)
+    route: dict[str, Any] = {
+        "name": path[-1].stats_key,
+        "match": {"prefix": _slug(path)},
+        "route": {"cluster": "upstream"},
+    }
+    if len(limits) == 1:
+        route["route"]["rate_limits"] = limits
+    else:
+        # hits_addend and apply_on_stream_done are read from the filter's own rate_limits.
+        route["typed_per_filter_config"] = {
+            RATELIMIT_FILTER: {"@type": _RL_ROUTE, "rate_limits": limits}
+        }
+    return route
+
+
+def _bootstrap(
+    domain: str,
+    routes: list[dict[str, Any]],
+    ferryman: str,
+    upstream: str,
+    listen: int,
+) -> dict[str, Any]:
+    hcm = {
+        "@type": _HCM,
+        "stat_prefix": "ingress",
+        "use_remote_address": True,
+        "http_filters": [
+            _filter(domain),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
+        ],
+        "route_config": {
+            "name": domain,
+            "virtual_hosts": [
+                {
+                    "name": domain,
+                    "domains": ["*"],
+                    "routes": [
+                        *routes,
+                        {"match": {"prefix": "/"}, "route": {"cluster": "upstream"}},
+                    ],
+                }
+            ],
+        },
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "ingress",
+                    "address": {"socket_address": {"address": "0.0.0.0", "port_value": listen}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                _cluster("upstream", upstream, http2=False),
+                _cluster(_CLUSTER, ferryman, http2=True),
+            ],
+        },
+    }
+
+
+def _istio(domain: str, limits: list[dict[str, Any]], ferryman: str) -> list[dict[str, Any]]:
+    host, _ = _address(ferryman)
+    meta = {"namespace": "istio-system"}
+    selector = {"labels": {"istio": "ingressgateway"}}
+    hcm_match = {
+        "context": "GATEWAY",
+        "listener": {
+            "filterChain": {
+                "filter": {
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "subFilter": {"name": "envoy.filters.http.router"},
+                }
+            }
+        },
+    }
+    filt = _filter(domain)
+    filt["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["authority"] = host
+    patches = [
+        {
+            "applyTo": "CLUSTER",
+            "match": {"context": "GATEWAY"},
+            "patch": {"operation": "ADD", "value": _cluster(_CLUSTER, ferryman, http2=True)},
+        },
+        {
+            "applyTo": "HTTP_FILTER",
+            "match": hcm_match,
+            "patch": {"operation": "INSERT_BEFORE", "value": filt},
+        },
+        {
+            "applyTo": "VIRTUAL_HOST",
+            "match": {
+                "context": "GATEWAY",
+                "routeConfiguration": {"vhost": {"name": "", "route": {"action": "ANY"}}},
+            },
+            "patch": {"operation": "MERGE", "value": {"rate_limits": limits}},
+        },
+    ]
+    return [
+        {
+            "apiVersion": "networking.istio.io/v1alpha3",
+            "kind": "EnvoyFilter",
+            "metadata": {"name": f"ferryman-{domain}", **meta},
+            "spec": {"workloadSelector": selector, "configPatches": patches},
+        }
+    ]
+
+
+def generate(
+    config: Config,
+    options: EngineOptions,
+    domain: str,
+    *,
+    fmt: str = "envoy",
+    headers: Mapping[str, str] | None = None,
+    ferryman: str = "127.0.0.1:8081",
+    upstream: str = "127.0.0.1:8000",
+    listen: int = 10000,
+) -> str:
+    """The YAML text: a bootstrap (``envoy``) or EnvoyFilter manifests (``istio``)."""
+    headers = headers or {}
+    table = policies(config, options)
+    paths = rule_paths(config, options, domain)
+    head = f"# Generated by ferryman envoy generate --domain {domain}: one route per rule.\n"
+    if fmt == "istio":
+        limits = [
+            limit
+            for path in paths
+            for limit in _limits(path, None, headers)  # no stream-done release on a vhost
+        ]
+        docs = _istio(domain, limits, ferryman)
+        held = [p[-1].stats_key for p in paths if isinstance(table.get(p[-1]), CopiesNode)]
+        if held:
+            # A virtual host's entries cannot give a copy back when the stream ends.
+            head += (
+                f"# {', '.join(held)} hold copies: add, per route, a RateLimitPerRoute entry "
+                "with apply_on_stream_done and negative hits_addend to give them back.\n"
+            )
+        return head + yaml.safe_dump_all(docs, sort_keys=False)
+    routes = [_route(path, table.get(path[-1]), headers) for path in paths]
+    tree = _bootstrap(domain, routes, ferryman, upstream, listen)
+    return head + yaml.safe_dump(tree, sort_keys=False)
