@@ -7,6 +7,7 @@ from typing import Protocol
 from ferryman.algorithms.burst.model import BurstStore
 from ferryman.algorithms.copies.model import CopyStore
 from ferryman.algorithms.fixed_window.model import FixedWindowStore
+from ferryman.algorithms.token_bucket.model import NodeBucketStore
 
 __all__ = ["Backend"]
 
@@ -24,6 +25,9 @@ class Backend(Protocol):
 
     @property
     def copies(self) -> CopyStore: ...
+
+    @property
+    def buckets(self) -> NodeBucketStore: ...
 
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""

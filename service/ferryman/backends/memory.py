@@ -5,13 +5,15 @@ from __future__ import annotations
 from ferryman.algorithms.burst.memory import MemoryBursts
 from ferryman.algorithms.copies.memory import MemoryCopies
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
+from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
 from ferryman.clock import Clock, SystemClock
 
 __all__ = ["MemoryBackend"]
 
 
 class MemoryBackend:
-    """Counters, burst tiers and held copies in this process; nothing to connect to."""
+    """Counters, burst tiers, held copies and node token buckets in this process; nothing
+    to connect to."""
 
     name = "memory"
 
@@ -20,6 +22,7 @@ class MemoryBackend:
         self.windows = MemoryFixedWindows(clock, max_keys)
         self.bursts = MemoryBursts(clock)
         self.copies = MemoryCopies(clock)
+        self.buckets = MemoryNodeBuckets(clock)
 
     async def start(self) -> None:
         return None
@@ -30,3 +33,4 @@ class MemoryBackend:
     async def close(self) -> None:
         self.windows.clear()
         self.bursts.clear()
+        self.buckets.clear()

@@ -12,10 +12,12 @@ from typing import Any, Protocol, TypeVar
 from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.algorithms.token_bucket.model import NodeTake
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config, Domain, Rule
 from ferryman.engine import response
+from ferryman.engine.buckets import BucketItem, BucketLimiter
 from ferryman.engine.bursts import BurstItem, BurstLimiter
 from ferryman.engine.copies import CopyItem, CopyLimiter
 from ferryman.engine.matcher import find, stats_key, walk
@@ -29,7 +31,16 @@ from ferryman.engine.model import (
     Status,
     Tally,
 )
-from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window, policies
+from ferryman.engine.policy import (
+    BucketNode,
+    BurstNode,
+    CopiesNode,
+    Plain,
+    Policy,
+    Unlimited,
+    Window,
+    policies,
+)
 from ferryman.engine.validate import check_request
 from ferryman.engine.windows import WindowItem, WindowLimiter
 from ferryman.errors import BackendError, RequestError
@@ -40,7 +51,7 @@ __all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine"]
 T = TypeVar("T")
 
 #: The stores a request may call, as BackendTimer names them.
-ALGORITHMS = ("fixed_window", "burst", "copies")
+ALGORITHMS = ("fixed_window", "burst", "copies", "token_bucket")
 
 
 class BackendTimer(Protocol):
@@ -57,6 +68,7 @@ class _Plan:
     windows: list[WindowItem] = field(default_factory=list)
     bursts: list[BurstItem] = field(default_factory=list)
     holds: list[CopyItem] = field(default_factory=list)
+    buckets: list[BucketItem] = field(default_factory=list)
     replaced: set[str] = field(default_factory=set)
 
     def drop_replaced(self) -> None:
@@ -100,6 +112,7 @@ class RateLimitEngine:
         self.windows = WindowLimiter(opts, stats, self.local_cache)
         self.bursts = BurstLimiter(opts, stats)
         self.copies = CopyLimiter(opts, stats)
+        self.buckets = BucketLimiter(opts, stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
 
@@ -119,7 +132,7 @@ class RateLimitEngine:
         plan = self._plan(config, dom, descriptors, request_hits, now)
         plan.drop_replaced()
         try:
-            results, outcomes, held = await self._ask_backend(plan, now)
+            results, outcomes, held, takes = await self._ask_backend(plan, now)
         except BackendError:
             if not self.options.fail_open:
                 raise
@@ -132,6 +145,8 @@ class RateLimitEngine:
             statuses[h.index] = status
             tally.add(status.code is Code.OVER_LIMIT, h.quota)
         self.bursts.answer(plan.bursts, outcomes, statuses, tally)
+        if plan.buckets:
+            self.buckets.answer(plan.buckets, takes, statuses, tally)
         return self._decision(domain, descriptors, request_hits, statuses, tally)
 
     def _config(self) -> Config:
@@ -203,9 +218,38 @@ class RateLimitEngine:
                 plan.bursts.append(
                     BurstItem(i, rule, rule.burst, request, key, parts, hits, policy.quota)
                 )
+            elif isinstance(policy, BucketNode):
+                self._plan_bucket(plan, i, policy, domain, entries, hits)
             else:
                 plan.statuses[i] = Status(Code.OK)
         return plan
+
+    def _plan_bucket(
+        self,
+        plan: _Plan,
+        i: int,
+        policy: BucketNode,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        max_wait_millis: int = 0,
+    ) -> None:
+        rule = policy.rule
+        assert rule.token_bucket is not None
+        key, parts = stats_key(domain, entries, policy.path)
+        plan.buckets.append(
+            BucketItem(
+                i,
+                rule,
+                rule.token_bucket,
+                self.buckets.key(policy, entries),
+                key,
+                parts,
+                max(hits, 0),  # a bucket gives nothing back: a negative hit only looks
+                policy.quota,
+                self.buckets.wait_allowed(rule.token_bucket, max_wait_millis),
+            )
+        )
 
     def _timed(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]:
         timer = self._timer
@@ -213,7 +257,7 @@ class RateLimitEngine:
 
     async def _ask_backend(
         self, plan: _Plan, now: float
-    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status]]:
+    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status], list[NodeTake]]:
         """Every store call of the request, started together: a pipelined Redis sends them
         in one write, so the request costs one round trip. They run in descriptor order."""
         backend = self._backend
@@ -232,8 +276,17 @@ class RateLimitEngine:
         calls.extend(
             self._timed("copies", 1, self.copies.hold(backend.copies, h, now)) for h in plan.holds
         )
+        buckets = backend.buckets
+        calls.extend(
+            self._timed(
+                "token_bucket",
+                1,
+                buckets.take(b.key, b.spec, b.hits, b.max_wait_millis, now),
+            )
+            for b in plan.buckets
+        )
         if not calls:
-            return [], [], []
+            return [], [], [], []
         if len(calls) == 1:
             replies: list[Any] = [await calls[0]]
         else:
@@ -244,8 +297,10 @@ class RateLimitEngine:
         first = 1 if ops else 0
         results: list[CounterResult] = replies[0] if ops else []
         outcomes: list[BurstOutcome] = replies[first : first + len(plan.bursts)]
-        held: list[Status] = replies[first + len(plan.bursts) :]
-        return results, outcomes, held
+        start = first + len(plan.bursts)
+        held: list[Status] = replies[start : start + len(plan.holds)]
+        takes: list[NodeTake] = replies[start + len(plan.holds) :]
+        return results, outcomes, held, takes
 
     def _decision(
         self,
