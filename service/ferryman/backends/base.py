@@ -7,6 +7,7 @@ from typing import Protocol
 from ferryman.algorithms.burst.model import BurstStore
 from ferryman.algorithms.copies.model import CopyStore
 from ferryman.algorithms.fixed_window.model import FixedWindowStore
+from ferryman.algorithms.sliding_window.model import SlidingStore
 from ferryman.algorithms.token_bucket.model import NodeBucketStore
 
 __all__ = ["Backend"]
@@ -28,6 +29,9 @@ class Backend(Protocol):
 
     @property
     def buckets(self) -> NodeBucketStore: ...
+
+    @property
+    def sliding(self) -> SlidingStore: ...
 
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ferryman.algorithms.burst.memory import MemoryBursts
 from ferryman.algorithms.copies.memory import MemoryCopies
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
+from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
 from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
 from ferryman.clock import Clock, SystemClock
 
@@ -12,8 +13,8 @@ __all__ = ["MemoryBackend"]
 
 
 class MemoryBackend:
-    """Counters, burst tiers, held copies and node token buckets in this process; nothing
-    to connect to."""
+    """Counters, burst tiers, held copies, node token buckets and sliding windows in this
+    process; nothing to connect to."""
 
     name = "memory"
 
@@ -23,6 +24,7 @@ class MemoryBackend:
         self.bursts = MemoryBursts(clock)
         self.copies = MemoryCopies(clock)
         self.buckets = MemoryNodeBuckets(clock)
+        self.sliding = MemorySlidingWindows()
 
     async def start(self) -> None:
         return None
@@ -34,3 +36,4 @@ class MemoryBackend:
         self.windows.clear()
         self.bursts.clear()
         self.buckets.clear()
+        self.sliding.clear()

@@ -37,7 +37,7 @@ from ferryman.config.nodes import (
 )
 from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
 from ferryman.config.resources import is_resources_file, read_resources
-from ferryman.config.smooth import read_node_bucket
+from ferryman.config.smooth import read_node_bucket, read_sliding_window
 from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
@@ -62,6 +62,7 @@ _DESCRIPTOR_KEYS = frozenset(
         "replaces",
         "copies",
         "token_bucket",
+        "sliding_window",
     }
 )
 _COPIES_KEYS = frozenset({"limit", "global_limit", "groups", "hold_ttl"})
@@ -369,6 +370,15 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
             join(path, "token_bucket"),
             "a node has one of rate_limit, burst_tiers, copies or token_bucket",
         )
+    sliding = read_sliding_window(ctx, fields.get("sliding_window"), join(path, "sliding_window"))
+    if "sliding_window" in fields and any(
+        k in fields for k in ("rate_limit", "burst_tiers", "copies", "token_bucket")
+    ):
+        ctx.error(
+            fields["sliding_window"],
+            join(path, "sliding_window"),
+            "a node has one of rate_limit, burst_tiers, copies, token_bucket or sliding_window",
+        )
     share = boolean(ctx, fields.get("share_threshold"), join(path, "share_threshold"))
     if share and "*" not in value:
         ctx.error(
@@ -400,6 +410,7 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         burst=burst,
         copies=copies,
         token_bucket=bucket,
+        sliding_window=sliding,
         name=name,
         replaces=replaces,
         shadow_mode=flags["shadow_mode"],

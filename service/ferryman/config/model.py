@@ -81,6 +81,7 @@ class Rule:
     burst: BurstPolicy | None = None
     copies: CopyPolicy | None = None
     token_bucket: BucketSpec | None = None  # config/smooth.py
+    sliding_window: RateLimit | None = None  # config/smooth.py
     name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
     replaces: tuple[str, ...] = ()
     shadow_mode: bool = False
@@ -168,7 +169,13 @@ class Config:
 
         def walk(domain: str, level: Level) -> None:
             for rule in level.rules:
-                limited = (rule.rate_limit, rule.burst, rule.copies, rule.token_bucket)
+                limited = (
+                    rule.rate_limit,
+                    rule.burst,
+                    rule.copies,
+                    rule.token_bucket,
+                    rule.sliding_window,
+                )
                 if any(x is not None for x in limited):
                     out.append((domain, rule))
                 walk(domain, rule.children)

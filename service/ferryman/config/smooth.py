@@ -8,6 +8,8 @@ with the same keys as the quota YAML) and ``sliding_window``.
     fill_rate: 5             # tokens per second
     max_debt_millis: 0       # borrowing allowed, in ms of fill (0: none)
     wait_timeout_millis: 0   # the longest wait a ferryman.v1 caller may be given
+  - key: ip
+    sliding_window: {unit: minute, requests_per_unit: 100}
 ```
 
 A node bucket starts full; each hit takes a token. Envoy cannot wait, so ShouldRateLimit
@@ -21,10 +23,12 @@ from __future__ import annotations
 from yaml.nodes import MappingNode, Node
 
 from ferryman.algorithms.token_bucket.model import BucketSpec
-from ferryman.config.nodes import Ctx, join, mapping, number, whole
+from ferryman.config.model import RateLimit, Unit
+from ferryman.config.nodes import Ctx, join, mapping, number, string, uint32, whole
 
-__all__ = ["NODE_BUCKET_KEYS", "read_node_bucket"]
+__all__ = ["NODE_BUCKET_KEYS", "SLIDING_KEYS", "read_node_bucket", "read_sliding_window"]
 
+SLIDING_KEYS = frozenset({"unit", "requests_per_unit"})
 NODE_BUCKET_KEYS = frozenset({"size", "fill_rate", "max_debt_millis", "wait_timeout_millis"})
 _MAX = 2**32 - 1
 
@@ -55,3 +59,28 @@ def read_node_bucket(ctx: Ctx, node: Node | None, path: str) -> BucketSpec | Non
         max_debt_millis=debt or 0,
         max_tokens_per_request=float(size),
     )
+
+
+def read_sliding_window(ctx: Ctx, node: Node | None, path: str) -> RateLimit | None:
+    """``sliding_window``: a unit and requests_per_unit, both required."""
+    if node is None:
+        return None
+    fields = mapping(ctx, node, path, SLIDING_KEYS)
+    if not isinstance(node, MappingNode):
+        return None
+    before = len(ctx.problems)
+    text = string(ctx, fields.get("unit"), join(path, "unit"))
+    rpu = uint32(ctx, fields.get("requests_per_unit"), join(path, "requests_per_unit"))
+    unit: Unit | None = None
+    if not text:
+        ctx.error(node, path, "missing 'unit' (second, minute, hour, day, week, month or year)")
+    else:
+        try:
+            unit = Unit[text.upper()]
+        except KeyError:
+            ctx.error(fields["unit"], join(path, "unit"), f"invalid unit {text!r}")
+    if "requests_per_unit" not in fields:
+        ctx.error(node, path, "a sliding_window needs 'requests_per_unit'")
+    if len(ctx.problems) > before or unit is None or rpu is None:
+        return None
+    return RateLimit(rpu, unit)

@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.algorithms.sliding_window.model import SlidingResult
 from ferryman.algorithms.token_bucket.model import NodeTake
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
@@ -37,10 +38,12 @@ from ferryman.engine.policy import (
     CopiesNode,
     Plain,
     Policy,
+    SlidingNode,
     Unlimited,
     Window,
     policies,
 )
+from ferryman.engine.sliding import SlidingItem, SlidingLimiter
 from ferryman.engine.validate import check_request
 from ferryman.engine.windows import WindowItem, WindowLimiter
 from ferryman.errors import BackendError, RequestError
@@ -51,7 +54,7 @@ __all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine"]
 T = TypeVar("T")
 
 #: The stores a request may call, as BackendTimer names them.
-ALGORITHMS = ("fixed_window", "burst", "copies", "token_bucket")
+ALGORITHMS = ("fixed_window", "burst", "copies", "token_bucket", "sliding_window")
 
 
 class BackendTimer(Protocol):
@@ -69,6 +72,7 @@ class _Plan:
     bursts: list[BurstItem] = field(default_factory=list)
     holds: list[CopyItem] = field(default_factory=list)
     buckets: list[BucketItem] = field(default_factory=list)
+    sliding: list[SlidingItem] = field(default_factory=list)
     replaced: set[str] = field(default_factory=set)
 
     def drop_replaced(self) -> None:
@@ -113,6 +117,7 @@ class RateLimitEngine:
         self.bursts = BurstLimiter(opts, stats)
         self.copies = CopyLimiter(opts, stats)
         self.buckets = BucketLimiter(opts, stats)
+        self.sliding = SlidingLimiter(opts, stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
 
@@ -132,7 +137,7 @@ class RateLimitEngine:
         plan = self._plan(config, dom, descriptors, request_hits, now)
         plan.drop_replaced()
         try:
-            results, outcomes, held, takes = await self._ask_backend(plan, now)
+            results, outcomes, held, takes, slid = await self._ask_backend(plan, now)
         except BackendError:
             if not self.options.fail_open:
                 raise
@@ -147,6 +152,8 @@ class RateLimitEngine:
         self.bursts.answer(plan.bursts, outcomes, statuses, tally)
         if plan.buckets:
             self.buckets.answer(plan.buckets, takes, statuses, tally)
+        if plan.sliding:
+            self.sliding.answer(plan.sliding, slid, statuses, tally)
         return self._decision(domain, descriptors, request_hits, statuses, tally)
 
     def _config(self) -> Config:
@@ -220,6 +227,23 @@ class RateLimitEngine:
                 )
             elif isinstance(policy, BucketNode):
                 self._plan_bucket(plan, i, policy, domain, entries, hits)
+            elif isinstance(policy, SlidingNode):
+                key, parts = stats_key(domain, entries, policy.path)
+                unit = policy.limit.unit
+                assert unit is not None
+                plan.sliding.append(
+                    SlidingItem(
+                        i,
+                        policy.rule,
+                        policy.limit,
+                        unit.seconds,
+                        self.sliding.key(policy, entries),
+                        key,
+                        parts,
+                        max(hits, 0),  # nothing is given back: a negative hit only looks
+                        policy.quota,
+                    )
+                )
             else:
                 plan.statuses[i] = Status(Code.OK)
         return plan
@@ -257,7 +281,13 @@ class RateLimitEngine:
 
     async def _ask_backend(
         self, plan: _Plan, now: float
-    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status], list[NodeTake]]:
+    ) -> tuple[
+        list[CounterResult],
+        list[BurstOutcome],
+        list[Status],
+        list[NodeTake],
+        list[SlidingResult],
+    ]:
         """Every store call of the request, started together: a pipelined Redis sends them
         in one write, so the request costs one round trip. They run in descriptor order."""
         backend = self._backend
@@ -285,8 +315,17 @@ class RateLimitEngine:
             )
             for b in plan.buckets
         )
+        sliding = backend.sliding
+        calls.extend(
+            self._timed(
+                "sliding_window",
+                1,
+                sliding.hit(s.key, s.limit.requests_per_unit, s.seconds, s.hits, now),
+            )
+            for s in plan.sliding
+        )
         if not calls:
-            return [], [], [], []
+            return [], [], [], [], []
         if len(calls) == 1:
             replies: list[Any] = [await calls[0]]
         else:
@@ -299,8 +338,10 @@ class RateLimitEngine:
         outcomes: list[BurstOutcome] = replies[first : first + len(plan.bursts)]
         start = first + len(plan.bursts)
         held: list[Status] = replies[start : start + len(plan.holds)]
-        takes: list[NodeTake] = replies[start + len(plan.holds) :]
-        return results, outcomes, held, takes
+        start += len(plan.holds)
+        takes: list[NodeTake] = replies[start : start + len(plan.buckets)]
+        slid: list[SlidingResult] = replies[start + len(plan.buckets) :]
+        return results, outcomes, held, takes, slid
 
     def _decision(
         self,

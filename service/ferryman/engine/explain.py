@@ -18,6 +18,7 @@ from ferryman.engine.policy import (
     CopiesNode,
     Plain,
     Policy,
+    SlidingNode,
     Unlimited,
     Window,
 )
@@ -113,6 +114,13 @@ def _rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
             fill_rate=spec.fill_rate,
             max_debt_millis=spec.max_debt_millis,
             wait_timeout_millis=spec.wait_timeout_millis,
+        )
+    elif isinstance(policy, SlidingNode):
+        assert policy.limit.unit is not None
+        out.update(
+            kind="sliding_window",
+            requests_per_unit=policy.limit.requests_per_unit,
+            unit=policy.limit.unit.name.lower(),
         )
     else:
         out.update(kind="none")
@@ -258,6 +266,8 @@ def _rule_text(rule: dict[str, Any]) -> str:
         text = f"burst tiers {rule['tiers']}"
     elif kind == "copies":
         text = rule["copies"]
+    elif kind == "sliding_window":
+        text = f"sliding window {rule['requests_per_unit']} per {rule['unit']}"
     elif kind == "token_bucket":
         text = (
             f"token bucket size {rule['size']}, {rule['fill_rate']:g} per second, "

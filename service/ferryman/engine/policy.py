@@ -20,6 +20,7 @@ __all__ = [
     "CopiesNode",
     "Plain",
     "Policy",
+    "SlidingNode",
     "Unlimited",
     "Window",
     "policies",
@@ -81,7 +82,18 @@ class BucketNode:
     key: str  # the bucket key's start: <prefix>ferryman_bucket_{<stats key>
 
 
-Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | BucketNode
+@dataclass(frozen=True, slots=True)
+class SlidingNode:
+    """``sliding_window``: the two-window counter (engine/sliding.py)."""
+
+    rule: Rule
+    limit: RateLimit
+    path: tuple[Rule, ...]
+    quota: bool
+    key: str  # the counter key's start: <prefix>ferryman_sliding_{<stats key>
+
+
+Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | BucketNode | SlidingNode
 
 
 def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | None:
@@ -94,6 +106,9 @@ def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | 
     if rule.token_bucket is not None:
         key = f"{opts.cache_key_prefix}ferryman_bucket_{{{rule.stats_key}"
         return BucketNode(rule, tuple(path), quota, key)
+    if rule.sliding_window is not None:
+        key = f"{opts.cache_key_prefix}ferryman_sliding_{{{rule.stats_key}"
+        return SlidingNode(rule, rule.sliding_window, tuple(path), quota, key)
     limit = rule.rate_limit
     if limit is None:
         return None
