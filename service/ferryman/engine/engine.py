@@ -14,6 +14,7 @@ from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.algorithms.sliding_window.model import SlidingResult
 from ferryman.algorithms.token_bucket.model import NodeTake
+from ferryman.algorithms.token_bucket.model import Status as TakeStatus
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config, Domain, Rule
@@ -373,12 +374,60 @@ class RateLimitEngine:
         """The backend name of a copy-limited node (its keys share one hash tag)."""
         return self.copies.node(rule)
 
+    async def request_bucket(
+        self,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        path: Sequence[Rule],
+        copies: int,
+        min_copies: int,
+        max_wait_millis: int,
+    ) -> tuple[int, NodeTake]:
+        """``Limiter.Request`` on a token-bucket node (``path`` from ``resolve``): ``copies``
+        tokens, else ``min_copies``, else none; granted after a wait of at most
+        ``max_wait_millis`` (and the node's wait_timeout_millis). (granted, the answer)."""
+        self._config()
+        rule = path[-1]
+        policy = self._policies.get(rule)
+        assert isinstance(policy, BucketNode) and rule.token_bucket is not None
+        spec = rule.token_bucket
+        stats, parts = stats_key(domain, entries, path)
+        key = self.buckets.key(policy, entries)
+        wait = self.buckets.wait_allowed(spec, max_wait_millis)
+        backend = self._backend
+        granted, take = 0, None
+        try:
+            for n in (copies, min_copies) if min_copies < copies else (copies,):
+                take = await self._timed(
+                    "token_bucket",
+                    1,
+                    backend.buckets.take(key, spec, n, wait, self._clock.now()),
+                )
+                if take.status is TakeStatus.OK:
+                    granted = n
+                    break
+        except BackendError:
+            if not self.options.fail_open:
+                raise
+            self._stats.inc(f"{REQUEST_CALL}.degraded")
+            return copies, NodeTake(TakeStatus.OK, 0, float(spec.size), 0.0)
+        assert take is not None
+        item = BucketItem(0, rule, spec, key, stats, parts, copies, policy.quota)
+        self.buckets.count(item, granted > 0, take.wait_millis > 0)
+        return granted, take
+
     async def request_rate(
-        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+        self,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        copies: int,
+        min_copies: int,
+        path: Sequence[Rule] | None = None,
     ) -> tuple[BurstPolicy, BurstOutcome]:
         """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
         ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
-        path = self.resolve(domain, entries, "burst")
+        if path is None:
+            path = self.resolve(domain, entries, "burst")
         rule = path[-1]
         assert rule.burst is not None
         request = self.bursts.request(rule, entries, copies, min_copies)
