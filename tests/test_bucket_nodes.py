@@ -3,6 +3,10 @@ server on memory, Redis and a Redis Cluster; the node YAML and its errors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -159,3 +163,19 @@ def test_bad_buckets_are_config_errors_with_file_line_and_path(
     assert "b.yaml:4" in text or "b.yaml:5" in text
     assert path in text
     assert message in text
+
+
+def test_check_describes_smooth_nodes(tmp_path: Path) -> None:
+    """``ferryman check`` lists token-bucket and sliding-window nodes with their numbers."""
+    (tmp_path / "s.yaml").write_text(
+        CONFIG + "  - key: ip\n    sliding_window: {unit: minute, requests_per_unit: 9}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ferryman", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "token bucket size 3, 2/s, debt 0ms, waits 0ms" in done.stdout
+    assert "sliding window 9 per minute" in done.stdout

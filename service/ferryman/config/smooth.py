@@ -23,10 +23,16 @@ from __future__ import annotations
 from yaml.nodes import MappingNode, Node
 
 from ferryman.algorithms.token_bucket.model import BucketSpec
-from ferryman.config.model import RateLimit, Unit
+from ferryman.config.model import RateLimit, Rule, Unit
 from ferryman.config.nodes import Ctx, join, mapping, number, string, uint32, whole
 
-__all__ = ["NODE_BUCKET_KEYS", "SLIDING_KEYS", "read_node_bucket", "read_sliding_window"]
+__all__ = [
+    "NODE_BUCKET_KEYS",
+    "SLIDING_KEYS",
+    "describe_smooth",
+    "read_node_bucket",
+    "read_sliding_window",
+]
 
 SLIDING_KEYS = frozenset({"unit", "requests_per_unit"})
 NODE_BUCKET_KEYS = frozenset({"size", "fill_rate", "max_debt_millis", "wait_timeout_millis"})
@@ -84,3 +90,19 @@ def read_sliding_window(ctx: Ctx, node: Node | None, path: str) -> RateLimit | N
     if len(ctx.problems) > before or unit is None or rpu is None:
         return None
     return RateLimit(rpu, unit)
+
+
+def describe_smooth(rule: Rule) -> tuple[str, str] | None:
+    """(kind, numbers) of a node's smooth limit, for ``ferryman check`` and the console;
+    None for any other node."""
+    spec = rule.token_bucket
+    if spec is not None:
+        return "token_bucket", (
+            f"token bucket size {spec.size}, {spec.fill_rate:g}/s, "
+            f"debt {spec.max_debt_millis}ms, waits {spec.wait_timeout_millis}ms"
+        )
+    window = rule.sliding_window
+    if window is not None and window.unit is not None:
+        unit = window.unit.name.lower()
+        return "sliding_window", f"sliding window {window.requests_per_unit} per {unit}"
+    return None
