@@ -84,9 +84,10 @@ async def _replay_buckets(
 ) -> list[tuple[int, int, float, float]]:
     out = []
     now_us = round(EPOCH * 1e6) + 3
-    for advance, key, hits, _ in trace:
+    for advance, key, hits, wait in trace:
         now_us += advance // 1000  # buckets refill fast: keep to short moves
-        r = await store.backend.buckets.take(prefix + key, spec, hits, 0, now_us / 1e6)
+        # The last field is the wait offered, in tenths of a second.
+        r = await store.backend.buckets.take(prefix + key, spec, hits, wait * 100, now_us / 1e6)
         out.append((int(r.status), r.wait_millis, r.stored, r.debt_us))
     return out
 
@@ -102,7 +103,7 @@ async def _replay_buckets(
 def test_random_node_bucket_traces_agree_with_memory(
     store: Store, trace: list[tuple[int, str, int, int]], size: int, rate: float, debt: int
 ) -> None:
-    """Node token buckets: the same statuses, tokens and debt on both stores."""
+    """Node token buckets: the same statuses, waits, tokens and debt on both stores."""
     spec = BucketSpec(size=size, fill_rate=rate, max_debt_millis=debt, wait_timeout_millis=0)
     prefix = f"{store.prefix}{uuid.uuid4().hex[:8]}{{tb}}"
     with memory_store(ManualClock(EPOCH)) as reference:
