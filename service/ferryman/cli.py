@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 
 from ferryman import logs
 from ferryman.config.loader import load_sources, read_directory
+from ferryman.config.smooth import describe_smooth
 from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
 from ferryman.server.workers import WORKER_ENV
 from ferryman.settings import Settings, split_address
@@ -457,7 +458,10 @@ def _check(args: argparse.Namespace) -> int:
             if dom != name:
                 continue
             limit = rule.rate_limit
-            if rule.burst is not None:
+            smooth = describe_smooth(rule)
+            if smooth is not None:
+                what = smooth[1]
+            elif rule.burst is not None:
                 what = rule.burst.describe()
             elif rule.copies is not None:
                 what = rule.copies.describe()

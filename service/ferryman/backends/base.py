@@ -9,6 +9,8 @@ from typing import Protocol, runtime_checkable
 from ferryman.algorithms.burst.model import BurstStore
 from ferryman.algorithms.copies.model import CopyStore
 from ferryman.algorithms.fixed_window.model import FixedWindowStore
+from ferryman.algorithms.sliding_window.model import SlidingStore
+from ferryman.algorithms.token_bucket.model import NodeBucketStore
 
 __all__ = ["Backend", "ConnectionState", "Watched"]
 
@@ -49,6 +51,12 @@ class Backend(Protocol):
 
     @property
     def copies(self) -> CopyStore: ...
+
+    @property
+    def buckets(self) -> NodeBucketStore: ...
+
+    @property
+    def sliding(self) -> SlidingStore: ...
 
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""

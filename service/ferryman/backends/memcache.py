@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from ferryman.algorithms.burst.memory import MemoryBursts
 from ferryman.algorithms.copies.memory import MemoryCopies
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
+from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
+from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
 from ferryman.clock import Clock, SystemClock
 from ferryman.errors import BackendError, BackendTimeoutError
 
@@ -183,7 +185,8 @@ class MemcacheFixedWindows:
 
 
 class MemcacheBackend:
-    """Counters in memcached (``MEMCACHE_HOST_PORT``); burst tiers and copies in process."""
+    """Counters in memcached (``MEMCACHE_HOST_PORT``); every other algorithm's state (burst
+    tiers, copies, node buckets, sliding windows) in process."""
 
     name = "memcache"
 
@@ -201,6 +204,8 @@ class MemcacheBackend:
         self.windows = MemcacheFixedWindows(servers, jitter_max)
         self.bursts = MemoryBursts(clock)
         self.copies = MemoryCopies(clock)
+        self.buckets = MemoryNodeBuckets(clock)
+        self.sliding = MemorySlidingWindows()
 
     async def start(self) -> None:
         return None
@@ -211,3 +216,5 @@ class MemcacheBackend:
     async def close(self) -> None:
         await self.windows.close()
         self.bursts.clear()
+        self.buckets.clear()
+        self.sliding.clear()

@@ -5,13 +5,16 @@ from __future__ import annotations
 from ferryman.algorithms.burst.memory import MemoryBursts
 from ferryman.algorithms.copies.memory import MemoryCopies
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
+from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
+from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
 from ferryman.clock import Clock, SystemClock
 
 __all__ = ["MemoryBackend"]
 
 
 class MemoryBackend:
-    """Counters, burst tiers and held copies in this process; nothing to connect to."""
+    """Counters, burst tiers, held copies, node token buckets and sliding windows in this
+    process; nothing to connect to."""
 
     name = "memory"
 
@@ -20,6 +23,8 @@ class MemoryBackend:
         self.windows = MemoryFixedWindows(clock, max_keys)
         self.bursts = MemoryBursts(clock)
         self.copies = MemoryCopies(clock)
+        self.buckets = MemoryNodeBuckets(clock)
+        self.sliding = MemorySlidingWindows()
 
     async def start(self) -> None:
         return None
@@ -30,3 +35,5 @@ class MemoryBackend:
     async def close(self) -> None:
         self.windows.clear()
         self.bursts.clear()
+        self.buckets.clear()
+        self.sliding.clear()

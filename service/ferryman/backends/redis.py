@@ -10,6 +10,8 @@ from __future__ import annotations
 from ferryman.algorithms.burst.redis import RedisBursts
 from ferryman.algorithms.copies.redis import RedisCopies
 from ferryman.algorithms.fixed_window.redis import RedisFixedWindows, RoutedFixedWindows
+from ferryman.algorithms.sliding_window.redis import RedisSlidingWindows
+from ferryman.algorithms.token_bucket.redis import RedisNodeBuckets
 from ferryman.connections.redis import RedisConnection
 from ferryman.connections.redis_target import (
     RedisTarget,
@@ -42,6 +44,8 @@ class RedisBackend:
         self.windows = RedisFixedWindows(self.connection, jitter_max)
         self.bursts = RedisBursts(self.connection, server_time)
         self.copies = RedisCopies(self.connection, server_time)
+        self.buckets = RedisNodeBuckets(self.connection, server_time)
+        self.sliding = RedisSlidingWindows(self.connection, server_time)
 
     @property
     def writes(self) -> int:
@@ -72,6 +76,8 @@ class RoutedBackend:
         self.windows = RoutedFixedWindows(main.windows, per_second.windows)
         self.bursts = main.bursts
         self.copies = main.copies
+        self.buckets = main.buckets
+        self.sliding = main.sliding
 
     async def start(self) -> None:
         await self.main.start()

@@ -202,7 +202,8 @@ class AsyncClient:
         min_copies: int | None = None,
         max_wait: float = 0,
     ) -> RateResult:
-        """Ask for hits on a burst-tier node; see :meth:`ferryman.Client.request_rate`."""
+        """Ask for hits on a burst-tier or token-bucket node (awaiting a wait the service
+        asks for); see :meth:`ferryman.Client.request_rate`."""
         return await self._drive(
             self._core.request_rate_flow(domain, descriptor, copies, min_copies, max_wait)
         )

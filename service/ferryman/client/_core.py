@@ -377,13 +377,15 @@ class ClientCore:
             raise RequestError("min_copies", f"{least} is more than copies ({copies})")
         if not (isinstance(max_wait, int | float) and math.isfinite(max_wait) and max_wait >= 0):
             raise RequestError("max_wait", f"expected seconds >= 0, got {max_wait!r}")
-        request = _protocol.rate_request(domain, entries, copies, least)
         schedule = RetrySchedule(max_wait, draw=self._draw)
         attempts = 0
         context: RateContext | None = None
         while True:
             attempts += 1
             self._counters.add("calls")
+            # A token-bucket node may grant after a wait: offer what is left of max_wait.
+            left = max(0.0, max_wait - schedule.elapsed)
+            request = _protocol.rate_request(domain, entries, copies, least, left)
             answer = yield Send(_protocol.LIMITER_REQUEST, request)
             if isinstance(answer, grpc.RpcError):
                 self._fail(answer, f"Request {domain} {_shown(entries)}")
@@ -400,6 +402,8 @@ class ClientCore:
             context = _protocol.rate_context(answer)
             if context.granted > 0:
                 self._counters.add("granted")
+                if context.wait:
+                    yield Sleep(context.wait)
                 return RateResult(
                     True, context.granted, schedule.elapsed, attempts, context=context
                 )

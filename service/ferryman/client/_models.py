@@ -111,10 +111,13 @@ class RateLimitResult:
 
 @dataclass(frozen=True)
 class RateContext:
-    """What the service said about a burst-tier node (``ferryman.v1.RateResponse``).
+    """What the service said about a burst-tier or token-bucket node
+    (``ferryman.v1.RateResponse``).
 
     Limits are None when unbounded; durations are in seconds, ``retry_after`` None when no
-    hit could be granted as things stand.
+    hit could be granted as things stand. Token-bucket nodes: ``wait`` is how long the
+    service asked the caller to wait before using the hits (None: no wait), and
+    ``tokens_remaining`` the whole tokens left in the bucket.
     """
 
     granted: int
@@ -130,6 +133,8 @@ class RateContext:
     limited_by_hard_limit: bool
     limited_by_global_limit: bool
     retry_after: float | None
+    wait: float | None = None
+    tokens_remaining: int = 0
 
 
 @dataclass(frozen=True)

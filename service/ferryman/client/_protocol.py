@@ -212,14 +212,19 @@ def rls_result(response: rls_pb2.RateLimitResponse) -> RateLimitResult:
 
 
 def rate_request(
-    domain: str, entries: Entries, copies: int, min_copies: int
+    domain: str, entries: Entries, copies: int, min_copies: int, max_wait: float = 0.0
 ) -> limiter_pb2.RateRequest:
-    return limiter_pb2.RateRequest(
+    request = limiter_pb2.RateRequest(
         domain=domain,
         descriptor=[limiter_pb2.Entry(key=k, value=v) for k, v in entries],
         copies=copies,
         min_copies=min_copies,
     )
+    if max_wait > 0:
+        whole = math.floor(max_wait)
+        request.max_wait.seconds = whole
+        request.max_wait.nanos = min(999_999_999, round((max_wait - whole) * 1e9))
+    return request
 
 
 def rate_context(response: limiter_pb2.RateResponse) -> RateContext:
@@ -240,6 +245,8 @@ def rate_context(response: limiter_pb2.RateResponse) -> RateContext:
         limited_by_hard_limit=response.limited_by_hard_limit,
         limited_by_global_limit=response.limited_by_global_limit,
         retry_after=_seconds(response.HasField("retry_after"), retry.seconds, retry.nanos),
+        wait=_seconds(response.HasField("wait"), response.wait.seconds, response.wait.nanos),
+        tokens_remaining=response.tokens_remaining,
     )
 
 

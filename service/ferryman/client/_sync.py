@@ -252,11 +252,15 @@ class Client:
         min_copies: int | None = None,
         max_wait: float = 0,
     ) -> RateResult:
-        """Ask for ``copies`` hits (at least ``min_copies``) on a burst-tier node.
+        """Ask for ``copies`` hits (at least ``min_copies``) on a burst-tier or token-bucket
+        node.
 
         A rejection is retried with exponential backoff and +-25% jitter for up to
         ``max_wait`` seconds (never waking before the service's ``retry_after``); the last
-        answer is returned, ``success=False`` if nothing was granted in time.
+        answer is returned, ``success=False`` if nothing was granted in time. On a
+        token-bucket node what is left of ``max_wait`` is offered to the service, which may
+        grant the hits after a wait (bounded by the node's ``wait_timeout_millis``): this
+        call then sleeps that wait before returning, so the hits may be used on return.
         """
         return self._drive(
             self._core.request_rate_flow(domain, descriptor, copies, min_copies, max_wait)

@@ -37,6 +37,7 @@ from ferryman.config.nodes import (
 )
 from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
 from ferryman.config.resources import is_resources_file, read_resources
+from ferryman.config.smooth import read_node_bucket, read_sliding_window
 from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
@@ -60,6 +61,8 @@ _DESCRIPTOR_KEYS = frozenset(
         "name",
         "replaces",
         "copies",
+        "token_bucket",
+        "sliding_window",
     }
 )
 _COPIES_KEYS = frozenset({"limit", "global_limit", "groups", "hold_ttl"})
@@ -358,6 +361,24 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
             join(path, "copies"),
             "a node has one of rate_limit, burst_tiers or copies",
         )
+    bucket = read_node_bucket(ctx, fields.get("token_bucket"), join(path, "token_bucket"))
+    if "token_bucket" in fields and (
+        "rate_limit" in fields or "burst_tiers" in fields or "copies" in fields
+    ):
+        ctx.error(
+            fields["token_bucket"],
+            join(path, "token_bucket"),
+            "a node has one of rate_limit, burst_tiers, copies or token_bucket",
+        )
+    sliding = read_sliding_window(ctx, fields.get("sliding_window"), join(path, "sliding_window"))
+    if "sliding_window" in fields and any(
+        k in fields for k in ("rate_limit", "burst_tiers", "copies", "token_bucket")
+    ):
+        ctx.error(
+            fields["sliding_window"],
+            join(path, "sliding_window"),
+            "a node has one of rate_limit, burst_tiers, copies, token_bucket or sliding_window",
+        )
     share = boolean(ctx, fields.get("share_threshold"), join(path, "share_threshold"))
     if share and "*" not in value:
         ctx.error(
@@ -388,6 +409,8 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         rate_limit=rate_limit,
         burst=burst,
         copies=copies,
+        token_bucket=bucket,
+        sliding_window=sliding,
         name=name,
         replaces=replaces,
         shadow_mode=flags["shadow_mode"],

@@ -12,6 +12,7 @@ from typing import Any
 from ferryman.algorithms.burst.model import BurstPolicy
 from ferryman.algorithms.copies.model import CopyPolicy
 from ferryman.algorithms.leases.model import ResourceTemplate
+from ferryman.algorithms.token_bucket.model import BucketSpec
 from ferryman.config.quota import QuotaConfig
 
 __all__ = [
@@ -79,6 +80,8 @@ class Rule:
     rate_limit: RateLimit | None = None
     burst: BurstPolicy | None = None
     copies: CopyPolicy | None = None
+    token_bucket: BucketSpec | None = None  # config/smooth.py
+    sliding_window: RateLimit | None = None  # config/smooth.py
     name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
     replaces: tuple[str, ...] = ()
     shadow_mode: bool = False
@@ -166,7 +169,13 @@ class Config:
 
         def walk(domain: str, level: Level) -> None:
             for rule in level.rules:
-                limited = (rule.rate_limit, rule.burst, rule.copies)
+                limited = (
+                    rule.rate_limit,
+                    rule.burst,
+                    rule.copies,
+                    rule.token_bucket,
+                    rule.sliding_window,
+                )
                 if any(x is not None for x in limited):
                     out.append((domain, rule))
                 walk(domain, rule.children)

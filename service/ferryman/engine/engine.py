@@ -12,10 +12,14 @@ from typing import Any, Protocol, TypeVar
 from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.algorithms.sliding_window.model import SlidingResult
+from ferryman.algorithms.token_bucket.model import NodeTake
+from ferryman.algorithms.token_bucket.model import Status as TakeStatus
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config, Domain, Rule
 from ferryman.engine import response
+from ferryman.engine.buckets import BucketItem, BucketLimiter
 from ferryman.engine.bursts import BurstItem, BurstLimiter
 from ferryman.engine.copies import CopyItem, CopyLimiter
 from ferryman.engine.matcher import find, stats_key, walk
@@ -29,7 +33,18 @@ from ferryman.engine.model import (
     Status,
     Tally,
 )
-from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window, policies
+from ferryman.engine.policy import (
+    BucketNode,
+    BurstNode,
+    CopiesNode,
+    Plain,
+    Policy,
+    SlidingNode,
+    Unlimited,
+    Window,
+    policies,
+)
+from ferryman.engine.sliding import SlidingItem, SlidingLimiter
 from ferryman.engine.validate import check_request
 from ferryman.engine.windows import WindowItem, WindowLimiter
 from ferryman.errors import BackendError, RequestError
@@ -40,7 +55,7 @@ __all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine"]
 T = TypeVar("T")
 
 #: The stores a request may call, as BackendTimer names them.
-ALGORITHMS = ("fixed_window", "burst", "copies")
+ALGORITHMS = ("fixed_window", "burst", "copies", "token_bucket", "sliding_window")
 
 
 class BackendTimer(Protocol):
@@ -57,6 +72,8 @@ class _Plan:
     windows: list[WindowItem] = field(default_factory=list)
     bursts: list[BurstItem] = field(default_factory=list)
     holds: list[CopyItem] = field(default_factory=list)
+    buckets: list[BucketItem] = field(default_factory=list)
+    sliding: list[SlidingItem] = field(default_factory=list)
     replaced: set[str] = field(default_factory=set)
 
     def drop_replaced(self) -> None:
@@ -100,6 +117,8 @@ class RateLimitEngine:
         self.windows = WindowLimiter(opts, stats, self.local_cache)
         self.bursts = BurstLimiter(opts, stats)
         self.copies = CopyLimiter(opts, stats)
+        self.buckets = BucketLimiter(opts, stats)
+        self.sliding = SlidingLimiter(opts, stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
 
@@ -121,7 +140,7 @@ class RateLimitEngine:
         plan = self._plan(config, dom, descriptors, request_hits, now)
         plan.drop_replaced()
         try:
-            results, outcomes, held = await self._ask_backend(plan, now)
+            results, outcomes, held, takes, slid = await self._ask_backend(plan, now)
         except BackendError:
             if not self.options.fail_open:
                 raise
@@ -134,6 +153,10 @@ class RateLimitEngine:
             statuses[h.index] = status
             tally.add(status.code is Code.OVER_LIMIT, h.quota, h.rule.metadata, h.index)
         self.bursts.answer(plan.bursts, outcomes, statuses, tally)
+        if plan.buckets:
+            self.buckets.answer(plan.buckets, takes, statuses, tally)
+        if plan.sliding:
+            self.sliding.answer(plan.sliding, slid, statuses, tally)
         return self._decision(domain, descriptors, hits_addend, statuses, tally)
 
     def _config(self) -> Config:
@@ -205,9 +228,55 @@ class RateLimitEngine:
                 plan.bursts.append(
                     BurstItem(i, rule, rule.burst, request, key, parts, hits, policy.quota)
                 )
+            elif isinstance(policy, BucketNode):
+                self._plan_bucket(plan, i, policy, domain, entries, hits)
+            elif isinstance(policy, SlidingNode):
+                key, parts = stats_key(domain, entries, policy.path)
+                unit = policy.limit.unit
+                assert unit is not None
+                plan.sliding.append(
+                    SlidingItem(
+                        i,
+                        policy.rule,
+                        policy.limit,
+                        unit.seconds,
+                        self.sliding.key(policy, entries),
+                        key,
+                        parts,
+                        max(hits, 0),  # nothing is given back: a negative hit only looks
+                        policy.quota,
+                    )
+                )
             else:
                 plan.statuses[i] = Status(Code.OK)
         return plan
+
+    def _plan_bucket(
+        self,
+        plan: _Plan,
+        i: int,
+        policy: BucketNode,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        max_wait_millis: int = 0,
+    ) -> None:
+        rule = policy.rule
+        assert rule.token_bucket is not None
+        key, parts = stats_key(domain, entries, policy.path)
+        plan.buckets.append(
+            BucketItem(
+                i,
+                rule,
+                rule.token_bucket,
+                self.buckets.key(policy, entries),
+                key,
+                parts,
+                max(hits, 0),  # a bucket gives nothing back: a negative hit only looks
+                policy.quota,
+                self.buckets.wait_allowed(rule.token_bucket, max_wait_millis),
+            )
+        )
 
     def _timed(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]:
         timer = self._timer
@@ -215,7 +284,13 @@ class RateLimitEngine:
 
     async def _ask_backend(
         self, plan: _Plan, now: float
-    ) -> tuple[list[CounterResult], list[BurstOutcome], list[Status]]:
+    ) -> tuple[
+        list[CounterResult],
+        list[BurstOutcome],
+        list[Status],
+        list[NodeTake],
+        list[SlidingResult],
+    ]:
         """Every store call of the request, started together: a pipelined Redis sends them
         in one write, so the request costs one round trip. They run in descriptor order."""
         backend = self._backend
@@ -238,8 +313,26 @@ class RateLimitEngine:
         calls.extend(
             self._timed("copies", 1, self.copies.hold(backend.copies, h, now)) for h in plan.holds
         )
+        buckets = backend.buckets
+        calls.extend(
+            self._timed(
+                "token_bucket",
+                1,
+                buckets.take(b.key, b.spec, b.hits, b.max_wait_millis, now),
+            )
+            for b in plan.buckets
+        )
+        sliding = backend.sliding
+        calls.extend(
+            self._timed(
+                "sliding_window",
+                1,
+                sliding.hit(s.key, s.limit.requests_per_unit, s.seconds, s.hits, now),
+            )
+            for s in plan.sliding
+        )
         if not calls:
-            return [], [], []
+            return [], [], [], [], []
         if len(calls) == 1:
             replies: list[Any] = [await calls[0]]
         else:
@@ -250,8 +343,12 @@ class RateLimitEngine:
         first = 1 if ops else 0
         results: list[CounterResult] = replies[0] if ops else []
         outcomes: list[BurstOutcome] = replies[first : first + len(plan.bursts)]
-        held: list[Status] = replies[first + len(plan.bursts) :]
-        return results, outcomes, held
+        start = first + len(plan.bursts)
+        held: list[Status] = replies[start : start + len(plan.holds)]
+        start += len(plan.holds)
+        takes: list[NodeTake] = replies[start : start + len(plan.buckets)]
+        slid: list[SlidingResult] = replies[start + len(plan.buckets) :]
+        return results, outcomes, held, takes, slid
 
     def _decision(
         self,
@@ -283,12 +380,60 @@ class RateLimitEngine:
         """The backend name of a copy-limited node (its keys share one hash tag)."""
         return self.copies.node(rule)
 
+    async def request_bucket(
+        self,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        path: Sequence[Rule],
+        copies: int,
+        min_copies: int,
+        max_wait_millis: int,
+    ) -> tuple[int, NodeTake]:
+        """``Limiter.Request`` on a token-bucket node (``path`` from ``resolve``): ``copies``
+        tokens, else ``min_copies``, else none; granted after a wait of at most
+        ``max_wait_millis`` (and the node's wait_timeout_millis). (granted, the answer)."""
+        self._config()
+        rule = path[-1]
+        policy = self._policies.get(rule)
+        assert isinstance(policy, BucketNode) and rule.token_bucket is not None
+        spec = rule.token_bucket
+        stats, parts = stats_key(domain, entries, path)
+        key = self.buckets.key(policy, entries)
+        wait = self.buckets.wait_allowed(spec, max_wait_millis)
+        backend = self._backend
+        granted, take = 0, None
+        try:
+            for n in (copies, min_copies) if min_copies < copies else (copies,):
+                take = await self._timed(
+                    "token_bucket",
+                    1,
+                    backend.buckets.take(key, spec, n, wait, self._clock.now()),
+                )
+                if take.status is TakeStatus.OK:
+                    granted = n
+                    break
+        except BackendError:
+            if not self.options.fail_open:
+                raise
+            self._stats.inc(f"{REQUEST_CALL}.degraded")
+            return copies, NodeTake(TakeStatus.OK, 0, float(spec.size), 0.0)
+        assert take is not None
+        item = BucketItem(0, rule, spec, key, stats, parts, copies, policy.quota)
+        self.buckets.count(item, granted > 0, take.wait_millis > 0)
+        return granted, take
+
     async def request_rate(
-        self, domain: str, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+        self,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        copies: int,
+        min_copies: int,
+        path: Sequence[Rule] | None = None,
     ) -> tuple[BurstPolicy, BurstOutcome]:
         """Charon's ``request``: up to ``copies`` hits on a burst-tier node, at least
         ``min_copies`` or none. Raises RequestError / NotFoundError naming the problem."""
-        path = self.resolve(domain, entries, "burst")
+        if path is None:
+            path = self.resolve(domain, entries, "burst")
         rule = path[-1]
         assert rule.burst is not None
         request = self.bursts.request(rule, entries, copies, min_copies)

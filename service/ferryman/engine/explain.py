@@ -12,7 +12,16 @@ from ferryman.algorithms.fixed_window.model import CounterOp, reset_after, windo
 from ferryman.config.model import Config, Level, Rule
 from ferryman.engine.matcher import cache_key, stats_key
 from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window
+from ferryman.engine.policy import (
+    BucketNode,
+    BurstNode,
+    CopiesNode,
+    Plain,
+    Policy,
+    SlidingNode,
+    Unlimited,
+    Window,
+)
 from ferryman.engine.policy import policies as build_policies
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
@@ -97,6 +106,23 @@ def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
     elif isinstance(policy, CopiesNode):
         assert rule.copies is not None
         out.update(kind="copies", copies=rule.copies.describe())
+    elif isinstance(policy, BucketNode):
+        spec = rule.token_bucket
+        assert spec is not None
+        out.update(
+            kind="token_bucket",
+            size=spec.size,
+            fill_rate=spec.fill_rate,
+            max_debt_millis=spec.max_debt_millis,
+            wait_timeout_millis=spec.wait_timeout_millis,
+        )
+    elif isinstance(policy, SlidingNode):
+        assert policy.limit.unit is not None
+        out.update(
+            kind="sliding_window",
+            requests_per_unit=policy.limit.requests_per_unit,
+            unit=policy.limit.unit.name.lower(),
+        )
     else:
         out.update(kind="none")
     return out
@@ -241,6 +267,13 @@ def _rule_text(rule: dict[str, Any]) -> str:
         text = f"burst tiers {rule['tiers']}"
     elif kind == "copies":
         text = rule["copies"]
+    elif kind == "sliding_window":
+        text = f"sliding window {rule['requests_per_unit']} per {rule['unit']}"
+    elif kind == "token_bucket":
+        text = (
+            f"token bucket size {rule['size']}, {rule['fill_rate']:g} per second, "
+            f"debt up to {rule['max_debt_millis']}ms, waits up to {rule['wait_timeout_millis']}ms"
+        )
     else:
         text = kind
     if rule.get("name"):

@@ -71,13 +71,14 @@ def cache_key(
     return "".join(parts)
 
 
-_WANTED = {"burst": "burst tiers", "copies": "copies (held resources)"}
+_WANTED = {"burst": "burst tiers or a token bucket", "copies": "copies (held resources)"}
 
 
 def find(
     config: Config | None, domain: str, entries: Sequence[tuple[str, str]], kind: str
 ) -> list[Rule]:
-    """The path to a ``burst`` or ``copies`` node for ferryman's own API, or a client error
+    """The path to a ``burst`` (burst tiers or token bucket) or ``copies`` node for
+    ferryman's own API, or a client error
     that says what the descriptor reaches instead."""
     check_descriptor(domain, entries, "descriptor")
     if config is None:
@@ -91,6 +92,8 @@ def find(
         raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
     rule = path[-1]
     if (rule.burst if kind == "burst" else rule.copies) is not None:
+        return path
+    if kind == "burst" and rule.token_bucket is not None:  # Request takes from buckets too
         return path
     wanted = _WANTED[kind]
     if rule.rate_limit is not None:

@@ -50,6 +50,7 @@ class Status:
     reset_after: int | None = None
     quota: bool = False
     window: float | None = None  # a burst tier's exact window, for the response headers
+    size: int | None = None  # a token bucket's size: the headers' limit over ``window``
 
 
 @dataclass(slots=True)

@@ -14,7 +14,17 @@ from typing import Any
 from ferryman.config.model import Config, Level, RateLimit, Rule
 from ferryman.engine.model import EngineOptions
 
-__all__ = ["BurstNode", "CopiesNode", "Plain", "Policy", "Unlimited", "Window", "policies"]
+__all__ = [
+    "BucketNode",
+    "BurstNode",
+    "CopiesNode",
+    "Plain",
+    "Policy",
+    "SlidingNode",
+    "Unlimited",
+    "Window",
+    "policies",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,28 @@ class CopiesNode:
     quota: bool
 
 
-Policy = Plain | Window | Unlimited | BurstNode | CopiesNode
+@dataclass(frozen=True, slots=True)
+class BucketNode:
+    """``token_bucket``: a smooth limit (engine/buckets.py)."""
+
+    rule: Rule
+    path: tuple[Rule, ...]
+    quota: bool
+    key: str  # the bucket key's start: <prefix>ferryman_bucket_{<stats key>
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingNode:
+    """``sliding_window``: the two-window counter (engine/sliding.py)."""
+
+    rule: Rule
+    limit: RateLimit
+    path: tuple[Rule, ...]
+    quota: bool
+    key: str  # the counter key's start: <prefix>ferryman_sliding_{<stats key>
+
+
+Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | BucketNode | SlidingNode
 
 
 def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | None:
@@ -72,6 +103,12 @@ def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | 
         return CopiesNode(rule, tuple(path), quota)
     if rule.burst is not None:
         return BurstNode(rule, tuple(path), quota)
+    if rule.token_bucket is not None:
+        key = f"{opts.cache_key_prefix}ferryman_bucket_{{{rule.stats_key}"
+        return BucketNode(rule, tuple(path), quota, key)
+    if rule.sliding_window is not None:
+        key = f"{opts.cache_key_prefix}ferryman_sliding_{{{rule.stats_key}"
+        return SlidingNode(rule, rule.sliding_window, tuple(path), quota, key)
     limit = rule.rate_limit
     if limit is None:
         return None

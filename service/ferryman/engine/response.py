@@ -26,7 +26,7 @@ def headers(opts: EngineOptions, statuses: Sequence[Status]) -> tuple[tuple[str,
             best = status
     if best is None or best.limit is None:
         return ()
-    limit = str(best.limit.requests_per_unit)
+    limit = str(best.limit.requests_per_unit if best.size is None else best.size)
     if best.window is not None:
         limit = f"{limit}, {limit};w={best.window:g}"
     return (

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.config.model import Rule
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
 from ferryman.errors import RequestError
@@ -194,8 +195,11 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
 
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
+        path = self._engine.resolve(request.domain, entries, "burst")
+        if path[-1].token_bucket is not None:
+            return await self._bucket_request(request, entries, path, copies, min_copies)
         policy, outcome = await self._engine.request_rate(
-            request.domain, entries, copies, min_copies
+            request.domain, entries, copies, min_copies, path
         )
         reply = limiter_pb2.RateResponse(
             granted=outcome.granted,
@@ -216,4 +220,32 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
             _duration(outcome.tier_window, reply.active_tier_window)
         if math.isfinite(outcome.retry_after):
             _duration(outcome.retry_after, reply.retry_after)
+        return reply
+
+    async def _bucket_request(
+        self,
+        request: limiter_pb2.RateRequest,
+        entries: tuple[tuple[str, str], ...],
+        path: list[Rule],
+        copies: int,
+        min_copies: int,
+    ) -> limiter_pb2.RateResponse:
+        """Request on a token-bucket node: the hits now, after a wait, or none."""
+        max_wait = request.max_wait
+        if max_wait.seconds < 0 or max_wait.nanos < 0:
+            raise RequestError("max_wait", "must not be negative")
+        wait_ms = min(max_wait.seconds * 1000 + max_wait.nanos // 1_000_000, 2**31 - 1)
+        spec = path[-1].token_bucket
+        assert spec is not None
+        granted, take = await self._engine.request_bucket(
+            request.domain, entries, path, copies, min_copies, wait_ms
+        )
+        reply = limiter_pb2.RateResponse(
+            granted=granted, tokens_remaining=max(0, math.floor(take.stored))
+        )
+        if granted and take.wait_millis > 0:
+            _duration(take.wait_millis / 1000, reply.wait)
+        # Hits beyond the size and the debt allowed never pass: no retry_after for them.
+        if not granted and min_copies <= spec.size + spec.max_debt_millis * spec.fill_rate / 1e3:
+            _duration(take.next_token(spec), reply.retry_after)
         return reply

@@ -8,13 +8,16 @@ from ferryman.algorithms.token_bucket.model import (
     BucketRef,
     BucketSpec,
     BucketState,
+    NodeTake,
     Status,
     TakeResult,
     decide,
+    decide_node,
+    refilled,
 )
 from ferryman.clock import Clock
 
-__all__ = ["SWEEP_LIMIT", "MemoryTokenBucketStore", "now_micros"]
+__all__ = ["SWEEP_LIMIT", "MemoryNodeBuckets", "MemoryTokenBucketStore", "now_micros"]
 
 # Idle dynamic buckets removed by one request at most (the Redis script's bound too), so
 # that a request never pays for a large sweep.
@@ -103,3 +106,48 @@ class MemoryTokenBucketStore:
     async def close(self) -> None:
         self._fixed.clear()
         self._dynamic.clear()
+
+
+class MemoryNodeBuckets:
+    """Descriptor nodes' token buckets in process memory, by key, least recently used
+    first; a bucket found full again at the front is dropped (it is as good as new)."""
+
+    name = "memory"
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[BucketSpec, BucketState]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    async def take(
+        self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float
+    ) -> NodeTake:
+        return self.take_at(key, spec, tokens, max_wait_millis, round(now * 1_000_000))
+
+    def take_at(
+        self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now_us: int
+    ) -> NodeTake:
+        buckets = self._buckets
+        for _ in range(2):  # a little sweeping per call, never a large one
+            if not buckets:
+                break
+            first = next(iter(buckets))
+            if first == key:
+                break
+            old_spec, old = buckets[first]
+            if refilled(old, old_spec, now_us).stored < old_spec.size:
+                break
+            del buckets[first]
+        found = buckets.get(key)
+        result, after = decide_node(
+            None if found is None else found[1], spec, tokens, now_us, max_wait_millis
+        )
+        if after is not None:
+            buckets[key] = (spec, after)
+            buckets.move_to_end(key)
+        return result
+
+    def clear(self) -> None:
+        self._buckets.clear()

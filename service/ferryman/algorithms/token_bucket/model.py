@@ -27,9 +27,13 @@ __all__ = [
     "BucketSpec",
     "BucketState",
     "BucketStore",
+    "NodeBucketStore",
+    "NodeTake",
     "Status",
     "TakeResult",
     "decide",
+    "decide_node",
+    "refilled",
 ]
 
 # Names a request cannot use (they are outside [a-zA-Z0-9_]+): the shared buckets' keys.
@@ -148,4 +152,64 @@ class BucketStore(Protocol):
 
     async def close(self) -> None:
         """Release what the store holds."""
+        ...
+
+
+# -- token buckets on descriptor nodes ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTake:
+    """A node bucket's answer: the decision, and the bucket as it stands after it (the
+    state kept, or on a refusal the refilled state that was left unchanged): the tokens it
+    holds and its debt, the time until its next free moment (microseconds, >= 0)."""
+
+    status: Status
+    wait_millis: int
+    stored: float
+    debt_us: float
+
+    def next_token(self, spec: BucketSpec) -> float:
+        """Seconds until the bucket holds one more whole token (0 when full)."""
+        if self.stored >= spec.size and self.debt_us <= 0:
+            return 0.0
+        part = self.stored - math.floor(self.stored)
+        return self.debt_us / 1e6 + (1.0 - part) / spec.fill_rate
+
+
+def refilled(state: BucketState | None, spec: BucketSpec, now_us: int) -> BucketState:
+    """The bucket at ``now_us`` with the tokens accrued since its next free time (the first
+    steps of ``decide``, in the same order)."""
+    now = float(now_us)
+    if state is None:
+        return BucketState(float(spec.size), now)
+    stored, next_free = min(state.stored, float(spec.size)), state.next_free
+    if now > next_free:
+        if spec.fill_rate > 0:
+            stored = min(float(spec.size), stored + (now - next_free) * spec.fill_rate / 1e6)
+        next_free = now
+    return BucketState(stored, next_free)
+
+
+def decide_node(
+    state: BucketState | None, spec: BucketSpec, tokens: int, now_us: int, max_wait_millis: int
+) -> tuple[NodeTake, BucketState | None]:
+    """A node bucket's decision: ``decide`` for ``tokens`` (>= 0; 0 only looks; more than
+    the size only with enough debt allowed), and the bucket as it then stands."""
+    if tokens <= 0:
+        now = refilled(state, spec, now_us)
+        return NodeTake(Status.OK, 0, now.stored, now.next_free - now_us), None
+    status, wait, after = decide(state, spec, tokens, now_us, max_wait_millis * 1000.0)
+    shown = after if after is not None else refilled(state, spec, now_us)
+    return NodeTake(status, wait, shown.stored, shown.next_free - now_us), after
+
+
+class NodeBucketStore(Protocol):
+    """Token buckets of descriptor nodes, by key: one atomic decision per ``take``."""
+
+    async def take(
+        self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float
+    ) -> NodeTake:
+        """Take ``tokens`` from the bucket at ``key`` (the store's own clock or Redis time
+        may stand in for ``now``, seconds). Raises BackendError when the store fails."""
         ...

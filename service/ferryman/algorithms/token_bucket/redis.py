@@ -13,12 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from ferryman.algorithms.token_bucket.memory import SWEEP_LIMIT, now_micros
-from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Status, TakeResult
+from ferryman.algorithms.token_bucket.model import (
+    BucketRef,
+    BucketSpec,
+    NodeTake,
+    Status,
+    TakeResult,
+)
 from ferryman.clock import Clock
 from ferryman.connections.redis import LuaScript, RedisConnection
 from ferryman.errors import BackendError
 
-__all__ = ["RedisTokenBucketStore"]
+__all__ = ["RedisNodeBuckets", "RedisTokenBucketStore"]
 
 
 def _text(value: Any) -> str:
@@ -87,3 +93,41 @@ class RedisTokenBucketStore:
 
     async def close(self) -> None:
         """Nothing: the connection belongs to the backend."""
+
+
+class RedisNodeBuckets:
+    """Descriptor nodes' token buckets in Redis: one ``node_bucket.lua`` call per decision,
+    one key per bucket (the engine's keys carry their own hash tag).
+
+    ``server_time`` decides on Redis time; otherwise on the ``now`` the engine sends."""
+
+    name = "redis"
+
+    def __init__(self, connection: RedisConnection, server_time: bool = True) -> None:
+        self._connection = connection
+        self._script = LuaScript.of(__package__ or "", "node_bucket.lua")
+        connection.scripts.append(self._script)
+        self._server_time = server_time
+
+    async def take(
+        self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float
+    ) -> NodeTake:
+        at = "" if self._server_time else str(round(now * 1_000_000))
+        args: list[Any] = [
+            at,
+            tokens,
+            max_wait_millis,
+            spec.size,
+            repr(float(spec.fill_rate)),
+            spec.max_debt_millis,
+        ]
+        reply = await self._connection.run(self._script, [key], args)
+        try:
+            return NodeTake(
+                Status.OK if int(reply[0]) == 0 else Status.REJECTED_TIMEOUT,
+                int(reply[1]),
+                float(_text(reply[2])),
+                float(_text(reply[3])),
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise BackendError(f"node bucket script: unexpected reply {reply!r}") from exc

@@ -30,6 +30,7 @@ from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Level, Rule
 from ferryman.config.reloader import ConfigHolder
+from ferryman.config.smooth import describe_smooth
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import parse_descriptor
 from ferryman.errors import FerrymanError, RequestError, status_of
@@ -73,7 +74,10 @@ def _node(rule: Rule) -> dict[str, Any]:
         "detailed_metric": rule.detailed_metric,
     }
     limit = rule.rate_limit
-    if rule.burst is not None:
+    smooth = describe_smooth(rule)
+    if smooth is not None:
+        node["kind"], node["numbers"] = smooth
+    elif rule.burst is not None:
         node["kind"] = "burst_tiers"
         node["numbers"] = rule.burst.describe()
         node["tiers"] = [

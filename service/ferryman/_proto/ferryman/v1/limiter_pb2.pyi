@@ -150,19 +150,21 @@ class Entry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class RateRequest(_message.Message):
-    __slots__ = ("domain", "descriptor", "copies", "min_copies")
+    __slots__ = ("domain", "descriptor", "copies", "min_copies", "max_wait")
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     MIN_COPIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
     domain: str
     descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
     copies: int
     min_copies: int
-    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ...) -> None: ...
+    max_wait: _duration_pb2.Duration
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RateResponse(_message.Message):
-    __slots__ = ("granted", "hard_limit", "global_limit", "active_tier_index", "active_tier_limit", "active_tier_hits", "active_tier_window", "tenant_hits_last_second", "global_hits_last_second", "burst", "limited_by_hard_limit", "limited_by_global_limit", "retry_after")
+    __slots__ = ("granted", "hard_limit", "global_limit", "active_tier_index", "active_tier_limit", "active_tier_hits", "active_tier_window", "tenant_hits_last_second", "global_hits_last_second", "burst", "limited_by_hard_limit", "limited_by_global_limit", "retry_after", "wait", "tokens_remaining")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     HARD_LIMIT_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +178,8 @@ class RateResponse(_message.Message):
     LIMITED_BY_HARD_LIMIT_FIELD_NUMBER: _ClassVar[int]
     LIMITED_BY_GLOBAL_LIMIT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_REMAINING_FIELD_NUMBER: _ClassVar[int]
     granted: int
     hard_limit: int
     global_limit: int
@@ -189,7 +193,9 @@ class RateResponse(_message.Message):
     limited_by_hard_limit: bool
     limited_by_global_limit: bool
     retry_after: _duration_pb2.Duration
-    def __init__(self, granted: _Optional[int] = ..., hard_limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., active_tier_index: _Optional[int] = ..., active_tier_limit: _Optional[int] = ..., active_tier_hits: _Optional[int] = ..., active_tier_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tenant_hits_last_second: _Optional[int] = ..., global_hits_last_second: _Optional[int] = ..., burst: _Optional[bool] = ..., limited_by_hard_limit: _Optional[bool] = ..., limited_by_global_limit: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    wait: _duration_pb2.Duration
+    tokens_remaining: int
+    def __init__(self, granted: _Optional[int] = ..., hard_limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., active_tier_index: _Optional[int] = ..., active_tier_limit: _Optional[int] = ..., active_tier_hits: _Optional[int] = ..., active_tier_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tenant_hits_last_second: _Optional[int] = ..., global_hits_last_second: _Optional[int] = ..., burst: _Optional[bool] = ..., limited_by_hard_limit: _Optional[bool] = ..., limited_by_global_limit: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tokens_remaining: _Optional[int] = ...) -> None: ...
 
 class WatchQuotaEventsRequest(_message.Message):
     __slots__ = ("namespace",)

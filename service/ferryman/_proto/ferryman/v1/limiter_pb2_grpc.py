@@ -70,9 +70,11 @@ class LimiterServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Request(self, request, context):
-        """Ask for hits on a rate-limited (burst-tier) node. Granted hits are recorded; a rejection
-        (granted = 0) records nothing. Errors: INVALID_ARGUMENT for a malformed request or a node
-        that is not rate-limited by burst tiers, NOT_FOUND for an unknown domain or descriptor,
+        """Ask for hits on a rate-limited node: burst tiers or a token bucket. Granted hits are
+        recorded; a rejection (granted = 0) records nothing. On a token-bucket node the caller
+        may offer to wait (`max_wait`): hits are then granted with a `wait`, after which the
+        caller may use them. Errors: INVALID_ARGUMENT for a malformed request or a node that is
+        not rate-limited by burst tiers or a token bucket, NOT_FOUND for an unknown domain or descriptor,
         UNAVAILABLE when the backend cannot be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,50 @@
+"""Sliding-window counters in process memory: the embedded store, and the reference for the
+Redis one."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ferryman.algorithms.sliding_window.model import SlidingResult, SlidingState, decide
+
+__all__ = ["MemorySlidingWindows"]
+
+
+class MemorySlidingWindows:
+    """Keys in least recently used order; a key two windows old at the front is dropped
+    (its counts no longer matter). Every call runs without awaiting, hence atomically."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._keys: OrderedDict[str, tuple[int, SlidingState]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    async def hit(
+        self, key: str, limit: int, window_seconds: int, hits: int, now: float
+    ) -> SlidingResult:
+        return self.hit_at(key, limit, window_seconds * 1_000_000, hits, round(now * 1e6))
+
+    def hit_at(self, key: str, limit: int, window_us: int, hits: int, now_us: int) -> SlidingResult:
+        keys = self._keys
+        for _ in range(2):
+            if not keys:
+                break
+            first = next(iter(keys))
+            length, old = keys[first]
+            if first == key or old.start > now_us - 2 * length:
+                break
+            del keys[first]
+        found = keys.get(key)
+        result, state = decide(None if found is None else found[1], limit, window_us, hits, now_us)
+        if state.previous or state.current:
+            keys[key] = (window_us, state)
+            keys.move_to_end(key)
+        else:
+            keys.pop(key, None)
+        return result
+
+    def clear(self) -> None:
+        self._keys.clear()
