@@ -1,0 +1,85 @@
+"""Processes that use a capacity lease: ``python tests/helpers/leased.py TARGET RESOURCE
+DEMAND FALLBACK`` runs a RateLimiter at up to DEMAND per second and prints, every second, a
+JSON line: the wall-clock second, the permits taken in it, the capacity and the mode."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+
+class LeasedWorker:
+    """A worker process and what it reported, second by second."""
+
+    def __init__(self, target: str, resource: str, demand: float, fallback: str) -> None:
+        command = [sys.executable, __file__, target, resource, str(demand), fallback]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        self.permits: Counter[int] = Counter()
+        self.capacity: dict[int, float] = {}
+        self.mode: dict[int, str] = defaultdict(str)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            row = json.loads(line)
+            self.permits[row["second"]] = row["permits"]
+            self.capacity[row["second"]] = row["capacity"]
+            self.mode[row["second"]] = row["mode"]
+
+    def last(self) -> tuple[float, str]:
+        """The capacity and mode of the last reported second."""
+        if not self.capacity:
+            return (math.nan, "")
+        second = max(self.capacity)
+        return self.capacity[second], self.mode[second]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def per_second(workers: list[LeasedWorker], seconds: range) -> list[list[int]]:
+    """Each worker's permits in each whole second of ``seconds``."""
+    return [[w.permits[s] for s in seconds] for w in workers]
+
+
+def _main(target: str, resource_id: str, demand: float, fallback: str) -> None:
+    from ferryman.client import CapacityClient, RateLimiter
+
+    with CapacityClient(target, fallback=fallback) as client:  # type: ignore[arg-type]
+        resource = client.resource(resource_id, demand)
+        limiter = RateLimiter(resource)
+        second, taken = int(time.time()), 0
+        next_try = time.monotonic()
+        report: Callable[[int, int], None] = lambda s, n: print(  # noqa: E731
+            json.dumps(
+                {"second": s, "permits": n, "capacity": resource.capacity, "mode": resource.mode}
+            ),
+            flush=True,
+        )
+        while True:
+            now = time.monotonic()
+            if next_try > now:  # the demand itself: no more tries than DEMAND per second
+                time.sleep(next_try - now)
+            next_try = max(next_try, time.monotonic() - 1 / demand) + 1 / demand
+            limiter.wait()
+            wall = int(time.time())
+            if wall != second:
+                report(second, taken)
+                second, taken = wall, 0
+            taken += 1
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4])
