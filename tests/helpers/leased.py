@@ -83,3 +83,55 @@ def _main(target: str, resource_id: str, demand: float, fallback: str) -> None:
 
 if __name__ == "__main__":
     _main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4])
+
+
+class Driver:
+    """A thread sending ShouldRateLimit to ``address`` at ``rate`` per second, counting the
+    OK answers of each wall-clock second and keeping the last answer."""
+
+    def __init__(self, address: str, domain: str, entries: list[tuple[str, str]], rate: float):
+        import grpc
+
+        from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+        from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+        self.rate = rate
+        self.ok: Counter[int] = Counter()
+        self.sent: Counter[int] = Counter()
+        self.last: rls_pb2.RateLimitResponse | None = None
+        self.errors = 0
+        self._channel = grpc.insecure_channel(address)
+        self._stub = rls_pb2_grpc.RateLimitServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        descriptor = ratelimit_pb2.RateLimitDescriptor(
+            entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+        )
+        self._request = rls_pb2.RateLimitRequest(domain=domain, descriptors=[descriptor])
+        self._ok_code = rls_pb2.RateLimitResponse.OK
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import grpc
+
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if next_at > now:
+                time.sleep(next_at - now)
+            next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
+            second = int(time.time())
+            try:
+                reply = self._stub.ShouldRateLimit(self._request, timeout=5)
+            except grpc.RpcError:
+                self.errors += 1
+                continue
+            self.sent[second] += 1
+            self.last = reply
+            if reply.overall_code == self._ok_code:
+                self.ok[second] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._channel.close()

@@ -84,8 +84,13 @@ class CapacityResource:
         if changed:
             self._client.refresh_soon()
 
-    def ask(self, wants: float) -> None:
-        """Change the demand; the server hears it at the next refresh (asked at once)."""
+    def ask(self, wants: float, *, now: bool = True) -> None:
+        """Change the demand; the server hears it at once (``now``) or at the next refresh."""
+        if not now:
+            if not math.isfinite(wants) or wants < 0:
+                raise ValueError(f"wants must be a finite number >= 0, not {wants!r}")
+            self._wants = wants
+            return
         self.wants = wants
 
     @property

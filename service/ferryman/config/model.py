@@ -18,6 +18,7 @@ __all__ = [
     "UNIT_SECONDS",
     "Config",
     "Domain",
+    "LeasedLimit",
     "Level",
     "RateLimit",
     "Rule",
@@ -65,6 +66,16 @@ class RateLimit:
     replaces: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class LeasedLimit:
+    """``leased_limit:``: a per-second limit whose size is this server's lease on
+    ``resource`` from its parent (``--parent``); ``safe_capacity`` once the lease has
+    lapsed (None: the parent's, else unlimited; -1 unlimited)."""
+
+    resource: str
+    safe_capacity: float | None = None
+
+
 def wildcard_pattern(value: str) -> re.Pattern[str]:
     """Compile a descriptor value in which each ``*`` stands for any run of characters."""
     return re.compile(".*".join(re.escape(part) for part in value.split("*")), re.DOTALL)
@@ -79,6 +90,7 @@ class Rule:
     rate_limit: RateLimit | None = None
     burst: BurstPolicy | None = None
     copies: CopyPolicy | None = None
+    leased: LeasedLimit | None = None
     name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
     replaces: tuple[str, ...] = ()
     shadow_mode: bool = False

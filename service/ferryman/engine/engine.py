@@ -18,6 +18,7 @@ from ferryman.config.model import Config, Domain, Rule
 from ferryman.engine import response
 from ferryman.engine.bursts import BurstItem, BurstLimiter
 from ferryman.engine.copies import CopyItem, CopyLimiter
+from ferryman.engine.leased import LeasedItem, LeasedLimiter
 from ferryman.engine.matcher import find, stats_key, walk
 from ferryman.engine.model import (
     MAX_REMAINING,
@@ -29,7 +30,16 @@ from ferryman.engine.model import (
     Status,
     Tally,
 )
-from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window, policies
+from ferryman.engine.policy import (
+    BurstNode,
+    CopiesNode,
+    LeasedNode,
+    Plain,
+    Policy,
+    Unlimited,
+    Window,
+    policies,
+)
 from ferryman.engine.validate import check_request
 from ferryman.engine.windows import WindowItem, WindowLimiter
 from ferryman.errors import BackendError, RequestError
@@ -57,6 +67,7 @@ class _Plan:
     windows: list[WindowItem] = field(default_factory=list)
     bursts: list[BurstItem] = field(default_factory=list)
     holds: list[CopyItem] = field(default_factory=list)
+    leased: list[LeasedItem] = field(default_factory=list)
     replaced: set[str] = field(default_factory=set)
 
     def drop_replaced(self) -> None:
@@ -100,6 +111,7 @@ class RateLimitEngine:
         self.windows = WindowLimiter(opts, stats, self.local_cache)
         self.bursts = BurstLimiter(opts, stats)
         self.copies = CopyLimiter(opts, stats)
+        self.leased = LeasedLimiter(stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
 
@@ -132,6 +144,8 @@ class RateLimitEngine:
             statuses[h.index] = status
             tally.add(status.code is Code.OVER_LIMIT, h.quota)
         self.bursts.answer(plan.bursts, outcomes, statuses, tally)
+        if plan.leased:
+            self.leased.answer(plan.leased, now, statuses, tally)
         return self._decision(domain, descriptors, request_hits, statuses, tally)
 
     def _config(self) -> Config:
@@ -190,6 +204,10 @@ class RateLimitEngine:
                 plan.holds.append(
                     CopyItem(i, policy.rule, node, tenant, key, parts, hits, policy.quota)
                 )
+            elif isinstance(policy, LeasedNode):
+                leased = policy.rule.leased
+                assert leased is not None
+                plan.leased.append(LeasedItem(i, policy.rule, leased, hits, policy.quota))
             elif isinstance(policy, BurstNode):
                 if hits < 0:
                     # Burst tiers record grants only; nothing to give back.

@@ -14,7 +14,16 @@ from typing import Any
 from ferryman.config.model import Config, Level, RateLimit, Rule
 from ferryman.engine.model import EngineOptions
 
-__all__ = ["BurstNode", "CopiesNode", "Plain", "Policy", "Unlimited", "Window", "policies"]
+__all__ = [
+    "BurstNode",
+    "CopiesNode",
+    "LeasedNode",
+    "Plain",
+    "Policy",
+    "Unlimited",
+    "Window",
+    "policies",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +71,22 @@ class CopiesNode:
     quota: bool
 
 
-Policy = Plain | Window | Unlimited | BurstNode | CopiesNode
+@dataclass(frozen=True, slots=True)
+class LeasedNode:
+    """``leased_limit``: hits per second as many as this server's lease allows."""
+
+    rule: Rule
+    quota: bool
+
+
+Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | LeasedNode
 
 
 def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | None:
     rule = path[-1]
     quota = rule.quota_mode or opts.quota_mode
+    if rule.leased is not None:
+        return LeasedNode(rule, quota)
     if rule.copies is not None:
         return CopiesNode(rule, tuple(path), quota)
     if rule.burst is not None:
