@@ -80,9 +80,9 @@ def test_two_sidecars_split_the_parents_limit_by_demand(procs: Procs) -> None:
     small = procs.serve("small", SIDECAR, "--parent", root.address)
     drivers = [procs.drive(big, 150), procs.drive(small, 30)]
     wait_for(
-        "leases of 70 and 30",
+        "leases of 67 and 33 (30/s asked with 10% headroom)",
         lambda: (
-            [_leased(s).get("capacity") for s in (big, small)] == pytest.approx([70, 30], abs=2)
+            [_leased(s).get("capacity") for s in (big, small)] == pytest.approx([67, 33], abs=2)
         ),
         timeout=20,
     )
@@ -96,7 +96,7 @@ def test_two_sidecars_split_the_parents_limit_by_demand(procs: Procs) -> None:
         assert a + b <= 110, oks
     last = drivers[0].last
     assert last is not None
-    assert 68 <= last.statuses[0].current_limit.requests_per_unit <= 72
+    assert 65 <= last.statuses[0].current_limit.requests_per_unit <= 69
     assert last.statuses[0].duration_until_reset.seconds == 1
 
     root.kill()

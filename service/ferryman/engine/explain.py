@@ -12,7 +12,15 @@ from ferryman.algorithms.fixed_window.model import CounterOp, reset_after, windo
 from ferryman.config.model import Config, Level, Rule
 from ferryman.engine.matcher import cache_key, stats_key
 from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import BurstNode, CopiesNode, Plain, Policy, Unlimited, Window
+from ferryman.engine.policy import (
+    BurstNode,
+    CopiesNode,
+    LeasedNode,
+    Plain,
+    Policy,
+    Unlimited,
+    Window,
+)
 from ferryman.engine.policy import policies as build_policies
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
@@ -96,6 +104,13 @@ def _rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
     elif isinstance(policy, CopiesNode):
         assert rule.copies is not None
         out.update(kind="copies", copies=rule.copies.describe())
+    elif isinstance(policy, LeasedNode):
+        assert rule.leased is not None
+        out.update(
+            kind="leased_limit",
+            resource=rule.leased.resource,
+            safe_capacity=rule.leased.safe_capacity,
+        )
     else:
         out.update(kind="none")
     return out
@@ -240,6 +255,8 @@ def _rule_text(rule: dict[str, Any]) -> str:
         text = f"burst tiers {rule['tiers']}"
     elif kind == "copies":
         text = rule["copies"]
+    elif kind == "leased_limit":
+        text = f"per second as leased on {rule['resource']}"
     else:
         text = kind
     if rule.get("name"):

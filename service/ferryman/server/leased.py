@@ -20,6 +20,9 @@ __all__ = ["LeasedResources", "leased_resources"]
 log = logging.getLogger("ferryman.leased")
 
 _TICK = 0.25  # seconds between looks at the demand and the config
+# Asked above the demand seen: a lease is a refresh behind, and one sized exactly to the last
+# seconds would refuse any growth (and the noise of a steady load) until the next refresh.
+_HEADROOM = 1.1
 
 
 def leased_resources(config: Config | None) -> set[str]:
@@ -76,15 +79,16 @@ class LeasedResources:
         wanted = leased_resources(self._holder.config)
         now = self._clock.now()
         for resource_id in wanted - set(self._held):
-            self._held[resource_id] = client.resource(
-                resource_id, self._limiter.demand(resource_id, now)
-            )
+            self._held[resource_id] = client.resource(resource_id, self._wants(resource_id, now))
             log.info("leasing %s from %s", resource_id, self.parent)
         for resource_id in set(self._held) - wanted:
             self._held.pop(resource_id).release()
         for resource_id, resource in self._held.items():
             # Heard at the next refresh: a changing demand must not add calls to the parent.
-            resource.ask(self._limiter.demand(resource_id, now), now=False)
+            resource.ask(self._wants(resource_id, now), now=False)
+
+    def _wants(self, resource_id: str, now: float) -> float:
+        return self._limiter.demand(resource_id, now) * _HEADROOM
 
     async def _run(self) -> None:
         while True:
