@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
 
 from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 from ferryman.clock import Clock
@@ -67,7 +68,10 @@ class LeasedResources:
         capacity = resource.capacity
         return (capacity if resource.mode == "lease" else None), resource.safe_capacity
 
-    async def start(self, client_id: str) -> None:
+    async def start(self, address: str) -> None:
+        # The host's name too: sidecars listening on 127.0.0.1:8081 in every pod are distinct
+        # clients to the parent, and a restarted pod takes its old lease over.
+        client_id = f"{socket.gethostname()}/{address}"
         self.client = AsyncCapacityClient(self.parent, client_id, fallback="safe")
         self._limiter.reader = self.read
         self._sync()
