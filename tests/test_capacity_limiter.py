@@ -77,11 +77,9 @@ def test_two_processes_split_a_fair_share_and_fall_back_to_their_modes(
         lambda: [w.last() for w in workers] == [(20.0, "safe"), (0.0, "pessimistic")],
         timeout=10,
     )
-    # The leases lasted 2 s from their last refresh: no fallback before about 1 s after the kill.
-    first_fallback = min(
-        s for w in workers for s, mode in list(w.mode.items()) if mode not in ("", "lease")
-    )
-    assert first_fallback >= int(killed)
+    # A lease lasts 2 s from its last refresh, at most 1 s before the kill: kept >= 1 s.
+    for worker in workers:
+        assert worker.fell_back_at - killed >= 0.9, (worker.fell_back_at, killed)
     fleet.servers.append(fleet.server("--grpc-port", str(port)))
     wait_for("converged again", lambda: _converged(workers), timeout=20)
     _check_split(workers, 2)

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from typing import Any
 
 
 class LeasedWorker:
@@ -23,6 +23,7 @@ class LeasedWorker:
         self.permits: Counter[int] = Counter()
         self.capacity: dict[int, float] = {}
         self.mode: dict[int, str] = defaultdict(str)
+        self.fell_back_at = 0.0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -33,6 +34,7 @@ class LeasedWorker:
             self.permits[row["second"]] = row["permits"]
             self.capacity[row["second"]] = row["capacity"]
             self.mode[row["second"]] = row["mode"]
+            self.fell_back_at = row["fell_back_at"]
 
     def last(self) -> tuple[float, str]:
         """The capacity and mode of the last reported second."""
@@ -60,25 +62,41 @@ def _main(target: str, resource_id: str, demand: float, fallback: str) -> None:
     with CapacityClient(target, fallback=fallback) as client:  # type: ignore[arg-type]
         resource = client.resource(resource_id, demand)
         limiter = RateLimiter(resource)
-        second, taken = int(time.time()), 0
+        taken: Counter[int] = Counter()
+        threading.Thread(target=_report, args=(resource, taken), daemon=True).start()
         next_try = time.monotonic()
-        report: Callable[[int, int], None] = lambda s, n: print(  # noqa: E731
-            json.dumps(
-                {"second": s, "permits": n, "capacity": resource.capacity, "mode": resource.mode}
-            ),
-            flush=True,
-        )
         while True:
             now = time.monotonic()
             if next_try > now:  # the demand itself: no more tries than DEMAND per second
                 time.sleep(next_try - now)
             next_try = max(next_try, time.monotonic() - 1 / demand) + 1 / demand
             limiter.wait()
-            wall = int(time.time())
-            if wall != second:
-                report(second, taken)
-                second, taken = wall, 0
-            taken += 1
+            taken[int(time.time())] += 1
+
+
+def _report(resource: Any, taken: Counter[int]) -> None:
+    """Every 20 ms: note when the lease gives way to the fallback; after each wall-clock
+    second: its line."""
+    second = int(time.time())
+    fell_back_at = 0.0
+    was = ""
+    while True:
+        time.sleep(0.02)
+        capacity, mode = resource.capacity, resource.mode
+        if was == "lease" and mode != "lease":
+            fell_back_at = time.time()
+        was = mode
+        if int(time.time()) == second:
+            continue
+        row = {
+            "second": second,
+            "permits": taken.pop(second, 0),
+            "capacity": capacity,
+            "mode": mode,
+            "fell_back_at": fell_back_at,
+        }
+        print(json.dumps(row), flush=True)
+        second = int(time.time())
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import socket
 
 from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
@@ -69,9 +70,9 @@ class LeasedResources:
         return (capacity if resource.mode == "lease" else None), resource.safe_capacity
 
     async def start(self, address: str) -> None:
-        # The host's name too: sidecars listening on 127.0.0.1:8081 in every pod are distinct
-        # clients to the parent, and a restarted pod takes its old lease over.
-        client_id = f"{socket.gethostname()}/{address}"
+        # The host's name and the process: sidecars listening on 127.0.0.1:8081 in every pod,
+        # and the worker processes of one server, are distinct clients to the parent.
+        client_id = f"{socket.gethostname()}/{address}/{os.getpid()}"
         self.client = AsyncCapacityClient(self.parent, client_id, fallback="safe")
         self._limiter.reader = self.read
         self._sync()
