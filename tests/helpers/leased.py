@@ -24,6 +24,7 @@ class LeasedWorker:
         self.capacity: dict[int, float] = {}
         self.mode: dict[int, str] = defaultdict(str)
         self.fell_back_at = 0.0
+        self.expiry = 0.0  # the lease's expiry when it gave way to the fallback
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -35,6 +36,7 @@ class LeasedWorker:
             self.capacity[row["second"]] = row["capacity"]
             self.mode[row["second"]] = row["mode"]
             self.fell_back_at = row["fell_back_at"]
+            self.expiry = row["expiry"]
 
     def last(self) -> tuple[float, str]:
         """The capacity and mode of the last reported second."""
@@ -78,13 +80,14 @@ def _report(resource: Any, taken: Counter[int]) -> None:
     """Every 20 ms: note when the lease gives way to the fallback; after each wall-clock
     second: its line."""
     second = int(time.time())
-    fell_back_at = 0.0
+    fell_back_at = expiry = 0.0
     was = ""
     while True:
         time.sleep(0.02)
         capacity, mode = resource.capacity, resource.mode
         if was == "lease" and mode != "lease":
             fell_back_at = time.time()
+            expiry = resource.lease.expiry_time if resource.lease is not None else 0.0
         was = mode
         if int(time.time()) == second:
             continue
@@ -94,6 +97,7 @@ def _report(resource: Any, taken: Counter[int]) -> None:
             "capacity": capacity,
             "mode": mode,
             "fell_back_at": fell_back_at,
+            "expiry": expiry,
         }
         print(json.dumps(row), flush=True)
         second = int(time.time())
