@@ -114,7 +114,13 @@ def check_schema(doc: Doc, version: str) -> None:
 
 def test_the_expected_kustomizations_exist() -> None:
     """A base, the standalone and sidecar layouts, and the Istio overlay."""
-    assert KUSTOMIZATIONS == ["base", "overlays/istio", "overlays/sidecar", "overlays/standalone"]
+    assert KUSTOMIZATIONS == [
+        "base",
+        "overlays/istio",
+        "overlays/leased",
+        "overlays/sidecar",
+        "overlays/standalone",
+    ]
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -186,6 +192,25 @@ def test_sidecar_envoy_config_is_envoy_sidecar_yaml() -> None:
     """The sidecar overlay runs envoy/sidecar.yaml unchanged."""
     copy = K8S / "overlays" / "sidecar" / "envoy.yaml"
     assert copy.read_bytes() == (ROOT / "envoy" / "sidecar.yaml").read_bytes()
+
+
+def test_leased_overlay_runs_the_envoy_leased_example_unchanged() -> None:
+    """The leased overlay's Envoy bootstrap, sidecar config and parent resources are
+    envoy/leased/'s files, and each pod's sidecar asks the parent's Service."""
+    overlay = K8S / "overlays" / "leased"
+    example = ROOT / "envoy" / "leased"
+    for copy, source in (
+        ("envoy.yaml", "envoy.yaml"),
+        ("partner.yaml", "sidecar/partner.yaml"),
+        ("resources.yaml", "root/resources.yaml"),
+    ):
+        assert (overlay / copy).read_bytes() == (example / source).read_bytes(), copy
+    docs = build("overlays/leased")
+    pod = find(docs, "Deployment", "partner-api")["spec"]["template"]["spec"]
+    [sidecar] = pod["initContainers"]
+    assert sidecar["args"][-2:] == ["--parent", "ferryman-parent:8081"]
+    service = find(docs, "Service", "ferryman-parent")
+    assert service["spec"]["ports"][0]["port"] == 8081
 
 
 def _env(container: Doc) -> dict[str, str]:

@@ -10,12 +10,18 @@ service watches: if the client dies, the service releases what it held. An unrea
 or failing service gives degraded grants (``fail_open=True``, the default) or
 ServiceUnavailableError; a kill switch turns rejections into reported grants. The
 interceptors rate-limit a program's own outgoing gRPC calls through a client.
-``CapacityClient`` leases shares of global capacities (Doorman's protocol) and refreshes
-them in the background.
+``CapacityClient`` (and ``AsyncCapacityClient``) leases shares of global capacities
+(Doorman's protocol) and refreshes them in the background; ``RateLimiter`` and ``Gauge``
+enforce a lease's capacity locally, with no call per use.
 """
 
 from ferryman.client._async import AsyncClient, AsyncHold
-from ferryman.client._capacity import CapacityClient, CapacityResource
+from ferryman.client._capacity import (
+    AsyncCapacityClient,
+    CapacityClient,
+    CapacityResource,
+    CapacityStats,
+)
 from ferryman.client._core import DEFAULT_TIMEOUT
 from ferryman.client._interceptor import (
     AsyncRateLimitInterceptor,
@@ -23,6 +29,7 @@ from ferryman.client._interceptor import (
     Route,
     RouteFunction,
 )
+from ferryman.client._leased import Gauge, RateLimiter
 from ferryman.client._models import (
     AllowResult,
     ClientStats,
@@ -43,16 +50,19 @@ from ferryman.client._sync import Client, Hold
 __all__ = [
     "DEFAULT_TIMEOUT",
     "AllowResult",
+    "AsyncCapacityClient",
     "AsyncClient",
     "AsyncHold",
     "AsyncRateLimitInterceptor",
     "CapacityClient",
     "CapacityResource",
+    "CapacityStats",
     "Client",
     "ClientStats",
     "Code",
     "DescriptorLike",
     "DescriptorStatus",
+    "Gauge",
     "Hold",
     "HoldGroup",
     "MultiHold",
@@ -60,6 +70,7 @@ __all__ = [
     "RateLimit",
     "RateLimitInterceptor",
     "RateLimitResult",
+    "RateLimiter",
     "RateResult",
     "ReserveContext",
     "Resource",

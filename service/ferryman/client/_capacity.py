@@ -1,13 +1,16 @@
 """``CapacityClient``: leases on shares of global capacities (Doorman's protocol).
 
-A client keeps the resources it was asked for, refreshes their leases in a background
-thread as often as the server says, and follows ``mastership`` to the master. While the
-server is out of reach a lease stays good until it expires; after that the resource's
-capacity is its safe capacity (-1: unlimited, 0: stop).
+A client keeps the resources it was asked for, refreshes all their leases in one
+``GetCapacity`` as often as the server says, and follows ``mastership`` to the master. While
+the server is out of reach a lease stays good until it expires; after that the resource's
+capacity is its fallback: ``"safe"`` (the server's safe capacity; -1 unlimited, 0 stop; the
+default), ``"optimistic"`` (what it wants) or ``"pessimistic"`` (0).
+``AsyncCapacityClient`` is the same over ``grpc.aio``, refreshed by an asyncio task.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import math
@@ -15,28 +18,58 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
 import grpc
+import grpc.aio
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 
-__all__ = ["CapacityClient", "CapacityResource"]
+__all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
+
+Fallback = Literal["safe", "optimistic", "pessimistic"]
+FALLBACKS: tuple[str, ...] = ("safe", "optimistic", "pessimistic")
 
 _IDS = itertools.count(1)
 _RETRY = 1.0  # seconds before asking again when no lease says otherwise
 
 
-class CapacityResource:
-    """One resource of a CapacityClient: what is wanted and what is held."""
+@dataclass(frozen=True)
+class CapacityStats:
+    """A client's counters: refreshes that got an answer, failed refreshes, changes of a
+    resource's mode (``lease`` or its fallback), and each resource's capacity now."""
 
-    def __init__(self, client: CapacityClient, resource_id: str, wants: float, priority: int):
+    refreshes: int
+    failures: int
+    mode_changes: int
+    capacity: dict[str, float]
+    mode: dict[str, str]
+
+
+class CapacityResource:
+    """One resource of a capacity client: what is wanted and what is held."""
+
+    def __init__(
+        self,
+        client: _Book,
+        resource_id: str,
+        wants: float,
+        priority: int,
+        fallback: Fallback = "safe",
+    ):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, not {fallback!r}")
         self._client = client
         self.resource_id = resource_id
         self.priority = priority
+        self.fallback: Fallback = fallback
         self._wants = wants
         self.lease: doorman_pb2.Lease | None = None
         self.safe_capacity: float | None = None
+        self.mode = "none"  # lease, safe, optimistic or pessimistic, as last seen
 
     @property
     def wants(self) -> float:
@@ -46,76 +79,140 @@ class CapacityResource:
     def wants(self, value: float) -> None:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"wants must be a finite number >= 0, not {value!r}")
+        changed = value != self._wants
         self._wants = value
-        self._client.refresh_soon()
+        if changed:
+            self._client.refresh_soon()
+
+    def ask(self, wants: float, *, now: bool = True) -> None:
+        """Change the demand; the server hears it at once (``now``) or at the next refresh."""
+        if not now:
+            if not math.isfinite(wants) or wants < 0:
+                raise ValueError(f"wants must be a finite number >= 0, not {wants!r}")
+            self._wants = wants
+            return
+        self.wants = wants
 
     @property
     def capacity(self) -> float:
-        """The capacity to use now: the lease's while it lasts, else the safe capacity."""
+        """The capacity to use now: the lease's while it lasts, else the fallback's."""
         with self._client.lock:
-            lease, safe = self.lease, self.safe_capacity
-        if lease is not None and lease.expiry_time > time.time():
-            return float(lease.capacity)
-        if safe is None:
-            return 0.0
-        return math.inf if safe < 0 else float(safe)
+            return self._client.observe(self, time.time())
 
     def release(self) -> None:
-        """Give the lease back at once and stop asking for this resource."""
+        """Give the lease back and stop asking for this resource."""
         self._client.release(self)
 
 
-class CapacityClient:
-    """A Doorman client of ``target`` (host:port of any replica); ``client_id`` defaults to
-    ``host:pid:n``, so two clients in one process are two clients to the server."""
+class _Book:
+    """What both clients share: the resources, the request, the reply, the counters."""
 
-    def __init__(self, target: str, client_id: str | None = None, *, timeout: float = 5.0):
+    def __init__(self, target: str, client_id: str | None, timeout: float, fallback: Fallback):
         self.client_id = client_id or f"{socket.gethostname()}:{os.getpid()}:{next(_IDS)}"
         self.target = target
         self.master = target
         self.timeout = timeout
+        self.fallback: Fallback = fallback
         self.lock = threading.Lock()
         self.last_error = ""
+        self.refreshes = 0
+        self.failures = 0
+        self.mode_changes = 0
         self._resources: dict[str, CapacityResource] = {}
-        self._channels: dict[str, grpc.Channel] = {}
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ferryman-capacity", daemon=True)
-        self._thread.start()
+        self._listeners: list[Callable[[CapacityResource], None]] = []
 
-    def resource(self, resource_id: str, wants: float, priority: int = 0) -> CapacityResource:
-        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+    def refresh_soon(self) -> None:
+        raise NotImplementedError
+
+    def release(self, resource: CapacityResource) -> None:
+        raise NotImplementedError
+
+    def on_change(self, listener: Callable[[CapacityResource], None]) -> None:
+        """Call ``listener(resource)`` (from the refresher) whenever a capacity changes."""
+        self._listeners.append(listener)
+
+    def _add(
+        self, resource_id: str, wants: float, priority: int, fallback: Fallback | None
+    ) -> CapacityResource:
         if not resource_id:
             raise ValueError("resource_id must not be empty")
+        resource = CapacityResource(self, resource_id, 0.0, priority, fallback or self.fallback)
         with self.lock:
             if resource_id in self._resources:
                 raise ValueError(f"resource {resource_id!r} is already held by this client")
-            resource = CapacityResource(self, resource_id, 0.0, priority)
             self._resources[resource_id] = resource
         resource.wants = wants
         return resource
 
-    def refresh_soon(self) -> None:
-        self._wake.set()
+    def observe(self, resource: CapacityResource, now: float) -> float:
+        """The capacity of ``resource`` at ``now`` (under the lock), counting mode changes."""
+        lease = resource.lease
+        if lease is not None and lease.expiry_time > now:
+            mode, capacity = "lease", float(lease.capacity)
+        elif resource.fallback == "optimistic":
+            mode, capacity = "optimistic", resource.wants
+        elif resource.fallback == "pessimistic" or resource.safe_capacity is None:
+            mode, capacity = resource.fallback, 0.0
+        else:
+            safe = resource.safe_capacity
+            mode, capacity = "safe", (math.inf if safe < 0 else float(safe))
+        if mode != resource.mode:
+            if resource.mode != "none":
+                self.mode_changes += 1
+            resource.mode = mode
+        return capacity
 
-    def refresh(self) -> float:
-        """Ask for every resource now; the seconds until the next refresh is due."""
+    def stats(self) -> CapacityStats:
+        now = time.time()
+        with self.lock:
+            resources = list(self._resources.values())
+            capacity = {r.resource_id: self.observe(r, now) for r in resources}
+            return CapacityStats(
+                refreshes=self.refreshes,
+                failures=self.failures,
+                mode_changes=self.mode_changes,
+                capacity=capacity,
+                mode={r.resource_id: r.mode for r in resources},
+            )
+
+    def _request(self) -> doorman_pb2.GetCapacityRequest | None:
+        now = time.time()
         with self.lock:
             resources = list(self._resources.values())
         if not resources:
-            return _RETRY
+            return None
         request = doorman_pb2.GetCapacityRequest(client_id=self.client_id)
         for resource in resources:
             item = request.resource.add(
                 resource_id=resource.resource_id, priority=resource.priority, wants=resource.wants
             )
-            if resource.lease is not None and resource.lease.expiry_time > time.time():
+            if resource.lease is not None and resource.lease.expiry_time > now:
                 item.has.CopyFrom(resource.lease)
-        reply = self._call_master(request)
-        if reply is None:
-            return _RETRY
+        return request
+
+    def _next_hop(self, reply: doorman_pb2.GetCapacityResponse) -> str | None:
+        """None when ``reply`` is an answer; else the master to ask next ("" none known)."""
+        if reply.response or not reply.HasField("mastership"):
+            self.last_error = ""
+            return None
+        master = reply.mastership.master_address
+        self.master = master or self.target
+        if not master:
+            self.last_error = "no master known"
+        return master
+
+    def _failed(self, error: str) -> float:
+        self.last_error = error
+        self.master = self.target  # start over from the address we were given
+        self.failures += 1
+        self._tick()
+        return _RETRY
+
+    def _apply(self, reply: doorman_pb2.GetCapacityResponse) -> float:
+        """Take the leases of ``reply``; the seconds until the next refresh is due."""
         wait = math.inf
         with self.lock:
+            self.refreshes += 1
             for answer in reply.response:
                 held = self._resources.get(answer.resource_id)
                 if held is None:
@@ -124,35 +221,73 @@ class CapacityClient:
                 if answer.HasField("safe_capacity"):
                     held.safe_capacity = answer.safe_capacity
                 wait = min(wait, max(0.05, float(answer.gets.refresh_interval)))
+        self._tick()
         return _RETRY if wait == math.inf else wait
 
-    def _stub(self, target: str) -> doorman_pb2_grpc.CapacityStub:
-        if target not in self._channels:
-            self._channels[target] = grpc.insecure_channel(target)
-        return doorman_pb2_grpc.CapacityStub(self._channels[target])  # type: ignore[no-untyped-call]
+    def _tick(self) -> None:
+        """Notice mode changes (a lease may have just expired) and tell the listeners."""
+        now = time.time()
+        with self.lock:
+            resources = list(self._resources.values())
+            for resource in resources:
+                self.observe(resource, now)
+        for resource in resources:
+            for listener in self._listeners:
+                listener(resource)
 
-    def _call_master(
-        self, request: doorman_pb2.GetCapacityRequest
-    ) -> doorman_pb2.GetCapacityResponse | None:
-        """GetCapacity at the master, following ``mastership`` a few hops; None on failure."""
+
+class CapacityClient(_Book):
+    """A Doorman client of ``target`` (host:port of any replica), refreshed by a thread;
+    ``client_id`` defaults to ``host:pid:n``, so two clients in one process are two clients
+    to the server. ``fallback`` is the default for its resources."""
+
+    def __init__(
+        self,
+        target: str,
+        client_id: str | None = None,
+        *,
+        timeout: float = 5.0,
+        fallback: Fallback = "safe",
+    ):
+        super().__init__(target, client_id, timeout, fallback)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ferryman-capacity", daemon=True)
+        self._thread.start()
+
+    def resource(
+        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+    ) -> CapacityResource:
+        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        return self._add(resource_id, wants, priority, fallback)
+
+    def refresh_soon(self) -> None:
+        self._wake.set()
+
+    def refresh(self) -> float:
+        """Ask for every resource now; the seconds until the next refresh is due."""
+        request = self._request()
+        if request is None:
+            return _RETRY
         for _ in range(3):
             try:
                 reply: doorman_pb2.GetCapacityResponse = self._stub(self.master).GetCapacity(
                     request, timeout=self.timeout
                 )
             except grpc.RpcError as exc:
-                self.last_error = f"{self.master}: {exc.code().name}"
-                self.master = self.target  # start over from the address we were given
-                return None
-            if reply.response or not reply.HasField("mastership"):
-                self.last_error = ""
-                return reply
-            master = reply.mastership.master_address
-            self.master = master or self.target
+                return self._failed(f"{self.master}: {exc.code().name}")
+            master = self._next_hop(reply)
+            if master is None:
+                return self._apply(reply)
             if not master:
-                self.last_error = "no master known"
-                return None
-        return None
+                break
+        return self._failed(self.last_error or "no master")
+
+    def _stub(self, target: str) -> doorman_pb2_grpc.CapacityStub:
+        if target not in self._channels:
+            self._channels[target] = grpc.insecure_channel(target)
+        return doorman_pb2_grpc.CapacityStub(self._channels[target])  # type: ignore[no-untyped-call]
 
     def release(self, resource: CapacityResource) -> None:
         with self.lock:
@@ -169,8 +304,7 @@ class CapacityClient:
             try:
                 wait = self.refresh()
             except Exception as exc:  # never let the refresher die
-                self.last_error = str(exc)
-                wait = _RETRY
+                wait = self._failed(str(exc))
             self._wake.wait(wait)
             self._wake.clear()
 
@@ -196,3 +330,109 @@ class CapacityClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class AsyncCapacityClient(_Book):
+    """``CapacityClient`` for asyncio: create it inside a running loop (or ``async with``);
+    the refresh is a task of that loop."""
+
+    def __init__(
+        self,
+        target: str,
+        client_id: str | None = None,
+        *,
+        timeout: float = 5.0,
+        fallback: Fallback = "safe",
+    ):
+        super().__init__(target, client_id, timeout, fallback)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._task = self._loop.create_task(self._run())
+
+    def resource(
+        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+    ) -> CapacityResource:
+        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        return self._add(resource_id, wants, priority, fallback)
+
+    def refresh_soon(self) -> None:
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def refresh(self) -> float:
+        """Ask for every resource now; the seconds until the next refresh is due."""
+        request = self._request()
+        if request is None:
+            return _RETRY
+        for _ in range(3):
+            try:
+                reply: doorman_pb2.GetCapacityResponse = await self._stub(self.master).GetCapacity(
+                    request, timeout=self.timeout
+                )
+            except grpc.RpcError as exc:
+                return self._failed(f"{self.master}: {exc.code().name}")
+            master = self._next_hop(reply)
+            if master is None:
+                return self._apply(reply)
+            if not master:
+                break
+        return self._failed(self.last_error or "no master")
+
+    def _stub(self, target: str) -> doorman_pb2_grpc.CapacityStub:
+        if target not in self._channels:
+            self._channels[target] = grpc.aio.insecure_channel(target)
+        return doorman_pb2_grpc.CapacityStub(self._channels[target])  # type: ignore[no-untyped-call]
+
+    def release(self, resource: CapacityResource) -> None:
+        """Stop asking for ``resource``; the server hears of it from a task."""
+        with self.lock:
+            self._resources.pop(resource.resource_id, None)
+            resource.lease = None
+        self._loop.create_task(self._release(resource.resource_id))
+
+    async def _release(self, resource_id: str) -> None:
+        request = doorman_pb2.ReleaseCapacityRequest(
+            client_id=self.client_id, resource_id=[resource_id]
+        )
+        with contextlib.suppress(grpc.RpcError):
+            await self._stub(self.master).ReleaseCapacity(request, timeout=self.timeout)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                wait = await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let the refresher die
+                wait = self._failed(str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+            self._wake.clear()
+
+    async def close(self) -> None:
+        """Stop refreshing and give every lease back."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        with self.lock:
+            ids = list(self._resources)
+            for resource in self._resources.values():
+                resource.lease = None
+            self._resources.clear()
+        if ids:
+            request = doorman_pb2.ReleaseCapacityRequest(client_id=self.client_id, resource_id=ids)
+            with contextlib.suppress(grpc.RpcError):
+                await self._stub(self.master).ReleaseCapacity(request, timeout=self.timeout)
+        for channel in self._channels.values():
+            await channel.close(None)
+
+    async def __aenter__(self) -> AsyncCapacityClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

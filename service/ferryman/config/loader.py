@@ -21,7 +21,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ferryman.algorithms.burst.model import BurstPolicy, Tier
 from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
 from ferryman.algorithms.leases.model import ResourceTemplate
-from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
+from ferryman.config.model import Config, Domain, LeasedLimit, Level, RateLimit, Rule, Unit
 from ferryman.config.nodes import (
     MAX_FILE_BYTES,
     Ctx,
@@ -31,6 +31,7 @@ from ferryman.config.nodes import (
     join,
     kind,
     mapping,
+    number,
     plain,
     string,
     uint32,
@@ -63,8 +64,10 @@ _DESCRIPTOR_KEYS = frozenset(
         "copies",
         "token_bucket",
         "sliding_window",
+        "leased_limit",
     }
 )
+_LEASED_KEYS = frozenset({"resource", "safe_capacity"})
 _COPIES_KEYS = frozenset({"limit", "global_limit", "groups", "hold_ttl"})
 _GROUP_KEYS = frozenset({"name", "limit", "members"})
 _RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
@@ -334,6 +337,32 @@ def _level_items(
     return Level.of(tuple(rules))
 
 
+def _leased(ctx: Ctx, fields: dict[str, Node], path: str) -> LeasedLimit | None:
+    """``leased_limit: {resource, safe_capacity}``, alone on its node."""
+    node = fields.get("leased_limit")
+    if node is None:
+        return None
+    path = join(path, "leased_limit")
+    own = mapping(ctx, node, path, _LEASED_KEYS)
+    if not isinstance(node, MappingNode):
+        return None
+    resource = string(ctx, own.get("resource"), join(path, "resource"))
+    if not resource:
+        ctx.error(own.get("resource", node), join(path, "resource"), "missing 'resource' (an id)")
+    safe = None
+    if "safe_capacity" in own:
+        safe = number(ctx, own["safe_capacity"], join(path, "safe_capacity"), -1.0)
+        if safe is not None and -1 < safe < 0:
+            ctx.error(own["safe_capacity"], join(path, "safe_capacity"), "-1 or a number >= 0")
+    kinds = ("rate_limit", "burst_tiers", "copies", "token_bucket", "sliding_window")
+    others = [k for k in kinds if k in fields]
+    if others:
+        ctx.error(node, path, f"a node has either leased_limit or {others[0]}, not both")
+    if not resource:
+        return None
+    return LeasedLimit(resource, safe)
+
+
 def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]) -> Rule | None:
     fields = mapping(ctx, node, path, _DESCRIPTOR_KEYS)
     key = string(ctx, fields.get("key"), join(path, "key"))
@@ -355,6 +384,7 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         )
     name, replaces = _burst_names(ctx, fields, path, burst is not None)
     copies = _copies(ctx, fields.get("copies"), join(path, "copies"))
+    leased = _leased(ctx, fields, path)
     if copies is not None and ("rate_limit" in fields or burst is not None):
         ctx.error(
             fields["copies"],
@@ -411,6 +441,7 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         copies=copies,
         token_bucket=bucket,
         sliding_window=sliding,
+        leased=leased,
         name=name,
         replaces=replaces,
         shadow_mode=flags["shadow_mode"],

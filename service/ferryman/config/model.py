@@ -19,6 +19,7 @@ __all__ = [
     "UNIT_SECONDS",
     "Config",
     "Domain",
+    "LeasedLimit",
     "Level",
     "RateLimit",
     "Rule",
@@ -66,6 +67,16 @@ class RateLimit:
     replaces: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class LeasedLimit:
+    """``leased_limit:``: a per-second limit whose size is this server's lease on
+    ``resource`` from its parent (``--parent``); ``safe_capacity`` once the lease has
+    lapsed (None: the parent's, else unlimited; -1 unlimited)."""
+
+    resource: str
+    safe_capacity: float | None = None
+
+
 def wildcard_pattern(value: str) -> re.Pattern[str]:
     """Compile a descriptor value in which each ``*`` stands for any run of characters."""
     return re.compile(".*".join(re.escape(part) for part in value.split("*")), re.DOTALL)
@@ -82,6 +93,7 @@ class Rule:
     copies: CopyPolicy | None = None
     token_bucket: BucketSpec | None = None  # config/smooth.py
     sliding_window: RateLimit | None = None  # config/smooth.py
+    leased: LeasedLimit | None = None
     name: str = ""  # a burst node's name (a fixed window's lives in rate_limit)
     replaces: tuple[str, ...] = ()
     shadow_mode: bool = False

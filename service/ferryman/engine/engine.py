@@ -22,6 +22,7 @@ from ferryman.engine import response
 from ferryman.engine.buckets import BucketItem, BucketLimiter
 from ferryman.engine.bursts import BurstItem, BurstLimiter
 from ferryman.engine.copies import CopyItem, CopyLimiter
+from ferryman.engine.leased import LeasedItem, LeasedLimiter
 from ferryman.engine.matcher import find, stats_key, walk
 from ferryman.engine.model import (
     MAX_REMAINING,
@@ -37,6 +38,7 @@ from ferryman.engine.policy import (
     BucketNode,
     BurstNode,
     CopiesNode,
+    LeasedNode,
     Plain,
     Policy,
     SlidingNode,
@@ -74,6 +76,7 @@ class _Plan:
     holds: list[CopyItem] = field(default_factory=list)
     buckets: list[BucketItem] = field(default_factory=list)
     sliding: list[SlidingItem] = field(default_factory=list)
+    leased: list[LeasedItem] = field(default_factory=list)
     replaced: set[str] = field(default_factory=set)
 
     def drop_replaced(self) -> None:
@@ -119,6 +122,7 @@ class RateLimitEngine:
         self.copies = CopyLimiter(opts, stats)
         self.buckets = BucketLimiter(opts, stats)
         self.sliding = SlidingLimiter(opts, stats)
+        self.leased = LeasedLimiter(stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
 
@@ -157,6 +161,8 @@ class RateLimitEngine:
             self.buckets.answer(plan.buckets, takes, statuses, tally)
         if plan.sliding:
             self.sliding.answer(plan.sliding, slid, statuses, tally)
+        if plan.leased:
+            self.leased.answer(plan.leased, now, statuses, tally)
         return self._decision(domain, descriptors, hits_addend, statuses, tally)
 
     def _config(self) -> Config:
@@ -215,6 +221,10 @@ class RateLimitEngine:
                 plan.holds.append(
                     CopyItem(i, policy.rule, node, tenant, key, parts, hits, policy.quota)
                 )
+            elif isinstance(policy, LeasedNode):
+                leased = policy.rule.leased
+                assert leased is not None
+                plan.leased.append(LeasedItem(i, policy.rule, leased, hits, policy.quota))
             elif isinstance(policy, BurstNode):
                 if hits < 0:
                     # Burst tiers record grants only; nothing to give back.

@@ -16,6 +16,7 @@ from ferryman.engine.policy import (
     BucketNode,
     BurstNode,
     CopiesNode,
+    LeasedNode,
     Plain,
     Policy,
     SlidingNode,
@@ -122,6 +123,13 @@ def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
             kind="sliding_window",
             requests_per_unit=policy.limit.requests_per_unit,
             unit=policy.limit.unit.name.lower(),
+        )
+    elif isinstance(policy, LeasedNode):
+        assert rule.leased is not None
+        out.update(
+            kind="leased_limit",
+            resource=rule.leased.resource,
+            safe_capacity=rule.leased.safe_capacity,
         )
     else:
         out.update(kind="none")
@@ -274,6 +282,8 @@ def _rule_text(rule: dict[str, Any]) -> str:
             f"token bucket size {rule['size']}, {rule['fill_rate']:g} per second, "
             f"debt up to {rule['max_debt_millis']}ms, waits up to {rule['wait_timeout_millis']}ms"
         )
+    elif kind == "leased_limit":
+        text = f"per second as leased on {rule['resource']}"
     else:
         text = kind
     if rule.get("name"):

@@ -18,6 +18,7 @@ __all__ = [
     "BucketNode",
     "BurstNode",
     "CopiesNode",
+    "LeasedNode",
     "Plain",
     "Policy",
     "SlidingNode",
@@ -93,12 +94,22 @@ class SlidingNode:
     key: str  # the counter key's start: <prefix>ferryman_sliding_{<stats key>
 
 
-Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | BucketNode | SlidingNode
+@dataclass(frozen=True, slots=True)
+class LeasedNode:
+    """``leased_limit``: hits per second as many as this server's lease allows."""
+
+    rule: Rule
+    quota: bool
+
+
+Policy = Plain | Window | Unlimited | BurstNode | CopiesNode | BucketNode | SlidingNode | LeasedNode
 
 
 def _policy(domain: str, path: Sequence[Rule], opts: EngineOptions) -> Policy | None:
     rule = path[-1]
     quota = rule.quota_mode or opts.quota_mode
+    if rule.leased is not None:
+        return LeasedNode(rule, quota)
     if rule.copies is not None:
         return CopiesNode(rule, tuple(path), quota)
     if rule.burst is not None:

@@ -39,6 +39,7 @@ from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.server.leased import LeasedResources
 from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
 from ferryman.server.quota import (
@@ -335,6 +336,11 @@ class Service:
         )
         self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
         self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
+        self.leased: LeasedResources | None = None
+        if settings.doorman_parent:
+            self.leased = LeasedResources(
+                settings.doorman_parent, self.holder, self.engine.leased, self.clock
+            )
         self.console = Console(
             self.stats,
             self.holder,
@@ -475,6 +481,8 @@ class Service:
         if not s.grpc_uds:
             self.grpc_port = port
         await self.capacity.start(self.grpc_port)
+        if self.leased is not None:
+            await self.leased.start(self.capacity.address)
         await server.start()
         self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
         shared = s.workers > 1
@@ -539,6 +547,8 @@ class Service:
         await self._debug.stop()
         if self._metrics is not None:
             await self._metrics.stop()
+        if self.leased is not None:
+            await self.leased.stop()
         await self.capacity.stop()
         await self.console.stop()
         await self.reloader.stop()
@@ -683,7 +693,10 @@ class Service:
         }
 
     async def _capacity_page(self, request: HttpRequest) -> HttpResponse:
-        body = json.dumps(self.capacity.status(), indent=2) + "\n"
+        status = self.capacity.status()
+        if self.leased is not None:
+            status["leased"] = self.leased.status()
+        body = json.dumps(status, indent=2) + "\n"
         return HttpResponse(200, body.encode(), "application/json")
 
     async def _status_page(self, request: HttpRequest) -> HttpResponse:
