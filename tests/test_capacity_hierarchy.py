@@ -81,5 +81,5 @@ def test_a_child_whose_root_is_gone_falls_back_to_safe_capacity(
     def safe_mode() -> bool:
         return [c.ask({"fair": 1000})["fair"] for c in clients] == [5.0, 5.0]
 
-    wait_for("the child's clients in safe mode", safe_mode, timeout=20, interval=0.2)
+    wait_for("the child's clients in safe mode", safe_mode, timeout=60, interval=0.2)
     assert child.capacity_page()["parent"]["last_error"]
