@@ -209,6 +209,34 @@ class CapacityService:
             "resources": resources,
         }
 
+    def panel(self) -> dict[str, object]:
+        """The console's table of leased resources (the 30 with the most clients)."""
+        status = self.status()
+        resources = status.get("resources")
+        rows: list[list[object]] = []
+        for r in sorted(
+            resources if isinstance(resources, list) else [], key=lambda r: -r["client_count"]
+        )[:30]:
+            rows.append(
+                [
+                    r["resource_id"],
+                    r["algorithm"],
+                    r["capacity"],
+                    r["sum_leases"],
+                    r["sum_wants"],
+                    r["client_count"],
+                    "learning" if r["learning"] else "",
+                ]
+            )
+        master = (
+            "master" if status.get("is_master") else f"master is {status.get('master_address')}"
+        )
+        return {
+            "columns": ["resource", "algorithm", "capacity", "leased", "wanted", "clients", ""],
+            "rows": rows,
+            "note": f"this server: {master}",
+        }
+
     def by_resource(self) -> list[tuple[dict[str, str], tuple[float, float, float, int]]]:
         """(labels, (capacity, sum of leases, sum of wants, clients)) per resource held."""
         state = self.serving_state()
