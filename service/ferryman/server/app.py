@@ -41,7 +41,6 @@ from ferryman.server.quota import (
     QuotaEventHub,
     QuotaEventsServicer,
     QuotaServicer,
-    make_bucket_store,
 )
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
@@ -324,7 +323,7 @@ class Service:
         self.quota_events.observe(self.telemetry)
         self.quota = QuotaServicer(
             self.holder,
-            make_bucket_store(self.backend, self.clock, settings.cache_key_prefix),
+            self.backend.quota_store(settings.cache_key_prefix, self.clock),
             self.quota_events,
             self.stats,
             fail_open=settings.fail_open,
