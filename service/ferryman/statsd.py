@@ -16,7 +16,6 @@ by default, as in the reference) that flush is lost, and the next one tries agai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import socket
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from ferryman.errors import SettingsError
 from ferryman.stats import Stats
+from ferryman.tasks import cancel
 
 __all__ = ["Mogrifier", "StatsdSink", "mogrifiers_from_env"]
 
@@ -124,11 +124,8 @@ class StatsdSink:
         self._task = asyncio.create_task(self._run(), name="ferryman-statsd")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         await asyncio.to_thread(self.flush)
         for sock in (self._socket, self._stream):
             if sock is not None:

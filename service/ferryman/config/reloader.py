@@ -24,6 +24,7 @@ from ferryman.config.loader import digest_sources, load_sources, read_directory
 from ferryman.config.model import Config, Domain, Level
 from ferryman.errors import ConfigError
 from ferryman.stats import CONFIG_LOAD_ERROR, CONFIG_LOAD_SUCCESS, Stats
+from ferryman.tasks import cancel
 
 __all__ = ["ConfigHolder", "Reloader", "describe_change"]
 
@@ -300,11 +301,8 @@ class Reloader:
         return True
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._observer is not None:
             self._observer.stop()
             await asyncio.to_thread(self._observer.join, 2.0)

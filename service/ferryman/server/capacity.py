@@ -9,7 +9,6 @@ converts messages; it refuses bad input whole, before anything is stored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import socket
@@ -31,6 +30,7 @@ from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.server.capacity_parent import ParentClient
 from ferryman.settings import Settings
+from ferryman.tasks import cancel
 
 R = TypeVar("R", doorman_pb2.GetCapacityResponse, doorman_pb2.GetServerCapacityResponse)
 
@@ -112,11 +112,8 @@ class CapacityService:
         self._sweeper = asyncio.create_task(self._sweep(), name="ferryman-capacity-sweeper")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await cancel(self._sweeper)
+        self._sweeper = None
         if self.parent is not None:
             await self.parent.stop()
         await self.election.stop()

@@ -17,6 +17,7 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, Lease, ResourceTemplate
 from ferryman.algorithms.leases.state import LeaseState, TemplateSource
 from ferryman.clock import Clock
+from ferryman.tasks import cancel
 
 __all__ = ["ParentClient"]
 
@@ -103,11 +104,8 @@ class ParentClient(TemplateSource):
         self._task = asyncio.create_task(self._run(), name="ferryman-capacity-parent")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None

@@ -5,7 +5,6 @@ and the engine sizes each node by the lease (see ferryman.engine.leased)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -16,6 +15,7 @@ from ferryman.clock import Clock
 from ferryman.config.model import Config, Level
 from ferryman.config.reloader import ConfigHolder
 from ferryman.engine.leased import LeasedLimiter
+from ferryman.tasks import cancel
 
 __all__ = ["LeasedResources", "leased_resources"]
 
@@ -126,11 +126,8 @@ class LeasedResources:
         }
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self.client is not None:
             await self.client.close()
             self.client = None

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
 
+from ferryman.tasks import cancel
+
 __all__ = ["Election", "MemoryElection", "RedisElection"]
 
 log = logging.getLogger("ferryman.capacity")
@@ -96,11 +98,8 @@ class RedisElection:
         self._task = asyncio.create_task(self._run(), name="ferryman-election")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._master:
             # Hand over at once rather than making the others wait out the term.
             with contextlib.suppress(Exception):

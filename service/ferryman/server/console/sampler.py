@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import heapq
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 from ferryman.engine import BackendTimer
 from ferryman.stats import CALL, REQUEST_CALL, RuleSeries, Stats
+from ferryman.tasks import cancel
 
 __all__ = ["LatencyRecorder", "Sampler", "SpaceSaving", "series_label"]
 
@@ -216,11 +216,8 @@ class Sampler:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ferryman-console")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
