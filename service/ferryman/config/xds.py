@@ -283,9 +283,16 @@ class XdsClient:
             self.nacks += 1
             self._set_first()
             return self._request(response.nonce, error=str(exc))
+        self.acks += 1
+        current = self.holder.config
+        if current is not None and current.digest == config.digest:
+            # The same descriptors again (a new stream resends what is in force): ACK only.
+            self.version = response.version_info
+            log.info("xDS version %r: no change", self.version)
+            self._set_first()
+            return self._request(response.nonce)
         change, fields = swap_config(self.holder, self._stats, config)
         self.version = response.version_info
-        self.acks += 1
         log.info(
             "config from xDS version %r applied (version %d): %s",
             self.version,
