@@ -113,7 +113,7 @@ def test_set_ignored_variables_are_recorded_and_invalid_values_still_refused() -
     with pytest.raises(SettingsError, match="REDIS_STARTUP_MAX_INTERVAL"):
         Settings.from_env({"REDIS_STARTUP_MAX_INTERVAL": "soon"})
     with pytest.raises(SettingsError, match="CONFIG_TYPE"):
-        Settings.from_env({"CONFIG_TYPE": "GRPC_XDS_SOTW"})
+        Settings.from_env({"CONFIG_TYPE": "CONSUL"})
     with pytest.raises(SettingsError, match="GRPC_SERVER_USE_TLS"):
         Settings.from_env({"GRPC_SERVER_USE_TLS": "true"})
     with pytest.raises(SettingsError, match="MEMCACHE_TLS"):

@@ -352,7 +352,9 @@ def _serve(args: argparse.Namespace) -> int:
         origin = "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY"
     else:
         origin = "the default: run ferryman where descriptors/ is, or pass --config DIR"
-    if not (settings.force_start_without_initial_config and not settings.config_dir.exists()):
+    if settings.config_type == "FILE" and not (
+        settings.force_start_without_initial_config and not settings.config_dir.exists()
+    ):
         # FORCE_START_WITHOUT_INITIAL_CONFIG: the directory may appear later (watched).
         _require_directory(settings.config_dir, origin)
     if settings.workers < 1:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ferryman.connections.redis_target import address
 from ferryman.durations import parse_duration
@@ -35,12 +36,6 @@ POOL_ON_EMPTY = (
 DURATIONS_ACCEPTED = (
     "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
     "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION",
-    "REDIS_STARTUP_INITIAL_INTERVAL",
-    "REDIS_STARTUP_MAX_INTERVAL",
-    "REDIS_STARTUP_MAX_ELAPSED_TIME",
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
     "MEMCACHE_SRV_REFRESH",
 )
 #: The reference's variables that ferryman reads and accepts but that change nothing here
@@ -61,24 +56,6 @@ ACCEPTED_IGNORED = (
     "REDIS_CLUSTER_PIPELINE_PARALLELISM",
     "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
     "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
-    "REDIS_STARTUP_INITIAL_INTERVAL",
-    "REDIS_STARTUP_MAX_INTERVAL",
-    "REDIS_STARTUP_MAX_ELAPSED_TIME",
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_NODE_METADATA",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-    "XDS_CLIENT_BACKOFF_JITTER",
-    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
     "MEMCACHE_MAX_IDLE_CONNS",
     "MEMCACHE_SRV",
     "MEMCACHE_SRV_REFRESH",
@@ -218,6 +195,95 @@ def _check_tls(use_tls: bool, cert: str, key: str, client_ca: str, client_san: s
         )
 
 
+def _pairs(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    """``key1=value1,key2=value2`` (the reference's node metadata form) as pairs."""
+    raw = env.get(name, "")
+    pairs: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}={raw!r}: give key=value pairs separated by commas")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def _xds(env: Mapping[str, str], d: Settings) -> dict[str, Any]:
+    """The CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables (read whatever CONFIG_TYPE is, so
+    that a bad value is an error before it matters)."""
+    use_tls = _bool(env, "CONFIG_GRPC_XDS_SERVER_USE_TLS", d.xds_server_use_tls)
+    cert = env.get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", d.xds_client_tls_cert)
+    key = env.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", d.xds_client_tls_key)
+    if bool(cert) != bool(key):
+        raise SettingsError(
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together "
+            "(a client certificate and its key, PEM files)"
+        )
+    factor = _float(env, "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", d.xds_backoff_random_factor)
+    if not 0.0 <= factor <= 1.0:
+        raise SettingsError(f"XDS_CLIENT_BACKOFF_RANDOM_FACTOR={factor} must be between 0 and 1")
+    url = env.get("CONFIG_GRPC_XDS_SERVER_URL", "") or d.xds_server_url
+    initial = _duration(env, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", d.xds_backoff_initial_interval)
+    most = _duration(env, "XDS_CLIENT_BACKOFF_MAX_INTERVAL", d.xds_backoff_max_interval)
+    if most < initial:
+        raise SettingsError(
+            f"XDS_CLIENT_BACKOFF_MAX_INTERVAL ({most:g}s) is shorter than "
+            f"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL ({initial:g}s)"
+        )
+    return {
+        "xds_server_url": url,
+        "xds_node_id": env.get("CONFIG_GRPC_XDS_NODE_ID", "") or d.xds_node_id,
+        "xds_node_metadata": _pairs(env, "CONFIG_GRPC_XDS_NODE_METADATA"),
+        "xds_additional_headers": _tags(env, "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"),
+        "xds_connect_retry_interval": _duration(
+            env,
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            d.xds_connect_retry_interval,
+        ),
+        "xds_server_use_tls": use_tls,
+        "xds_client_tls_cert": cert,
+        "xds_client_tls_key": key,
+        "xds_server_tls_cacert": env.get(
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", d.xds_server_tls_cacert
+        ),
+        "xds_server_tls_san": env.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN", d.xds_server_tls_san),
+        "xds_backoff_initial_interval": initial,
+        "xds_backoff_max_interval": most,
+        "xds_backoff_random_factor": factor,
+        "xds_backoff_jitter": _bool(env, "XDS_CLIENT_BACKOFF_JITTER", d.xds_backoff_jitter),
+        "xds_max_msg_size": _int(env, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", d.xds_max_msg_size),
+    }
+
+
+_REDIS_STARTUP = (
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+)
+
+
+def _redis_startup(env: Mapping[str, str], d: Settings) -> dict[str, Any]:
+    """REDIS_STARTUP_*: setting any of them makes the service wait for Redis at start."""
+    initial = _duration(env, "REDIS_STARTUP_INITIAL_INTERVAL", d.redis_startup_initial_interval)
+    most = _duration(env, "REDIS_STARTUP_MAX_INTERVAL", d.redis_startup_max_interval)
+    if initial <= 0:
+        raise SettingsError("REDIS_STARTUP_INITIAL_INTERVAL must be more than 0")
+    if most < initial:
+        raise SettingsError(
+            f"REDIS_STARTUP_MAX_INTERVAL ({most:g}s) is shorter than "
+            f"REDIS_STARTUP_INITIAL_INTERVAL ({initial:g}s)"
+        )
+    return {
+        "redis_startup_wait": any(env.get(name, "") != "" for name in _REDIS_STARTUP),
+        "redis_startup_initial_interval": initial,
+        "redis_startup_max_interval": most,
+        "redis_startup_max_elapsed_time": _duration(
+            env, "REDIS_STARTUP_MAX_ELAPSED_TIME", d.redis_startup_max_elapsed_time
+        ),
+    }
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the service reads from its environment, validated once at startup."""
@@ -291,9 +357,34 @@ class Settings:
     otlp_traces_endpoint: str = ""
 
     # The reference's settings that change what ferryman does (issue 17).
+    # FILE (descriptor files) or GRPC_XDS_SOTW (RateLimitConfig resources over ADS).
     config_type: str = "FILE"
     force_start_without_initial_config: bool = False
     healthy_with_at_least_one_config_loaded: bool = False
+    # CONFIG_TYPE=GRPC_XDS_SOTW: the management server and how ferryman reaches it.
+    xds_server_url: str = "localhost:18000"
+    xds_node_id: str = "default"
+    xds_node_metadata: tuple[tuple[str, str], ...] = ()
+    xds_additional_headers: tuple[tuple[str, str], ...] = ()
+    xds_connect_retry_interval: float = 3.0
+    xds_server_use_tls: bool = False
+    xds_client_tls_cert: str = ""
+    xds_client_tls_key: str = ""
+    xds_server_tls_cacert: str = ""
+    xds_server_tls_san: str = ""
+    xds_backoff_initial_interval: float = 10.0
+    xds_backoff_max_interval: float = 60.0
+    xds_backoff_random_factor: float = 0.5
+    xds_backoff_jitter: bool = True
+    # 0: gRPC's default (4 MiB).
+    xds_max_msg_size: int = 0
+
+    # Wait for Redis at start (any REDIS_STARTUP_* set), retrying with exponential backoff
+    # from the initial interval up to the maximum; give up after max elapsed (0: never).
+    redis_startup_wait: bool = False
+    redis_startup_initial_interval: float = 1.0
+    redis_startup_max_interval: float = 30.0
+    redis_startup_max_elapsed_time: float = 0.0
 
     grpc_uds: str = ""
     grpc_max_connection_age: float = 24 * 3600.0
@@ -438,11 +529,13 @@ class Settings:
         client_san = env.get("GRPC_CLIENT_TLS_SAN", d.grpc_client_tls_san)
         _check_tls(use_tls, tls_cert, tls_key, client_ca, client_san)
         config_type = (env.get("CONFIG_TYPE", "") or d.config_type).upper()
-        if config_type != "FILE":
+        if config_type not in ("FILE", "GRPC_XDS_SOTW"):
             raise SettingsError(
-                f"CONFIG_TYPE={config_type!r} is not supported: ferryman reads descriptor "
-                "files only (CONFIG_TYPE=FILE); see the README's migration section"
+                f"CONFIG_TYPE={config_type!r} must be FILE (descriptor files) or GRPC_XDS_SOTW "
+                "(RateLimitConfig resources from an xDS management server)"
             )
+        xds = _xds(env, d)
+        startup = _redis_startup(env, d)
         protocol = (env.get("TRACING_EXPORTER_PROTOCOL", "") or "http").lower()
         if protocol not in ("http", "grpc"):
             raise SettingsError(f"TRACING_EXPORTER_PROTOCOL={protocol!r} must be http or grpc")
@@ -470,6 +563,8 @@ class Settings:
         disable_stats = _bool(env, "DISABLE_STATS", d.disable_stats)
         return cls(
             config_type=config_type,
+            **xds,
+            **startup,
             force_start_without_initial_config=_bool(
                 env, "FORCE_START_WITHOUT_INITIAL_CONFIG", d.force_start_without_initial_config
             ),

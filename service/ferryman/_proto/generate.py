@@ -8,7 +8,8 @@ emits absolute imports such as ``from envoy.config.core.v3 import base_pb2``.
 Those are rewritten to ``from ferryman._proto.envoy.config.core.v3 import
 base_pb2`` so the stubs live inside the ``ferryman`` package instead of
 claiming top-level names. Imports of modules not generated from this root
-(``google.protobuf`` and friends) are left untouched. Finally an empty
+(``google.protobuf`` and friends, and ``google.rpc`` from googleapis-common-protos)
+are left untouched. Finally an empty
 ``__init__.py`` is created in every directory of the generated tree that lacks
 one, so the stubs import as a regular package.
 
@@ -24,6 +25,7 @@ and running it twice produces byte-identical files.
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import re
 import subprocess
 import sys
@@ -61,6 +63,16 @@ def find_protos(root: Path = PROTO_ROOT) -> list[Path]:
 def well_known_include() -> Path:
     """Return the directory of the well-known protos bundled with grpc_tools."""
     return Path(str(importlib.resources.files("grpc_tools").joinpath("_proto")))
+
+
+def googleapis_include() -> Path:
+    """Return the directory holding ``google/rpc/status.proto``, shipped with
+    googleapis-common-protos (whose generated ``google.rpc.status_pb2`` the stubs import,
+    so that one definition of ``google.rpc.Status`` is registered per process)."""
+    origin = importlib.util.find_spec("google.rpc.status_pb2")
+    if origin is None or origin.origin is None:
+        raise SystemExit("googleapis-common-protos is not installed")
+    return Path(origin.origin).resolve().parents[2]
 
 
 def generated_modules(protos: Iterable[Path]) -> frozenset[str]:
@@ -107,6 +119,7 @@ def run_protoc(protos: list[Path], root: Path = PROTO_ROOT) -> None:
         "grpc_tools.protoc",
         f"--proto_path={root}",
         f"--proto_path={well_known_include()}",
+        f"--proto_path={googleapis_include()}",
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",

@@ -31,6 +31,10 @@ class ConnectionState(Protocol):
 
     def describe_state(self) -> dict[str, object]: ...
 
+    async def check(self) -> bool:
+        """Probe the store now; whether it is up afterwards."""
+        ...
+
 
 @runtime_checkable
 class Watched(Protocol):

@@ -26,7 +26,7 @@ from ferryman.errors import ConfigError
 from ferryman.stats import CONFIG_LOAD_ERROR, CONFIG_LOAD_SUCCESS, Stats
 from ferryman.tasks import cancel
 
-__all__ = ["ConfigHolder", "Reloader", "describe_change"]
+__all__ = ["ConfigHolder", "Reloader", "describe_change", "reject_config", "swap_config"]
 
 log = logging.getLogger("ferryman.config")
 
@@ -112,6 +112,39 @@ def describe_change(old: Config | None, new: Config) -> str:
     return "; ".join(parts)
 
 
+def swap_config(
+    holder: ConfigHolder, stats: Stats, config: Config
+) -> tuple[str, dict[str, object]]:
+    """Put ``config`` in force and count the load; returns the one-line change and the
+    fields of the log line that reports it (each source logs its own line)."""
+    change = describe_change(holder.config, config)
+    fields = change_fields(holder.config, config)
+    holder.swap(config)
+    holder.last_error = None
+    stats.inc(CONFIG_LOAD_SUCCESS)
+    return change, {"version": holder.version, **fields}
+
+
+def reject_config(holder: ConfigHolder, stats: Stats, exc: ConfigError, keeping: str) -> None:
+    """Report a configuration that was not put in force (``keeping``: what stays), count
+    it, and record it for /status."""
+    log.error(
+        "config rejected, %s: %d problem(s): %s",
+        keeping,
+        len(exc.problems),
+        "; ".join(str(p) for p in exc.problems),
+        extra={
+            "fields": {
+                "version": holder.version,
+                "problems": [str(p) for p in exc.problems],
+            }
+        },
+    )
+    stats.inc(CONFIG_LOAD_ERROR)
+    holder.last_error = str(exc)
+    holder.last_error_at = time.time()
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, reloader: Reloader) -> None:
         self._reloader = reloader
@@ -167,35 +200,18 @@ class Reloader:
             self._reject(exc, "no configuration loaded, waiting for a good one")
             return None
         assert config is not None
-        change = describe_change(self.holder.config, config)
-        fields = change_fields(self.holder.config, config)
-        self.holder.swap(config)
-        self._stats.inc(CONFIG_LOAD_SUCCESS)
+        change, fields = swap_config(self.holder, self._stats, config)
         log.info(
             "config loaded (version %d) from %s: %s",
             self.holder.version,
             self.directory,
             change,
-            extra={"fields": {"version": self.holder.version, **fields}},
+            extra={"fields": fields},
         )
         return config
 
     def _reject(self, exc: ConfigError, keeping: str) -> None:
-        log.error(
-            "config rejected, %s: %d problem(s): %s",
-            keeping,
-            len(exc.problems),
-            "; ".join(str(p) for p in exc.problems),
-            extra={
-                "fields": {
-                    "version": self.holder.version,
-                    "problems": [str(p) for p in exc.problems],
-                }
-            },
-        )
-        self._stats.inc(CONFIG_LOAD_ERROR)
-        self.holder.last_error = str(exc)
-        self.holder.last_error_at = time.time()
+        reject_config(self.holder, self._stats, exc, keeping)
 
     def _read(self, skip_unchanged: bool = False) -> Config | None:
         try:
@@ -287,16 +303,12 @@ class Reloader:
         self._rewatch()
         if config is None:
             return False
-        self.holder.last_error = None
-        change = describe_change(self.holder.config, config)
-        fields = change_fields(self.holder.config, config)
-        self.holder.swap(config)
-        self._stats.inc(CONFIG_LOAD_SUCCESS)
+        change, fields = swap_config(self.holder, self._stats, config)
         log.info(
             "config reloaded (version %d): %s",
             self.holder.version,
             change,
-            extra={"fields": {"version": self.holder.version, **fields}},
+            extra={"fields": fields},
         )
         return True
 

@@ -415,6 +415,11 @@ class RedisConnection:
         elif self.state == DOWN:
             self._move(UP, "probe", "redis answered")
 
+    async def check(self) -> bool:
+        """Probe Redis now (as the health watch does); whether it is up afterwards."""
+        await self._probe_once()
+        return self.healthy()
+
     def healthy(self) -> bool:
         """Whether Redis is usable (not down): what health reports when it is asked to
         depend on the backend."""

@@ -21,8 +21,10 @@ from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
+from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
+from ferryman.config.xds import XdsClient
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
@@ -287,13 +289,18 @@ class Service:
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         if isinstance(self.backend, MemoryBackend):
             self.backend.windows.report = self.stats.inc
-        self.reloader = Reloader(
-            settings.config_dir,
-            self.holder,
-            self.stats,
-            ignore_dotfiles=settings.ignore_dotfiles,
-            merge_domains=settings.merge_domain_config,
-            watch_root=settings.runtime_root if settings.watch_root else None,
+        # Where the configuration comes from: the directory, or an xDS management server.
+        self.reloader: Reloader | XdsClient = (
+            XdsClient(settings, self.holder, self.stats)
+            if settings.config_type == "GRPC_XDS_SOTW"
+            else Reloader(
+                settings.config_dir,
+                self.holder,
+                self.stats,
+                ignore_dotfiles=settings.ignore_dotfiles,
+                merge_domains=settings.merge_domain_config,
+                watch_root=settings.runtime_root if settings.watch_root else None,
+            )
         )
         self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
@@ -421,6 +428,13 @@ class Service:
         self.tls = tls = TlsFiles.from_settings(s)
         self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
         await self.backend.start()
+        if s.redis_startup_wait and isinstance(self.backend, Watched):
+            await wait_until_up(
+                self.backend,
+                s.redis_startup_initial_interval,
+                s.redis_startup_max_interval,
+                s.redis_startup_max_elapsed_time,
+            )
         await self.reloader.start()
         await self.holds.start()
         self.console.start()
@@ -501,7 +515,7 @@ class Service:
             self.debug_port,
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
-            s.config_dir,
+            self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
             "; ".join(
                 part
                 for part in (
@@ -641,14 +655,27 @@ async def _listen(
 async def run(service: Service, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then shut down gracefully. A start that fails part way
     releases what it had started before the error goes up."""
+    starting = asyncio.ensure_future(service.start())
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await service.start()
+        # A start may wait (for Redis, for the first xDS version): a signal ends the wait.
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            log.info("stopped while starting")
+        await starting
     except BaseException:
         # The start's own error is the one to report, not a failure to undo half of it.
+        for task in (starting, stopping):
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await starting  # a cancelled start unwinds first
         with contextlib.suppress(Exception):
             await service.stop(grace=0)
+        if starting.cancelled() and stop.is_set():
+            return
         raise
-    await stop.wait()
+    await stopping
     log.info("shutting down: draining in-flight calls")
     await service.stop()
     log.info("stopped")

@@ -1,0 +1,86 @@
+"""`ferryman serve` as a child process whose start may wait (for Redis, for xDS): started
+without waiting, its stderr collected line by line, its ports read from the start line."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from helpers.server import wait_for
+
+SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)")
+
+
+class ServeProcess:
+    """``python -m ferryman serve`` on free ports with ``env`` added to a minimal one."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], *args: str) -> None:
+        full = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "USE_STATSD": "false",
+            "LOG_LEVEL": "info",
+        }
+        if "PYTHONPATH" in os.environ:
+            full["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        full.update(env)
+        ports = ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ferryman", "serve", *args, *ports],
+            cwd=cwd,
+            env=full,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.grpc_port = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def serving(self) -> bool:
+        """Whether the start line has been logged (fails if the process has exited)."""
+        match = SERVING.search(self.text)
+        if match:
+            self.grpc_port = int(match.group(1))
+            return True
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+            raise AssertionError("ferryman serve exited:\n" + self.text)
+        return False
+
+    def wait_serving(self, timeout: float = 30) -> None:
+        wait_for("ferryman serving", self.serving, timeout=timeout)
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        return code
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
