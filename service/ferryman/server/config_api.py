@@ -79,7 +79,12 @@ class TokenFile:
         self._tokens: dict[str, Caller] = {}
         self.present = False
 
-    def _refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Read the file again if it changed; whether it exists."""
+        self._read()
+        return self.present
+
+    def _read(self) -> None:
         try:
             st = os.stat(self.path)
         except OSError:
@@ -112,7 +117,7 @@ class TokenFile:
 
     def check(self, authorization: str) -> Caller | None:
         """The caller of an ``Authorization: Bearer <token>`` header, None if not known."""
-        self._refresh()
+        self._read()
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
@@ -356,7 +361,7 @@ class ConfigApi:
     def _guard(self, handler: Any, role: str) -> Any:
         async def guarded(request: HttpRequest) -> HttpResponse:
             tokens = self.tokens
-            if tokens is None or not tokens.present or self.versions is None:
+            if tokens is None or not tokens.refresh() or self.versions is None:
                 return HttpResponse(
                     404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
                 )
