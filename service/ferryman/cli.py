@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from ferryman import logs
+from ferryman import config_cli, logs
 from ferryman.config.loader import load_sources, read_directory
 from ferryman.config.smooth import describe_smooth
 from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
@@ -295,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     envoy_generate.add_argument(
         "--listen", type=_port, default=10000, help="Envoy's listener port (default 10000)"
     )
+    config_cli.add_parser(sub, [debug])
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -773,6 +774,7 @@ _COMMANDS = {
     "explain": _explain,
     "envoy": _envoy,
     "completion": _completion,
+    "config": config_cli.run,
 }
 
 
