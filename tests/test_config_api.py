@@ -215,9 +215,10 @@ def test_the_cli_shows_the_diff_first_and_writes_only_with_yes(
     base = served.version()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ferryman", "config", *args]
+        command.extend(["--target", target, "--token-file", str(token)])
         return subprocess.run(
-            [sys.executable, "-m", "ferryman", "config", *args, "--target", target]
-            + ["--token-file", str(token)],
+            command,
             capture_output=True,
             text=True,
             timeout=60,
