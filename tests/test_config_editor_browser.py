@@ -67,7 +67,9 @@ def test_a_bad_edit_shows_its_line_and_a_good_one_saves(browser: WebDriver, tmp_
         browser.find_element("id", "editor-token").send_keys(WRITE)
         browser.find_element("id", "editor-use").click()
         text = browser.find_element("id", "editor-text")
-        wait_for("the document shown", lambda: "requests_per_unit: 3" in text.get_property("value"))
+        wait_for(
+            "the document shown", lambda: "requests_per_unit: 3" in str(text.get_property("value"))
+        )
         text.clear()
         text.send_keys(WEB.replace("unit: hour", "unit: hours"))
         bad = '#editor-gutter .bad[data-line="4"]'
