@@ -295,7 +295,6 @@ def _parser() -> argparse.ArgumentParser:
     envoy_generate.add_argument(
         "--listen", type=_port, default=10000, help="Envoy's listener port (default 10000)"
     )
-    config_cli.add_parser(sub, [debug])
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -305,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[debug],
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
+    config_cli.add_parser(sub, [debug])
     return parser
 
 
