@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from ferryman import logs
+from ferryman import config_cli, logs
 from ferryman.config.loader import load_sources, read_directory
 from ferryman.config.smooth import describe_smooth
 from ferryman.errors import ConfigError, FerrymanError, RequestError, SettingsError
@@ -304,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[debug],
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
+    config_cli.add_parser(sub, [debug])
     return parser
 
 
@@ -775,6 +776,7 @@ _COMMANDS = {
     "explain": _explain,
     "envoy": _envoy,
     "completion": _completion,
+    "config": config_cli.run,
 }
 
 

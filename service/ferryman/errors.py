@@ -7,12 +7,17 @@ Every exception derives from :class:`FerrymanError`::
     ├── SettingsError          an environment variable or command-line flag is invalid
     ├── EnvoyFileError         an Envoy or Istio file given to `ferryman envoy` cannot be read
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
+    │   ├── PreconditionRequiredError ...or is a config write without If-Match
     │   ├── NotFoundError          ...or names a domain or descriptor that is not configured
     │   ├── HoldError              ...or releases/transfers more copies than it holds
     │   └── SessionError           ...or names no session open on this server
     ├── BackendError           the counter store failed (maps to gRPC UNAVAILABLE)
     │   ├── BackendTimeoutError   ...or did not answer within its timeout
     │   └── LeaseLostError        ...or freed this server's holds after its lease lapsed
+    ├── StaleVersionError      a config write was based on a version no longer the latest
+    ├── ReadOnlyError          the config store refuses writes (a ConfigMap, say), and why
+    ├── AuthenticationError    a config API call has no valid bearer token
+    │   └── PermissionDeniedError ...or its token may read but not write
     ├── ServiceUnavailableError the client got no answer from the ferryman service
     │                          (raised only with fail_open=False; otherwise it degrades)
     └── RateLimitedError       the client interceptor refused an outgoing gRPC call: its
@@ -33,6 +38,7 @@ from types import MappingProxyType
 
 __all__ = [
     "STATUSES",
+    "AuthenticationError",
     "BackendError",
     "BackendTimeoutError",
     "ConfigError",
@@ -43,11 +49,15 @@ __all__ = [
     "HoldError",
     "LeaseLostError",
     "NotFoundError",
+    "PermissionDeniedError",
+    "PreconditionRequiredError",
     "RateLimitedError",
+    "ReadOnlyError",
     "RequestError",
     "ServiceUnavailableError",
     "SessionError",
     "SettingsError",
+    "StaleVersionError",
     "status_of",
 ]
 
@@ -116,6 +126,32 @@ class HoldError(RequestError):
 
 class SessionError(RequestError):
     """A call names no session, or one that is not open on this server."""
+
+
+class PreconditionRequiredError(RequestError):
+    """A config write names no version to write on (If-Match)."""
+
+
+class StaleVersionError(FerrymanError):
+    """A config write was based on a version that is no longer the latest; nothing changed."""
+
+    def __init__(self, current: int) -> None:
+        self.current = current
+        super().__init__(
+            f"the config changed: version {current} is the latest; read it and write again"
+        )
+
+
+class ReadOnlyError(FerrymanError):
+    """The config store refuses writes; the message says why."""
+
+
+class AuthenticationError(FerrymanError):
+    """A config API call without a valid bearer token."""
+
+
+class PermissionDeniedError(AuthenticationError):
+    """A config API call whose token may not do what it asks (a read token writing)."""
 
 
 class BackendError(FerrymanError):
@@ -196,6 +232,11 @@ STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
         NotFoundError: ErrorStatus("NOT_FOUND", 404, _CLIENT),
         HoldError: ErrorStatus("INVALID_ARGUMENT", 400, _CLIENT),
         SessionError: ErrorStatus("FAILED_PRECONDITION", 409, _CLIENT),
+        PreconditionRequiredError: ErrorStatus("FAILED_PRECONDITION", 428, _CLIENT),
+        StaleVersionError: ErrorStatus("ABORTED", 412, _CLIENT),
+        ReadOnlyError: ErrorStatus("FAILED_PRECONDITION", 409, _CLIENT),
+        AuthenticationError: ErrorStatus("UNAUTHENTICATED", 401, _CLIENT),
+        PermissionDeniedError: ErrorStatus("PERMISSION_DENIED", 403, _CLIENT),
         BackendError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         BackendTimeoutError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         LeaseLostError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),

@@ -454,11 +454,20 @@ class Settings:
     grpc_client_tls_cacert: str = ""
     grpc_client_tls_san: str = ""
 
+    # The config API: where versions live (files: the config directory, redis: the
+    # backend's Redis), the bearer token file that turns it on, and how many versions stay.
+    config_store: str = "files"
+    admin_tokens_file: str = ""
+    config_history: int = 100
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); raises SettingsError."""
         env = os.environ if env is None else env
         d = cls()
+        config_store = env.get("CONFIG_STORE", d.config_store).strip().lower() or d.config_store
+        if config_store not in ("files", "redis"):
+            raise SettingsError(f"CONFIG_STORE={config_store!r}: use files or redis")
         runtime_root: Path | None = None
         config_dir = d.config_dir
         if any(name in env for name in _RUNTIME_VARS):
@@ -736,6 +745,9 @@ class Settings:
             grpc_server_tls_key=tls_key,
             grpc_client_tls_cacert=client_ca,
             grpc_client_tls_san=client_san,
+            config_store=config_store,
+            admin_tokens_file=env.get("ADMIN_TOKENS_FILE", d.admin_tokens_file),
+            config_history=_int(env, "CONFIG_HISTORY", d.config_history, minimum=1),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

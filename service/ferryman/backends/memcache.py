@@ -127,6 +127,13 @@ class MemcacheFixedWindows:
         values = await self._get([op.key for op in ops])
         return [values.get(op.key, 0) for op in ops]
 
+    async def reset(self, ops: Sequence[CounterOp]) -> int:
+        held = 0
+        for op in ops:
+            [line] = await self._server(op.key).run([b"delete " + op.key.encode() + b"\r\n"])
+            held += line == b"DELETED"
+        return held
+
     async def _change(self, op: CounterOp) -> int:
         """Apply one op; the counter's value after it."""
         server = self._server(op.key)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,15 @@ class ConfigHolder:
     last_error: str | None = None
     last_error_at: float = 0.0
     history: list[str] = field(default_factory=list)
+    # Called after each swap (the config store records a file edit as a version).
+    listeners: list[Callable[[], None]] = field(default_factory=list)
 
     def swap(self, config: Config) -> None:
         self.config = config
         self.loaded_at = time.time()
         self.version += 1
+        for listener in self.listeners:
+            listener()
 
 
 def _level_signature(level: Level) -> tuple[object, ...]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import random
@@ -108,6 +109,10 @@ class LuaScript:
     def of(cls, package: str, name: str) -> LuaScript:
         """The script ``name`` in ``package`` (e.g. ``ferryman.algorithms.burst``)."""
         return cls(_DEADLINE + resources.files(package).joinpath(name).read_text("utf-8"))
+
+
+# An operator's reset: the keys of one counter, deleted together.
+_DELETE = LuaScript.of(__package__ or "", "delete.lua")
 
 
 def reason_of(exc: BaseException) -> tuple[str, str]:
@@ -641,6 +646,30 @@ class RedisConnection:
             else:
                 command = ["EVALSHA", script.sha, len(keys), *keys, *args]
                 reply = await self.on_single(self.single, script, command, by)
+        self.answered()
+        return reply
+
+    async def delete(self, keys: list[str]) -> int:
+        """Delete ``keys`` (one slot) at once; how many existed."""
+        if not keys:
+            return 0
+        return int(await self.run(_DELETE, keys, []))
+
+    async def command(self, *args: Any, key: str) -> Any:
+        """One plain command about ``key`` (off the request path: the config store), its
+        reply or BackendError."""
+        client = self._client
+        if client is None:
+            raise BackendError("redis backend is not started")
+        by = self.answer_by()
+        async with self.errors(by):
+            if self.single is not None:
+                reply = await self.single.execute(*args, by=by)
+            else:
+                node = client.get_node_from_key(key)
+                reply = await self._call(
+                    functools.partial(client.execute_command, target_nodes=node), *args
+                )
         self.answered()
         return reply
 

@@ -30,6 +30,7 @@ from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService, CapacityServicer
+from ferryman.server.config_api import ConfigApi
 from ferryman.server.console import Console, LatencyRecorder
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
@@ -94,6 +95,8 @@ DEBUG_HELP = (
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
+    "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
+    "/api/v1/counters/reset: the config API (bearer tokens of ADMIN_TOKENS_FILE)\n"
 )
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -371,9 +374,19 @@ class Service:
             },
             "http",
         )
+        self.config_api = ConfigApi(
+            settings,
+            self.holder,
+            self.reloader if isinstance(self.reloader, Reloader) else None,
+            self.stats,
+            self.backend,
+            self.engine,
+            self.clock,
+        )
         self._debug = HttpServer(
             {
                 **self.console.routes(),
+                **self.config_api.routes(),
                 ("GET", "/rlconfig"): self.pages.rlconfig,
                 ("GET", "/stats"): self.pages.stats_page,
                 ("GET", "/status"): self.pages.status_page,
@@ -435,7 +448,9 @@ class Service:
                 s.redis_startup_max_interval,
                 s.redis_startup_max_elapsed_time,
             )
-        await self.reloader.start()
+        await self.config_api.start()
+        if not self.config_api.owns_config:  # CONFIG_STORE=redis: Redis decides, not files
+            await self.reloader.start()
         await self.holds.start()
         self.console.start()
         if self.statsd is not None:
@@ -560,6 +575,7 @@ class Service:
             await self.leased.stop()
         await self.capacity.stop()
         await self.console.stop()
+        await self.config_api.stop()
         await self.reloader.stop()
         await self.holds.stop()
         await self.backend.close()

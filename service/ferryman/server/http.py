@@ -21,12 +21,16 @@ log = logging.getLogger("ferryman.http")
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     411: "Length Required",
+    412: "Precondition Failed",
     413: "Payload Too Large",
     414: "URI Too Long",
+    428: "Precondition Required",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
@@ -69,10 +73,16 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 class HttpServer:
-    """Routes ``(method, path)`` to async handlers."""
+    """Routes ``(method, path)`` to async handlers. A path ending in ``/*`` is a prefix:
+    it takes every longer path below it (the handler reads the rest from the request)."""
 
     def __init__(self, routes: Mapping[tuple[str, str], Handler], name: str) -> None:
-        self._routes = dict(routes)
+        self._routes = {k: h for k, h in routes.items() if not k[1].endswith("/*")}
+        # Longest prefix first, so that a deeper prefix wins.
+        self._prefixes = sorted(
+            ((m, p[:-1], h) for (m, p), h in routes.items() if p.endswith("/*")),
+            key=lambda route: -len(route[1]),
+        )
         self._name = name
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -157,10 +167,11 @@ class HttpServer:
         method, target, version, headers, body = request
         path, _, query = target.partition("?")
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        handler = self._routes.get((method, path))
+        handler = self._route(method, path)
         if handler is None:
             known = {p for _, p in self._routes}
-            status = 405 if path in known else 404
+            below = any(path.startswith(p) and len(path) > len(p) for _, p, _ in self._prefixes)
+            status = 405 if path in known or below else 404
             response = HttpResponse(status, f"{_REASONS[status].lower()}\n".encode())
         else:
             peercert = writer.get_extra_info("peercert")
@@ -173,6 +184,14 @@ class HttpServer:
                 response = HttpResponse(500, b"internal error\n")
         await self._write(writer, response, keep_alive, head=method == "HEAD")
         return keep_alive
+
+    def _route(self, method: str, path: str) -> Handler | None:
+        handler = self._routes.get((method, path))
+        if handler is None:
+            for m, prefix, candidate in self._prefixes:
+                if m == method and path.startswith(prefix) and len(path) > len(prefix):
+                    return candidate
+        return handler
 
     @staticmethod
     async def _line(reader: asyncio.StreamReader, status: int, what: str) -> bytes:

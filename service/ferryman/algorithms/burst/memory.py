@@ -76,6 +76,13 @@ class MemoryBursts:
             logs = [list(log.items()) for log in state.logs]
             return view(policy, list(state.entered), logs, list(state.second.items()), now)
 
+    async def reset(self, node: str, tenant: str, tiers: int) -> int:
+        with self._lock:
+            held = self._nodes.get(node)
+            if held is None or held[1].pop(tenant, None) is None:
+                return 0
+            return 1
+
     def _sweep(self, now: float) -> None:
         heap = self._heap
         while heap and heap[0][0] <= now:

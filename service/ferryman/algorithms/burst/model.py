@@ -227,6 +227,11 @@ class BurstStore(Protocol):
         """A tenant's tiers at ``now`` (the store's clock by default), changing nothing."""
         ...
 
+    async def reset(self, node: str, tenant: str, tiers: int) -> int:
+        """Forget a tenant's tier logs and state (an operator's reset; the node-wide
+        last-second log stays); how many pieces of state were held."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TierView:

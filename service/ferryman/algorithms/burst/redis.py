@@ -68,6 +68,12 @@ class RedisBursts:
             retry_after=float(reply[10]),
         )
 
+    async def reset(self, node: str, tenant: str, tiers: int) -> int:
+        tag = "{" + node + "}"
+        keys = [f"{tag}:s:{tenant}", f"{tag}:q:{tenant}"]
+        keys.extend(f"{tag}:l:{tenant}:{i}" for i in range(1, tiers + 1))
+        return await self.connection.delete(keys)
+
     async def peek(
         self, node: str, tenant: str, policy: BurstPolicy, now: float | None = None
     ) -> TenantView:

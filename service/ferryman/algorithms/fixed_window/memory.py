@@ -149,6 +149,11 @@ class MemoryFixedWindows:
             now = self._clock.now()
             return [self._current(op.key, now) for op in ops]
 
+    async def reset(self, ops: Sequence[CounterOp]) -> int:
+        # The key's expiry bucket keeps its name; the sweep skips keys no longer held.
+        with self._lock:
+            return sum(self._counts.pop(op.key, None) is not None for op in ops)
+
     def clear(self) -> None:
         with self._lock:
             self._counts.clear()

@@ -59,6 +59,10 @@ class FixedWindowStore(Protocol):
         """The current value of each op's counter (0 when absent), changing nothing."""
         ...
 
+    async def reset(self, ops: Sequence[CounterOp]) -> int:
+        """Forget each op's counter (an operator's reset); how many were held."""
+        ...
+
 
 def over_limit(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
     """The ops that would end above their limit, replayed in order from the counters'

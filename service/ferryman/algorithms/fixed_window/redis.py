@@ -105,6 +105,13 @@ class RedisFixedWindows:
             return []
         return await self.connection.mget([op.key for op in ops])
 
+    async def reset(self, ops: Sequence[CounterOp]) -> int:
+        # One call per key: on a Cluster the keys of a request may be on different slots.
+        held = 0
+        for op in ops:
+            held += await self.connection.delete([op.key])
+        return held
+
 
 async def apply_only_over(
     ops: Sequence[CounterOp],
@@ -168,6 +175,11 @@ class RoutedFixedWindows:
         for i, value in [*zip(slow, main_now, strict=True), *zip(fast, fast_now, strict=True)]:
             current[i] = value
         return current
+
+    async def reset(self, ops: Sequence[CounterOp]) -> int:
+        slow, fast = self._split(ops)
+        a = await self._main.reset([ops[i] for i in slow])
+        return a + await self._per_second.reset([ops[i] for i in fast])
 
     async def _route(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool

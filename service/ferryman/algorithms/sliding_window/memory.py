@@ -46,5 +46,8 @@ class MemorySlidingWindows:
             keys.pop(key, None)
         return result
 
+    async def reset(self, key: str) -> int:
+        return 0 if self._keys.pop(key, None) is None else 1
+
     def clear(self) -> None:
         self._keys.clear()

@@ -77,3 +77,7 @@ class SlidingStore(Protocol):
         seconds; a Redis store on server time uses Redis's clock). Raises BackendError
         when the store fails."""
         ...
+
+    async def reset(self, key: str) -> int:
+        """Forget the counter at ``key`` (an operator's reset); 1 if it was held."""
+        ...

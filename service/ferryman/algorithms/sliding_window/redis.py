@@ -38,6 +38,9 @@ class RedisSlidingWindows:
             "" if self._server_time else str(round(now * 1e6)),
         )
 
+    async def reset(self, key: str) -> int:
+        return await self._connection.delete([key])
+
     async def hit_at(
         self, key: str, limit: int, window_us: int, hits: int, now: str
     ) -> SlidingResult:

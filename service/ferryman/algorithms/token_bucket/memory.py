@@ -149,5 +149,8 @@ class MemoryNodeBuckets:
             buckets.move_to_end(key)
         return result
 
+    async def reset(self, key: str) -> int:
+        return 0 if self._buckets.pop(key, None) is None else 1
+
     def clear(self) -> None:
         self._buckets.clear()

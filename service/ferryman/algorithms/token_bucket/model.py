@@ -213,3 +213,7 @@ class NodeBucketStore(Protocol):
         """Take ``tokens`` from the bucket at ``key`` (the store's own clock or Redis time
         may stand in for ``now``, seconds). Raises BackendError when the store fails."""
         ...
+
+    async def reset(self, key: str) -> int:
+        """Forget the bucket at ``key``: it is full again (an operator's reset); 1 if held."""
+        ...

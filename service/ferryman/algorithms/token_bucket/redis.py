@@ -131,3 +131,6 @@ class RedisNodeBuckets:
             )
         except (TypeError, ValueError, IndexError) as exc:
             raise BackendError(f"node bucket script: unexpected reply {reply!r}") from exc
+
+    async def reset(self, key: str) -> int:
+        return await self._connection.delete([key])

@@ -45,6 +45,7 @@ STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console/editor.js": ("editor.js", "text/javascript; charset=utf-8"),
 }
 TOP = 10  # over-limit series shown
 SESSIONS = 50  # sessions listed, the biggest holders first

@@ -1,0 +1,559 @@
+"""The config API on the debug port (``/api/v1/...``): read, write and delete documents on
+a version (ETag / If-Match), the history, diffs, rollback and counter resets, for bearer
+tokens of ``ADMIN_TOKENS_FILE``. Without a token file it answers 404 (off)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from ferryman.backends.base import Backend
+from ferryman.clock import Clock
+from ferryman.config.loader import read_directory
+from ferryman.config.reloader import ConfigHolder, Reloader
+from ferryman.config.store import (
+    ConfigStore,
+    ConfigVersions,
+    FileStore,
+    RedisStore,
+    Snapshot,
+    Version,
+    check_name,
+    config_problem_dict,
+    relative_documents,
+    unified_diff,
+)
+from ferryman.engine import RateLimitEngine
+from ferryman.engine.reset import reset_counters
+from ferryman.errors import (
+    AuthenticationError,
+    BackendError,
+    ConfigError,
+    FerrymanError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionRequiredError,
+    RequestError,
+    SettingsError,
+    StaleVersionError,
+    status_of,
+)
+from ferryman.server.http import HttpRequest, HttpResponse
+from ferryman.settings import Settings
+from ferryman.stats import Stats
+
+__all__ = ["ConfigApi", "TokenFile"]
+
+log = logging.getLogger("ferryman.config_api")
+
+PREFIX = "/api/v1"
+ROLES = ("read", "write")
+WRITES = "ratelimit.service.config_api.writes"
+REFUSED = "ratelimit.service.config_api.refused"
+RESETS = "ratelimit.service.config_api.counter_resets"
+# How often a replica on the Redis store checks the latest version (pub/sub wakes it sooner).
+FOLLOW_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: str
+    role: str
+
+
+class TokenFile:
+    """``token user role`` lines (``#`` comments), read again whenever the file changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._tokens: dict[str, Caller] = {}
+        self.present = False
+
+    def refresh(self) -> bool:
+        """Read the file again if it changed; whether it exists."""
+        self._read()
+        return self.present
+
+    def _read(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self._stamp, self._tokens, self.present = None, {}, False
+            return
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return
+        tokens: dict[str, Caller] = {}
+        try:
+            text = self.path.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("ADMIN_TOKENS_FILE %s cannot be read: %s", self.path, exc)
+            text = ""
+        for number, line in enumerate(text.splitlines(), start=1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            if len(words) != 3 or words[2] not in ROLES:
+                log.error(
+                    "ADMIN_TOKENS_FILE %s:%d: expected 'token user role' (role read or "
+                    "write); line ignored",
+                    self.path,
+                    number,
+                )
+                continue
+            tokens[words[0]] = Caller(words[1], words[2])
+        self._stamp, self._tokens, self.present = stamp, tokens, True
+        log.info("ADMIN_TOKENS_FILE %s: %d token(s)", self.path, len(tokens))
+
+    def check(self, authorization: str) -> Caller | None:
+        """The caller of an ``Authorization: Bearer <token>`` header, None if not known."""
+        self._read()
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self._tokens.get(token.strip())
+
+
+def _json(status: int, data: object, headers: Mapping[str, str] | None = None) -> HttpResponse:
+    body = (json.dumps(data, indent=2) + "\n").encode()
+    return HttpResponse(status, body, "application/json", dict(headers or {}))
+
+
+def _error(exc: FerrymanError) -> HttpResponse:
+    data: dict[str, Any] = {"error": str(exc)}
+    if isinstance(exc, ConfigError):
+        data["error"] = f"the configuration is invalid: {len(exc.problems)} problem(s)"
+        data["problems"] = [config_problem_dict(p) for p in exc.problems]
+    if isinstance(exc, StaleVersionError):
+        data["current"] = exc.current
+    headers = {"WWW-Authenticate": "Bearer"} if type(exc) is AuthenticationError else {}
+    return _json(status_of(exc).http, data, headers)
+
+
+def _etag(number: int) -> dict[str, str]:
+    return {"ETag": f'"{number}"'}
+
+
+def _if_match(request: HttpRequest) -> int:
+    raw = request.headers.get("if-match")
+    if raw is None:
+        raise PreconditionRequiredError(
+            "If-Match", 'send If-Match: "<version>" (the ETag of the version you edited)'
+        )
+    text = raw.strip().removeprefix("W/").strip('"')
+    try:
+        return int(text)
+    except ValueError:
+        return -1  # matches no version: answered 412 with the current one
+
+
+class ConfigApi:
+    """The config store, the edits through it, and the HTTP handlers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        holder: ConfigHolder,
+        reloader: Reloader | None,
+        stats: Stats,
+        backend: Backend,
+        engine: RateLimitEngine,
+        clock: Clock,
+    ) -> None:
+        if reloader is None and (settings.admin_tokens_file or settings.config_store == "redis"):
+            raise SettingsError(
+                "the config API edits the config directory or Redis, but with "
+                "CONFIG_TYPE=GRPC_XDS_SOTW the management server decides the configuration: "
+                "unset ADMIN_TOKENS_FILE and CONFIG_STORE"
+            )
+        self._settings = settings
+        self._holder = holder
+        self._reloader = reloader
+        self._stats = stats
+        self._backend = backend
+        self._engine = engine
+        self._clock = clock
+        self.tokens = (
+            TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
+        )
+        self.store: ConfigStore | None = None
+        self.versions: ConfigVersions | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        if settings.config_store == "redis":
+            connection = getattr(backend, "connection", None) or getattr(
+                getattr(backend, "main", None), "connection", None
+            )
+            if connection is None:
+                raise SettingsError(
+                    "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
+                    f"set BACKEND_TYPE=redis (the backend is {backend.name})"
+                )
+            self.store = RedisStore(connection, settings.config_history, settings.cache_key_prefix)
+            self.versions = ConfigVersions(
+                self.store, holder, stats, merge_domains=settings.merge_domain_config
+            )
+
+    @property
+    def owns_config(self) -> bool:
+        """True when the store, not the directory's watcher, decides what is in force."""
+        return isinstance(self.store, RedisStore)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self._settings
+        if isinstance(self.store, RedisStore):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._follow_once(), timeout=max(1.0, s.redis_timeout))
+            self._tasks.append(asyncio.create_task(self._follow(), name="ferryman-config-follow"))
+            self._tasks.append(asyncio.create_task(self._subscribe(), name="ferryman-config-sub"))
+            return
+        if self.tokens is None or self._reloader is None:
+            return  # off: files alone (or xDS), no history kept
+        store = FileStore(s.config_dir, s.config_history, s.ignore_dotfiles)
+        await asyncio.to_thread(store.load)
+        self.store = store
+        self.versions = ConfigVersions(
+            store,
+            self._holder,
+            self._stats,
+            merge_domains=s.merge_domain_config,
+            apply=self._reloader.reload,
+        )
+        if store.read_only:
+            log.warning("config API is read-only: %s", store.read_only)
+        loop = asyncio.get_running_loop()
+
+        def on_swap() -> None:
+            loop.call_soon(self._file_edit)
+
+        self._holder.listeners.append(on_swap)
+
+    def _file_edit(self) -> None:
+        task = asyncio.create_task(self._sync_files(), name="ferryman-config-sync")
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(task)
+
+    async def _sync_files(self) -> None:
+        store, versions = self.store, self.versions
+        if not isinstance(store, FileStore) or versions is None:
+            return
+        async with versions.lock:
+            entry = await asyncio.to_thread(store.sync_files)
+        if entry is not None:
+            log.info("config version %d: %s", entry.number, entry.summary)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # -- the Redis store: seed, follow ---------------------------------------------------------
+
+    async def _follow_once(self) -> None:
+        store, versions = self.store, self.versions
+        assert isinstance(store, RedisStore) and versions is not None
+        async with versions.lock:
+            if await store.latest() == 0:
+                await self._seed(store)
+            snap = await store.follow()
+            if snap is None:
+                return
+            try:
+                config = await asyncio.to_thread(versions.validate, snap.documents)
+            except ConfigError as exc:
+                log.error("config version %d in Redis is invalid: %s", snap.version.number, exc)
+                return
+            versions.put_in_force(config, snap.version)
+
+    async def _seed(self, store: RedisStore) -> None:
+        """Redis holds no version yet: this replica's directory becomes version 1."""
+        directory = self._settings.config_dir
+        try:
+            sources = await asyncio.to_thread(
+                read_directory, directory, ignore_dotfiles=self._settings.ignore_dotfiles
+            )
+        except ConfigError:
+            sources = []
+        docs = relative_documents(directory, sources)
+        entry = Version(1, "seed", time.time(), f"seeded from {directory}", tuple(docs), "files")
+        with contextlib.suppress(StaleVersionError):  # another replica seeded first
+            await store.commit(docs, 0, entry)
+            log.info("config store: Redis held no version; seeded version 1 from %s", directory)
+
+    async def _follow(self) -> None:
+        quiet_until = 0.0
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), FOLLOW_INTERVAL)
+            self._wake.clear()
+            try:
+                await self._follow_once()
+            except FerrymanError as exc:
+                if time.monotonic() >= quiet_until:  # once a minute, not every second
+                    log.warning("config store: cannot read the latest version: %s", exc)
+                    quiet_until = time.monotonic() + 60
+
+    async def _subscribe(self) -> None:
+        """Wake the follower when any replica publishes a new version (a single Redis; a
+        Sentinel or Cluster deployment relies on the poll)."""
+        import redis.asyncio as aioredis
+
+        store = self.store
+        assert isinstance(store, RedisStore)
+        target = store._conn.target
+        if target.kind not in ("single", ""):
+            return
+        while True:
+            client: Any = None
+            try:
+                common: dict[str, Any] = {
+                    "username": target.username,
+                    "password": target.password,
+                    "db": target.db,
+                    "socket_connect_timeout": target.timeout,
+                }
+                if target.unix_path:
+                    client = aioredis.Redis(unix_socket_path=target.unix_path, **common)
+                else:
+                    host, port = target.addresses[0]
+                    common.update(target.ssl_options())
+                    client = aioredis.Redis(host=host, port=port, ssl=target.tls, **common)
+                pubsub = client.pubsub()
+                await pubsub.subscribe(store.channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("config store: subscription failed: %s", exc)
+            finally:
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await client.aclose()
+            await asyncio.sleep(FOLLOW_INTERVAL)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def routes(self) -> dict[tuple[str, str], Any]:
+        return {
+            ("GET", f"{PREFIX}/config"): self._guard(self._config, "read"),
+            ("GET", f"{PREFIX}/config/*"): self._guard(self._get, "read"),
+            ("PUT", f"{PREFIX}/config/*"): self._guard(self._put, "write"),
+            ("DELETE", f"{PREFIX}/config/*"): self._guard(self._delete, "write"),
+            ("POST", f"{PREFIX}/validate"): self._guard(self._validate, "read"),
+            ("GET", f"{PREFIX}/history"): self._guard(self._history, "read"),
+            ("GET", f"{PREFIX}/history/*"): self._guard(self._version, "read"),
+            ("GET", f"{PREFIX}/diff"): self._guard(self._diff, "read"),
+            ("POST", f"{PREFIX}/rollback"): self._guard(self._rollback, "write"),
+            ("POST", f"{PREFIX}/counters/reset"): self._guard(self._reset, "write"),
+        }
+
+    def _guard(self, handler: Any, role: str) -> Any:
+        async def guarded(request: HttpRequest) -> HttpResponse:
+            tokens = self.tokens
+            if tokens is None or not tokens.refresh() or self.versions is None:
+                return HttpResponse(
+                    404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
+                )
+            try:
+                caller = tokens.check(request.headers.get("authorization", ""))
+                if caller is None:
+                    raise AuthenticationError("send Authorization: Bearer <a token of the file>")
+                if role == "write" and caller.role != "write":
+                    raise PermissionDeniedError(f"{caller.user}'s token may read, not write")
+                response: HttpResponse = await handler(request, caller)
+                return response
+            except FerrymanError as exc:
+                if role == "write":
+                    self._stats.inc(REFUSED)
+                    log.info("config API %s %s refused: %s", request.method, request.path, exc)
+                return _error(exc)
+
+        return guarded
+
+    def _name(self, request: HttpRequest, prefix: str) -> str:
+        return unquote(request.path[len(prefix) :])
+
+    def _ready(self) -> tuple[ConfigStore, ConfigVersions]:
+        assert self.store is not None and self.versions is not None
+        return self.store, self.versions
+
+    async def _config(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        store, _ = self._ready()
+        snap = store.current()
+        data = {
+            **snap.version.as_dict(),
+            "store": store.kind,
+            "read_only": store.read_only,
+            "documents": [
+                {"name": n, "size": len(t.encode())} for n, t in sorted(snap.documents.items())
+            ],
+            "you": {"user": caller.user, "role": caller.role},
+        }
+        return _json(200, data, _etag(snap.version.number))
+
+    async def _get(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        store, _ = self._ready()
+        name = check_name(self._name(request, f"{PREFIX}/config/"))
+        snap = store.current()
+        if name not in snap.documents:
+            raise NotFoundError("name", f"no document {name!r} in version {snap.version.number}")
+        return HttpResponse(
+            200,
+            snap.documents[name].encode(),
+            "application/yaml; charset=utf-8",
+            _etag(snap.version.number),
+        )
+
+    @staticmethod
+    def _text(request: HttpRequest) -> str:
+        try:
+            return request.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError("body", f"not UTF-8 text (byte {exc.start})") from None
+
+    async def _put(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        _, versions = self._ready()
+        name = check_name(self._name(request, f"{PREFIX}/config/"))
+        base = _if_match(request)
+        summary = parse_qs(request.query).get("summary", [""])[0]
+        version = await versions.change(name, self._text(request), base, caller.user, summary)
+        return _json(200, version.as_dict(), _etag(version.number))
+
+    async def _delete(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        _, versions = self._ready()
+        name = check_name(self._name(request, f"{PREFIX}/config/"))
+        base = _if_match(request)
+        summary = parse_qs(request.query).get("summary", [""])[0]
+        version = await versions.change(name, None, base, caller.user, summary)
+        return _json(200, version.as_dict(), _etag(version.number))
+
+    async def _validate(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        """``{"documents": {name: text|null}}`` over the current version: the problems the
+        write would meet, and the diff, changing nothing (the console and ``apply``)."""
+        store, versions = self._ready()
+        body = self._body(request)
+        changes = body.get("documents")
+        if not isinstance(changes, dict):
+            raise RequestError("documents", "give an object of document name -> text (or null)")
+        snap = store.current()
+        docs = dict(snap.documents)
+        for name, text in changes.items():
+            check_name(name)
+            if text is None:
+                docs.pop(name, None)
+            elif isinstance(text, str):
+                docs[name] = text
+            else:
+                raise RequestError(f"documents.{name}", "expected text or null")
+        problems: list[dict[str, Any]] = []
+        try:
+            await asyncio.to_thread(versions.validate, docs)
+        except ConfigError as exc:
+            problems = [config_problem_dict(p) for p in exc.problems]
+        data = {
+            "version": snap.version.number,
+            "valid": not problems,
+            "problems": problems,
+            "diff": unified_diff(snap.documents, docs),
+        }
+        return _json(200, data, _etag(snap.version.number))
+
+    async def _history(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        store, _ = self._ready()
+        entries = await store.history()
+        return _json(
+            200,
+            {"current": store.current().version.number, "history": [e.as_dict() for e in entries]},
+        )
+
+    async def _snapshot(self, text: str, what: str) -> Snapshot:
+        store, _ = self._ready()
+        try:
+            number = int(text)
+        except ValueError:
+            raise RequestError(what, f"{text!r} is not a version number") from None
+        return await store.snapshot(number)
+
+    async def _version(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        snap = await self._snapshot(self._name(request, f"{PREFIX}/history/"), "version")
+        data = {**snap.version.as_dict(), "documents": dict(snap.documents)}
+        return _json(200, data)
+
+    async def _diff(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        params = parse_qs(request.query)
+        store, _ = self._ready()
+        current = str(store.current().version.number)
+        a = await self._snapshot(params.get("from", [current])[0], "from")
+        b = await self._snapshot(params.get("to", [current])[0], "to")
+        diff = unified_diff(
+            a.documents, b.documents, f"v{a.version.number}", f"v{b.version.number}"
+        )
+        return HttpResponse(200, diff.encode(), "text/x-diff; charset=utf-8")
+
+    @staticmethod
+    def _body(request: HttpRequest) -> dict[str, Any]:
+        try:
+            body = json.loads(request.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError("body", f"not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise RequestError("body", "expected a JSON object")
+        return body
+
+    async def _rollback(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        _, versions = self._ready()
+        number = self._body(request).get("version")
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise RequestError("version", "give the version to roll back to, a number")
+        version = await versions.rollback(number, caller.user)
+        return _json(200, version.as_dict(), _etag(version.number))
+
+    async def _reset(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        _, versions = self._ready()
+        body = self._body(request)
+        domain = body.get("domain")
+        raw = body.get("descriptor")
+        if not isinstance(domain, str):
+            raise RequestError("domain", "give the domain, a string")
+        if not isinstance(raw, list) or not raw:
+            raise RequestError("descriptor", 'give a list of {"key": .., "value": ..}')
+        entries: list[tuple[str, str]] = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+                raise RequestError(f"descriptor[{i}]", 'expected {"key": .., "value": ..}')
+            entries.append((item["key"], str(item.get("value", ""))))
+        engine = self._engine
+        try:
+            result = await reset_counters(
+                self._backend,
+                self._holder.config,
+                domain,
+                entries,
+                engine.options,
+                self._clock.now(),
+                engine.local_cache,
+            )
+        except BackendError:
+            raise
+        self._stats.inc(RESETS)
+        shown = ",".join(f"{k}={v}" for k, v in entries)
+        event = {"domain": domain, "descriptor": [list(e) for e in entries], **result.as_dict()}
+        entry = await versions.event(caller.user, f"counter reset: {domain} {shown}", event)
+        return _json(200, {**result.as_dict(), "history": entry.as_dict()})

@@ -1,0 +1,111 @@
+"""A `ferryman serve` process with the config API on, and calls to that API."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from helpers.ports import free_port
+from helpers.server import wait_for
+
+WRITE = "w-token-1"
+READ = "r-token-1"
+TOKENS = f"{WRITE} alice write\n{READ} bob read\n"
+
+
+class Served:
+    """One real server process (``python -m ferryman serve``) on free loopback ports."""
+
+    def __init__(
+        self,
+        config: Path,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
+        self.config = config
+        self.args = args or []
+        self.grpc, self.http, self.debug = free_port(), free_port(), free_port()
+        self.log = workdir / f"serve-{self.debug}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Served:
+        args = [sys.executable, "-m", "ferryman", "serve", "--config", str(self.config)]
+        args += ["--grpc-port", str(self.grpc), "--http-port", str(self.http)]
+        args += ["--debug-port", str(self.debug), *self.args]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(f"ferryman serving (log {self.log})", self._up, timeout=20, interval=0.05)
+        return self
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the server exited: {self.log.read_text()}")
+        try:
+            return self.request("GET", "/healthcheck", port=self.http)[0] == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.debug, timeout=30)
+        try:
+            data = body.encode() if isinstance(body, str) else body
+            conn.request(method, path, data, headers or {})
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | None = None,
+        token: str = WRITE,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], Any]:
+        """A config API call with ``token``: the status, headers and the JSON (or text)."""
+        sent = {"Authorization": f"Bearer {token}", **(headers or {})}
+        status, got, raw = self.request(method, "/api/v1" + path, body, sent)
+        kind = got.get("Content-Type", "")
+        return status, got, json.loads(raw) if kind.startswith("application/json") else raw
+
+    def put(self, name: str, text: str, version: int | str) -> tuple[int, dict[str, str], Any]:
+        return self.api("PUT", f"/config/{name}", text, headers={"If-Match": f'"{version}"'})
+
+    def version(self) -> int:
+        return int(self.api("GET", "/config")[2]["version"])
+
+    def hit(self, domain: str, *entries: tuple[str, str]) -> int:
+        """One ShouldRateLimit through the HTTP /json endpoint: 200 (OK) or 429 (over)."""
+        body = json.dumps(
+            {
+                "domain": domain,
+                "descriptors": [{"entries": [{"key": k, "value": v} for k, v in entries]}],
+            }
+        )
+        return self.request("POST", "/json", body, port=self.http)[0]

@@ -1,0 +1,303 @@
+"""The config API through real server processes: versions, If-Match, validation, history,
+diff, rollback, tokens, counter resets, the Redis store shared by replicas, a read-only
+directory, concurrent writers, and the `ferryman config` command."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from helpers.config_api import READ, TOKENS, WRITE, Served
+from helpers.configmap import configmap_volume
+from helpers.redis_procs import RedisProcess
+from helpers.server import wait_for
+
+
+def web(limit: int, unit: str = "hour") -> str:
+    return (
+        "domain: web\ndescriptors:\n  - key: user\n"
+        f"    rate_limit: {{unit: {unit}, requests_per_unit: {limit}}}\n"
+    )
+
+
+BAD = (
+    "domain: web\ndescriptors:\n  - key: user\n"
+    "    rate_limit: {unit: minite, requests_per_unit: 2}\n"
+    "  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: -1}\n"
+)
+
+
+def limit_of(server: Served, user: str) -> int:
+    """How many hits ``user`` gets before 429 (counting up to 20)."""
+    for n in range(20):
+        if server.hit("web", ("user", user)) == 429:
+            return n
+    return 20
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server on a files store, a memory backend and a token file, for the module."""
+    root = tmp_path_factory.mktemp("config-api")
+    (root / "config").mkdir()
+    (root / "config" / "web.yaml").write_text(web(3))
+    (root / "tokens").write_text(TOKENS)
+    server = Served(root / "config", root, {"ADMIN_TOKENS_FILE": str(root / "tokens")}).start()
+    yield server
+    server.stop()
+
+
+def test_a_write_is_in_force_when_it_is_answered(served: Served) -> None:
+    """PUT with the current ETag: 200 with the next version, and ShouldRateLimit already
+    counts against the new limit; GET returns the document with its ETag."""
+    status, headers, doc = served.api("GET", "/config/web.yaml")
+    base = int(headers["ETag"].strip('"'))
+    status, headers, body = served.put("web.yaml", web(5), base)
+    assert status == 200, body
+    assert body["version"] == base + 1 and body["author"] == "alice"
+    assert headers["ETag"] == f'"{base + 1}"'
+    assert limit_of(served, "write-1") == 5
+    status, headers, doc = served.api("GET", "/config/web.yaml")
+    assert doc.decode() == web(5) and headers["ETag"] == f'"{base + 1}"'
+    assert (served.config / "web.yaml").read_text() == web(5)
+
+
+def test_a_stale_or_missing_if_match_changes_nothing(served: Served) -> None:
+    """If-Match of an older version: 412 naming the latest; none: 428; the file is as it was."""
+    base = served.version()
+    before = (served.config / "web.yaml").read_text()
+    status, _, body = served.put("web.yaml", web(9), base - 1)
+    assert status == 412 and body["current"] == base
+    status, _, body = served.api("PUT", "/config/web.yaml", web(9))
+    assert status == 428 and "If-Match" in body["error"]
+    assert (served.config / "web.yaml").read_text() == before
+    assert served.version() == base
+
+
+def test_a_bad_document_is_refused_with_every_problem_and_the_last_good_stays(
+    served: Served,
+) -> None:
+    """400 listing each problem with its line, column and path; the config in force and the
+    file are unchanged."""
+    base = served.version()
+    served.put("web.yaml", web(4), base)
+    status, _, body = served.put("web.yaml", BAD, base + 1)
+    assert status == 400
+    where = {(p["line"], p["path"]) for p in body["problems"]}
+    assert (4, "descriptors[0].rate_limit.unit") in where
+    assert (6, "descriptors[1].rate_limit.requests_per_unit") in where
+    assert all(p["file"] == "web.yaml" for p in body["problems"])
+    assert served.version() == base + 1
+    assert (served.config / "web.yaml").read_text() == web(4)
+    assert limit_of(served, "bad-1") == 4
+
+
+def test_history_diff_and_rollback_after_three_writes(served: Served) -> None:
+    """Three writes are three versions, newest first, each with its author and change; the
+    diff of two is a unified diff; rollback makes a new version equal to the old one."""
+    base = served.version()
+    for i, limit in enumerate((6, 7, 8)):
+        assert served.put("web.yaml", web(limit), base + i)[0] == 200
+    status, _, body = served.api("GET", "/history")
+    top = body["history"][:3]
+    assert [e["version"] for e in top] == [base + 3, base + 2, base + 1]
+    assert {e["author"] for e in top} == {"alice"}
+    assert all(e["changed"] == ["web.yaml"] for e in top)
+    status, _, diff = served.api("GET", f"/diff?from={base + 1}&to={base + 3}")
+    text = diff.decode()
+    assert status == 200
+    assert "-    rate_limit: {unit: hour, requests_per_unit: 6}" in text
+    assert "+    rate_limit: {unit: hour, requests_per_unit: 8}" in text
+    status, _, body = served.api("POST", "/rollback", json.dumps({"version": base + 1}))
+    assert status == 200 and body["version"] == base + 4 and body["kind"] == "rollback"
+    assert limit_of(served, "rollback-1") == 6
+    status, _, old = served.api("GET", f"/history/{base + 3}")
+    assert old["documents"]["web.yaml"] == web(8)  # history is never rewritten
+
+
+def test_tokens_none_wrong_and_read_only(served: Served) -> None:
+    """No token or a wrong one: 401; a read token may read but writing is 403."""
+    assert served.request("GET", "/api/v1/config")[0] == 401
+    assert served.api("GET", "/config", token="nope")[0] == 401
+    assert served.api("GET", "/config", token=READ)[0] == 200
+    base = served.version()
+    status, _, body = served.api(
+        "PUT", "/config/web.yaml", web(1), token=READ, headers={"If-Match": f'"{base}"'}
+    )
+    assert status == 403 and "bob" in body["error"]
+    assert served.version() == base
+
+
+def test_the_token_file_is_read_again_and_without_it_the_api_is_off(served: Served) -> None:
+    """Tokens added to the file work at once; with the file gone the API answers 404."""
+    tokens = Path(served.env["ADMIN_TOKENS_FILE"])
+    tokens.write_text(TOKENS + "new-token carol read\n")
+    assert served.api("GET", "/config", token="new-token")[2]["you"]["user"] == "carol"
+    tokens.rename(tokens.with_suffix(".away"))
+    try:
+        status, _, body = served.api("GET", "/config")
+        assert status == 404 and b"ADMIN_TOKENS_FILE" in body
+    finally:
+        tokens.with_suffix(".away").rename(tokens)
+    assert served.api("GET", "/config")[0] == 200
+
+
+def test_a_counter_reset_on_memory_lets_the_descriptor_in_again(served: Served) -> None:
+    """A fixed window at its limit is cleared by a reset, which the history records."""
+    base = served.version()
+    served.put("web.yaml", web(2), base)
+    assert limit_of(served, "reset-1") == 2
+    request = {"domain": "web", "descriptor": [{"key": "user", "value": "reset-1"}]}
+    status, _, body = served.api("POST", "/counters/reset", json.dumps(request))
+    assert status == 200 and body["held"] is True and body["kind"] == "fixed_window"
+    assert served.hit("web", ("user", "reset-1")) == 200
+    event = served.api("GET", "/history")[2]["history"][0]
+    assert event["kind"] == "reset" and event["author"] == "alice"
+    assert event["event"]["descriptor"] == [["user", "reset-1"]]
+    status, _, body = served.api(
+        "POST", "/counters/reset", json.dumps({"domain": "web", "descriptor": [{"key": "x"}]})
+    )
+    assert status == 404
+
+
+def test_a_file_edit_is_a_version_too(served: Served) -> None:
+    """An edit of the directory's files, loaded by the watcher, is recorded as a version."""
+    base = served.version()
+    (served.config / "web.yaml").write_text(web(11))
+    wait_for("the file edit recorded", lambda: served.version() == base + 1)
+    entry = served.api("GET", "/history")[2]["history"][0]
+    assert entry["author"] == "files" and entry["changed"] == ["web.yaml"]
+    assert limit_of(served, "file-1") == 11
+
+
+def test_concurrent_writers_with_random_if_match_lose_nothing(served: Served) -> None:
+    """50 writers, each with a random If-Match near the latest: every write either lands as
+    a version of its own or gets 412; the history holds exactly the landed ones."""
+    base = served.version()
+    rng = random.Random(24)
+
+    def write(i: int) -> tuple[int, int | None]:
+        guess = base + rng.randrange(0, 6)
+        text = web(100 + i)
+        status, _, body = served.put("web.yaml", text, guess)
+        return status, body["version"] if status == 200 else None
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(write, range(50)))
+    assert {s for s, _ in results} <= {200, 412}
+    landed = sorted(v for s, v in results if s == 200 and v is not None)
+    assert landed, "no write landed"
+    assert landed == list(range(base + 1, base + 1 + len(landed)))  # one version each
+    history = served.api("GET", "/history")[2]["history"]
+    written = {e["version"]: e for e in history if e["kind"] == "api" and e["version"] > base}
+    assert sorted(written) == landed
+    latest = served.api("GET", f"/history/{landed[-1]}")[2]["documents"]["web.yaml"]
+    assert (served.config / "web.yaml").read_text() == latest
+
+
+def test_the_cli_shows_the_diff_first_and_writes_only_with_yes(
+    served: Served, tmp_path: Path
+) -> None:
+    """`ferryman config apply` without --yes prints the diff and validation and writes
+    nothing; with --yes it writes; a bad file is reported at its line, not written."""
+    token = tmp_path / "token"
+    token.write_text(WRITE + "\n")
+    target = f"http://127.0.0.1:{served.debug}"
+    new = tmp_path / "web.yaml"
+    new.write_text(web(13))
+    base = served.version()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ferryman", "config", *args]
+        command.extend(["--target", target, "--token-file", str(token)])
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=served.env,
+            stdin=subprocess.DEVNULL,
+        )
+
+    shown = cli("apply", str(new))
+    assert "+    rate_limit: {unit: hour, requests_per_unit: 13}" in shown.stdout
+    assert "valid" in shown.stdout and shown.returncode == 1
+    assert served.version() == base
+    done = cli("apply", str(new), "--yes")
+    assert done.returncode == 0 and f"version {base + 1}" in done.stdout
+    bad = tmp_path / "bad" / "web.yaml"
+    bad.parent.mkdir()
+    bad.write_text(BAD)
+    refused = cli("apply", str(bad), "--yes")
+    assert refused.returncode == 1 and "web.yaml:4:" in refused.stdout
+    assert "version" in cli("history").stdout
+    reset = cli("reset-counter", "--domain", "web", "--descriptor", "user=cli")
+    assert reset.returncode == 0 and "web.user" in reset.stdout
+
+
+def test_a_configmap_directory_makes_the_api_read_only(tmp_path: Path) -> None:
+    """A ConfigMap volume cannot be written: reads work, writes answer 409 saying why."""
+    configmap_volume(tmp_path / "config", {"web.yaml": web(3)}, "2024_01_01")
+    (tmp_path / "tokens").write_text(TOKENS)
+    server = Served(
+        tmp_path / "config", tmp_path, {"ADMIN_TOKENS_FILE": str(tmp_path / "tokens")}
+    ).start()
+    try:
+        status, _, body = server.api("GET", "/config")
+        assert status == 200 and "ConfigMap" in body["read_only"]
+        status, _, body = server.put("web.yaml", web(5), body["version"])
+        assert status == 409 and "ConfigMap" in body["error"]
+        assert limit_of(server, "cm") == 3
+    finally:
+        server.stop()
+
+
+def test_two_replicas_on_one_redis_share_versions(
+    redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """CONFIG_STORE=redis: a write through one replica is enforced by the other; a counter
+    reset clears the shared Redis counter; a replica started afterwards, with the old files,
+    comes up with the new version."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "web.yaml").write_text(web(3))
+    (tmp_path / "tokens").write_text(TOKENS)
+    env = {
+        "ADMIN_TOKENS_FILE": str(tmp_path / "tokens"),
+        "CONFIG_STORE": "redis",
+        "CACHE_KEY_PREFIX": f"cfgapi{random.randrange(1 << 30)}_",
+    }
+
+    def replica() -> Served:
+        return Served(tmp_path / "config", tmp_path, env, ["--backend", redis_server.url]).start()
+
+    a, b = replica(), replica()
+    try:
+        assert a.version() == b.version() == 1  # one seed, not two
+        status, _, body = a.put("web.yaml", web(2), 1)
+        assert status == 200 and body["version"] == 2
+        wait_for("replica b on version 2", lambda: b.version() == 2, timeout=2)
+        assert limit_of(b, "shared") == 2  # counted in the shared Redis
+        assert a.hit("web", ("user", "shared")) == 429
+        request = {"domain": "web", "descriptor": [{"key": "user", "value": "shared"}]}
+        status, _, body = b.api("POST", "/counters/reset", json.dumps(request))
+        assert status == 200 and body["held"] is True
+        assert a.hit("web", ("user", "shared")) == 200
+        assert b.put("web.yaml", web(9), 1)[0] == 412
+        b.stop()
+        c = replica()
+        try:
+            assert c.version() == 2
+            assert limit_of(c, "restarted") == 2
+            assert (tmp_path / "config" / "web.yaml").read_text() == web(3)  # files untouched
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop()
