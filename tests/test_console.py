@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets, MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Recent
@@ -18,6 +19,7 @@ from ferryman.server.console import Console
 from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.stats import CALL, Stats
 
+from helpers.capacity import resources_yaml
 from helpers.server import (
     EPOCH,
     MIXED,
@@ -289,6 +291,7 @@ def test_panels_are_listed_and_served_as_tables(
         "panels": [
             {"id": "sessions", "title": "Sessions"},
             {"id": "capacity", "title": "Capacity leases"},
+            {"id": "leases", "title": "Capacity clients"},
             {"id": "buckets", "title": "Token buckets"},
         ]
     }
@@ -303,12 +306,13 @@ def test_panels_are_listed_and_served_as_tables(
     assert [p["id"] for p in get_json(server, "/console/panels")[1]["panels"]] == [
         "sessions",
         "capacity",
+        "leases",
         "buckets",
         "extra",
     ]
     assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    assert status == 404 and "sessions, capacity, buckets, extra" in missing["error"]
+    assert status == 404 and "sessions, capacity, leases, buckets, extra" in missing["error"]
 
 
 @on_stores("memory", "redis")
@@ -434,3 +438,26 @@ def test_bucket_panel_shows_quota_and_node_buckets_with_their_debt(
     rows = get_json(server, "/console/panel?id=buckets")[1]["rows"]
     assert rows[0] == ["pay/card", "quota", -2.5, 10, 10.0, 250]
     assert rows[1][2] == 1.5
+
+
+def test_capacity_clients_panel_lists_each_clients_lease(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Clients holding capacity leases: each client's resource, priority, wants, lease and
+    expiry, the biggest leases first."""
+    config_dir.write("resources.yaml", resources_yaml(capacity=120, lease=30))
+    server = make_server()
+    stub = doorman_pb2_grpc.CapacityStub(server.channel)  # type: ignore[no-untyped-call]
+    for client, resource, wants in (("a", "fair", 100), ("b", "fair", 10), ("c", "prop", 5)):
+        request = doorman_pb2.GetCapacityRequest(client_id=client)
+        request.resource.add(resource_id=resource, priority=1, wants=wants)
+        stub.GetCapacity(request, timeout=10)
+    status, panel = get_json(server, "/console/panel?id=leases")
+    assert status == 200
+    assert panel["columns"] == ["resource", "client", "priority", "wants", "has", "expires in s"]
+    assert panel["rows"] == [
+        ["fair", "a", 1, 100, 100, 30],
+        ["fair", "b", 1, 10, 10, 30],
+        ["prop", "c", 1, 5, 5, 30],
+    ]
+    assert panel["note"] == "3 lease(s)"

@@ -354,6 +354,7 @@ class Service:
             help_text=DEBUG_HELP,
         )
         self.console.add_panel("capacity", "Capacity leases", self._capacity_panel)
+        self.console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
         buckets = BucketTable(self.quota.store, self.backend.buckets, self.clock)
         self.console.add_panel("buckets", "Token buckets", buckets.read)
         if isinstance(self.backend, Watched):
