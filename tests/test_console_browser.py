@@ -188,8 +188,8 @@ def test_console_shows_the_configuration_and_live_traffic(
         )
         quota_stub(server.channel).Allow(allow, timeout=10)
     leases = doorman_pb2_grpc.CapacityStub(server.channel)  # type: ignore[no-untyped-call]
-    for client, wants in (("batch-1", 100), ("batch-2", 40)):
-        lease = doorman_pb2.GetCapacityRequest(client_id=client)
+    for client_id, wants in (("batch-1", 100), ("batch-2", 40)):
+        lease = doorman_pb2.GetCapacityRequest(client_id=client_id)
         lease.resource.add(resource_id="fair", priority=1, wants=wants)
         leases.GetCapacity(lease, timeout=10)
     target = f"127.0.0.1:{server.service.grpc_port}"

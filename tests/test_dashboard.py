@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import ferryman
-
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2
 

@@ -113,7 +113,8 @@ class MemoryTokenBucketStore:
             return Standing.of(
                 refilled(self._fixed.get((ref.namespace, ref.name)), spec, now_us), now_us
             )
-        entry = self._dynamic.get(ref.namespace, {}).get(ref.name)
+        buckets = self._dynamic.get(ref.namespace)
+        entry = None if buckets is None else buckets.get(ref.name)
         if entry is None:
             return None
         return Standing.of(refilled(entry.state, spec, now_us), now_us)

@@ -82,10 +82,10 @@ class BucketTable:
                 kind = "quota, dynamic" if ref.dynamic else "quota"
                 rows.append(_row(quota_label(ref), kind, spec, got))
         for (key, spec), got in zip(keys, answers[len(refs) :], strict=True):
-            if isinstance(got, BaseException):
-                failed += 1
-            else:
+            if isinstance(got, Standing):
                 rows.append(_row(node_label(key), "descriptor", spec, got))
+            else:
+                failed += 1
         rows.sort(key=lambda r: (r[2] / r[3] if r[3] else 0.0, -r[5], r[0]))
         note = f"{len(rows)} bucket(s) taken from lately on this server"
         if len(rows) > self.top:
