@@ -149,7 +149,11 @@ def explain_routes(
                 left_out = [p.source for p in entry.parts if p.optional and p not in parts]
                 if left_out:
                     d["absent"] = left_out
-                dropped = [p.drops for p in parts if p.drops and p.value is None]
+                dropped = [
+                    p.drops
+                    for p in parts
+                    if p.drops and p.value is None and request.value(p) is None
+                ]
                 if dropped:
                     d["dropped_when"] = dropped
                 shown["descriptors"].append(d)
