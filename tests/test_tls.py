@@ -244,7 +244,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
     live.key.write_bytes(first.key.read_bytes())  # key of one pair, certificate of another
     assert served_certificate(port) == der(second)
     assert served_certificate(http_port) == der(second)
-    assert server.service.status()["tls"] == {
+    assert server.service.pages.status()["tls"] == {
         "cert": str(live.cert),
         "mutual": False,
         "client_san": None,

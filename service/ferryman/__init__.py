@@ -52,49 +52,6 @@ if TYPE_CHECKING:
         RouteFunction,
     )
 
-# The client (and grpc with it) is loaded on first use, so that the pure parts of the
-# package (config, algorithms, engine) import without it.
-_CLIENT = frozenset(
-    {
-        "AllowResult",
-        "AsyncCapacityClient",
-        "AsyncClient",
-        "AsyncHold",
-        "AsyncRateLimitInterceptor",
-        "CapacityClient",
-        "CapacityResource",
-        "CapacityStats",
-        "Client",
-        "ClientStats",
-        "Code",
-        "DescriptorLike",
-        "DescriptorStatus",
-        "Gauge",
-        "Hold",
-        "HoldGroup",
-        "MultiHold",
-        "RateContext",
-        "RateLimit",
-        "RateLimitInterceptor",
-        "RateLimitResult",
-        "RateLimiter",
-        "RateResult",
-        "ReserveContext",
-        "Resource",
-        "Route",
-        "RouteFunction",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLIENT:
-        from ferryman import client
-
-        return getattr(client, name)
-    raise AttributeError(f"module 'ferryman' has no attribute {name!r}")
-
-
 __all__ = [
     "AllowResult",
     "AsyncCapacityClient",
@@ -135,3 +92,15 @@ __all__ = [
     "SettingsError",
     "__version__",
 ]
+
+# The client (and grpc with it) is loaded on first use, so that the pure parts of the
+# package (config, algorithms, engine) import without it: every exported name not bound here.
+_CLIENT = frozenset(__all__) - frozenset(globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT:
+        from ferryman import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'ferryman' has no attribute {name!r}")

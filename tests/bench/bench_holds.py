@@ -486,7 +486,7 @@ def hold_memory(
 def ledger_memory(tenants: int, copies: int) -> dict[str, Any]:
     """In process: tracemalloc over the memory copy store and a session hold set, per hold."""
     from ferryman.algorithms.copies.memory import MemoryCopies
-    from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy
+    from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Holder
     from ferryman.clock import ManualClock
 
     group = CopyGroup("everyone", BIG, ("*",))
@@ -503,15 +503,16 @@ def ledger_memory(tenants: int, copies: int) -> dict[str, Any]:
             return cast(T, done.value)
         raise RuntimeError("the memory copy store awaited")
 
-    run(ledger.reserve(NODE, "warm-up", policy, groups, 1, 1, server, lease_ms, now))
-    run(ledger.release(NODE, "warm-up", ("everyone",), 1, server, lease_ms, now))
+    holder = Holder(NODE, server, lease_ms, now)
+    run(ledger.reserve(holder, "warm-up", policy, groups, 1, 1))
+    run(ledger.release(holder, "warm-up", ("everyone",), 1))
     names = [tenant_name(i) for i in range(tenants)]  # allocated before measuring
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for name in names:
-            run(ledger.reserve(NODE, name, policy, groups, copies, copies, server, lease_ms, now))
+            run(ledger.reserve(holder, name, policy, groups, copies, copies))
         gc.collect()
         ledger_bytes = tracemalloc.get_traced_memory()[0] - before
         # What HoldManager keeps per session: {(node, tenant, groups): copies}.

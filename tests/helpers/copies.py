@@ -6,7 +6,7 @@ import uuid
 
 from hypothesis import strategies as st
 
-from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Seized
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Holder, Seized
 from ferryman.backends.memory import MemoryBackend
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 
@@ -29,12 +29,14 @@ class CopyNode:
         self.node = f"copies{uuid.uuid4().hex[:10]}"
         self.now = 1_700_000_000.0
 
+    def at(self, server: str, lease_ms: int = LEASE) -> Holder:
+        """``server`` calling on this node at the test's time."""
+        return Holder(self.node, server, lease_ms, self.now)
+
     def reserve(self, tenant: str, copies: int, min_copies: int = 1, server: str = "A") -> int:
         groups = POLICY.groups_of(tenant)
         out = self.store.run(
-            self.backend.copies.reserve(
-                self.node, tenant, POLICY, groups, copies, min_copies, server, LEASE, self.now
-            )
+            self.backend.copies.reserve(self.at(server), tenant, POLICY, groups, copies, min_copies)
         )
         return out.granted
 
@@ -42,40 +44,36 @@ class CopyNode:
         self, tenant: str, copies: int, groups: tuple[str, ...] | None = None, server: str = "A"
     ) -> None:
         names = tuple(g.name for g in POLICY.groups_of(tenant)) if groups is None else groups
-        self.store.run(
-            self.backend.copies.release(self.node, tenant, names, copies, server, LEASE, self.now)
-        )
+        self.store.run(self.backend.copies.release(self.at(server), tenant, names, copies))
 
     def transfer(self, tenant: str, copies: int, ttl: float, server: str = "A") -> str:
         names = tuple(g.name for g in POLICY.groups_of(tenant))
         tid = uuid.uuid4().hex
         self.store.run(
-            self.backend.copies.transfer(
-                self.node, tenant, names, copies, ttl, tid, server, LEASE, self.now
-            )
+            self.backend.copies.transfer(self.at(server), tenant, names, copies, ttl, tid)
         )
         return tid
 
     def seize(self, tid: str, server: str = "B") -> Seized:
-        return self.store.run(self.backend.copies.seize(self.node, tid, server, LEASE, self.now))
+        return self.store.run(self.backend.copies.seize(self.at(server), tid))
 
     def ereserve(self, tenant: str, copies: int) -> int:
         groups = POLICY.groups_of(tenant)
         hold = uuid.uuid4().hex
         out = self.store.run(
             self.backend.copies.envoy_reserve(
-                self.node, tenant, POLICY, groups, copies, hold, "envoy", self.now
+                self.at("envoy", 0), tenant, POLICY, groups, copies, hold
             )
         )
         return out.granted
 
     def erelease(self, tenant: str, copies: int) -> int:
         return self.store.run(
-            self.backend.copies.envoy_release(self.node, tenant, copies, "envoy", self.now)
+            self.backend.copies.envoy_release(self.at("envoy", 0), tenant, copies)
         )
 
     def renew(self, server: str) -> None:
-        self.store.run(self.backend.copies.renew(self.node, server, LEASE, self.now))
+        self.store.run(self.backend.copies.renew(self.at(server)))
 
     def counts(self) -> dict[str, int]:
         """What the node counts: per tenant (d:), per group (g:) and in all."""

@@ -10,7 +10,8 @@ from ferryman.algorithms.burst.model import BurstStore
 from ferryman.algorithms.copies.model import CopyStore
 from ferryman.algorithms.fixed_window.model import FixedWindowStore
 from ferryman.algorithms.sliding_window.model import SlidingStore
-from ferryman.algorithms.token_bucket.model import NodeBucketStore
+from ferryman.algorithms.token_bucket.model import BucketStore, NodeBucketStore
+from ferryman.clock import Clock
 
 __all__ = ["Backend", "ConnectionState", "Watched"]
 
@@ -57,6 +58,11 @@ class Backend(Protocol):
 
     @property
     def sliding(self) -> SlidingStore: ...
+
+    def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
+        """The quota service's buckets, where this backend keeps its state (keys under
+        ``prefix``; ``clock`` decides when the store does not take its time from itself)."""
+        ...
 
     async def start(self) -> None:
         """Begin connecting; must not block on an unreachable store."""

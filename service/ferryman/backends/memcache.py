@@ -17,11 +17,8 @@ import random
 import zlib
 from collections.abc import Sequence
 
-from ferryman.algorithms.burst.memory import MemoryBursts
-from ferryman.algorithms.copies.memory import MemoryCopies
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
-from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
-from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
+from ferryman.backends.memory import InProcessStores
 from ferryman.clock import Clock, SystemClock
 from ferryman.errors import BackendError, BackendTimeoutError
 
@@ -184,7 +181,7 @@ class MemcacheFixedWindows:
             await server.close()
 
 
-class MemcacheBackend:
+class MemcacheBackend(InProcessStores):
     """Counters in memcached (``MEMCACHE_HOST_PORT``); every other algorithm's state (burst
     tiers, copies, node buckets, sliding windows) in process."""
 
@@ -201,11 +198,8 @@ class MemcacheBackend:
         clock = clock or SystemClock()
         servers = [_Server(host, port, timeout) for host, port in addresses]
         self.addresses = list(addresses)
+        super().__init__(clock)
         self.windows = MemcacheFixedWindows(servers, jitter_max)
-        self.bursts = MemoryBursts(clock)
-        self.copies = MemoryCopies(clock)
-        self.buckets = MemoryNodeBuckets(clock)
-        self.sliding = MemorySlidingWindows()
 
     async def start(self) -> None:
         return None
@@ -215,6 +209,4 @@ class MemcacheBackend:
 
     async def close(self) -> None:
         await self.windows.close()
-        self.bursts.clear()
-        self.buckets.clear()
-        self.sliding.clear()
+        self.clear()

@@ -11,7 +11,9 @@ from ferryman.algorithms.burst.redis import RedisBursts
 from ferryman.algorithms.copies.redis import RedisCopies
 from ferryman.algorithms.fixed_window.redis import RedisFixedWindows, RoutedFixedWindows
 from ferryman.algorithms.sliding_window.redis import RedisSlidingWindows
-from ferryman.algorithms.token_bucket.redis import RedisNodeBuckets
+from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.algorithms.token_bucket.redis import RedisNodeBuckets, RedisTokenBucketStore
+from ferryman.clock import Clock
 from ferryman.connections.redis import RedisConnection
 from ferryman.connections.redis_target import (
     RedisTarget,
@@ -51,6 +53,12 @@ class RedisBackend:
     def writes(self) -> int:
         return self.connection.writes
 
+    def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
+        # Decided on Redis time, unless this backend is driven by the caller's clock.
+        return RedisTokenBucketStore(
+            self.connection, prefix=prefix, clock=None if self.server_time else clock
+        )
+
     async def start(self) -> None:
         await self.connection.start()
 
@@ -78,6 +86,9 @@ class RoutedBackend:
         self.copies = main.copies
         self.buckets = main.buckets
         self.sliding = main.sliding
+
+    def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
+        return self.main.quota_store(prefix, clock)
 
     async def start(self) -> None:
         await self.main.start()

@@ -17,3 +17,18 @@ local ARGV = (function(all)
   for i = 2, #all do own[i - 1] = all[i] end
   return own
 end)(ARGV)
+-- The script's "now": the caller's when given (not ''), else the Redis server's clock (TIME)
+-- in the unit the script counts in: 's' (seconds, fractional), 'ms' (whole) or 'us' (whole).
+local function ferryman_now(given, unit)
+  if given ~= '' then
+    return tonumber(given)
+  end
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  if unit == 'us' then
+    return s * 1000000 + us
+  elseif unit == 'ms' then
+    return s * 1000 + math.floor(us / 1000)
+  end
+  return s + us / 1000000
+end

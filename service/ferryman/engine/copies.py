@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from ferryman.algorithms.copies.model import CopyStore
+from ferryman.algorithms.copies.model import CopyStore, Holder
 from ferryman.config.model import Rule
 from ferryman.engine.model import MAX_REMAINING, Code, EngineOptions, Status
 from ferryman.stats import Stats
@@ -43,11 +43,11 @@ class CopyLimiter:
         assert policy is not None
         stats = self.stats
         if h.hits < 0:
-            await store.envoy_release(h.node, h.tenant, -h.hits, "envoy", now)
+            await store.envoy_release(Holder(h.node, "envoy", 0, now), h.tenant, -h.hits)
             return Status(Code.OK)
         groups = policy.groups_of(h.tenant)
         out = await store.envoy_reserve(
-            h.node, h.tenant, policy, groups, h.hits, uuid.uuid4().hex, "envoy", now
+            Holder(h.node, "envoy", 0, now), h.tenant, policy, groups, h.hits, uuid.uuid4().hex
         )
         stats.rule(h.stats_key, "total_hits", h.hits, h.stats_path)
         rooms = [g.limit - out.group_held.get(g.name, 0) for g in groups]

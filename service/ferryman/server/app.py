@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import socket
 import ssl
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
 
 import grpc
-from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -27,12 +23,10 @@ from ferryman.algorithms.token_bucket.standing import BucketTable
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock, SystemClock
-from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.engine import EngineOptions, RateLimitEngine
-from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
-from ferryman.errors import BackendError, FerrymanError, RequestError, SettingsError, status_of
+from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.console import Console, LatencyRecorder
@@ -43,11 +37,11 @@ from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.leased import LeasedResources
 from ferryman.server.limiter import METHODS as LIMITER_METHODS
 from ferryman.server.limiter import LimiterServicer
+from ferryman.server.pages import Pages
 from ferryman.server.quota import (
     QuotaEventHub,
     QuotaEventsServicer,
     QuotaServicer,
-    make_bucket_store,
 )
 from ferryman.server.rls import METHODS as RLS_METHODS
 from ferryman.server.rls import RateLimitServicer
@@ -55,7 +49,7 @@ from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env
-from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
+from ferryman.telemetry import Telemetry
 
 __all__ = [
     "Service",
@@ -330,7 +324,7 @@ class Service:
         self.quota_events.observe(self.telemetry)
         self.quota = QuotaServicer(
             self.holder,
-            make_bucket_store(self.backend, self.clock, settings.cache_key_prefix),
+            self.backend.quota_store(settings.cache_key_prefix, self.clock),
             self.quota_events,
             self.stats,
             fail_open=settings.fail_open,
@@ -353,7 +347,7 @@ class Service:
             directory=str(settings.config_dir),
             help_text=DEBUG_HELP,
         )
-        self.console.add_panel("capacity", "Capacity leases", self._capacity_panel)
+        self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
         self.console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
         buckets = BucketTable(self.quota.store, self.backend.buckets, self.clock)
         self.console.add_panel("buckets", "Token buckets", buckets.read)
@@ -365,22 +359,23 @@ class Service:
         self.prometheus_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = HealthServicer()
+        self.pages = Pages(self)
         self._http = HttpServer(
             {
                 ("GET", "/healthcheck"): self._healthcheck,
                 ("HEAD", "/healthcheck"): self._healthcheck,
-                ("POST", "/json"): self._json,
+                ("POST", "/json"): self.pages.json,
             },
             "http",
         )
         self._debug = HttpServer(
             {
                 **self.console.routes(),
-                ("GET", "/rlconfig"): self._rlconfig,
-                ("GET", "/stats"): self._stats_page,
-                ("GET", "/status"): self._status_page,
-                ("GET", "/explain"): self._explain,
-                ("GET", "/capacity"): self._capacity_page,
+                ("GET", "/rlconfig"): self.pages.rlconfig,
+                ("GET", "/stats"): self.pages.stats_page,
+                ("GET", "/status"): self.pages.status_page,
+                ("GET", "/explain"): self.pages.explain,
+                ("GET", "/capacity"): self.pages.capacity_page,
             },
             "debug",
         )
@@ -392,7 +387,7 @@ class Service:
         )
         if self.telemetry.prometheus is not None:
             self._metrics = HttpServer(
-                {("GET", settings.prometheus_path): self._prometheus}, "prometheus"
+                {("GET", settings.prometheus_path): self.pages.prometheus}, "prometheus"
             )
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
@@ -583,194 +578,6 @@ class Service:
         if self.healthy():
             return HttpResponse(200, b"OK")
         return HttpResponse(500, b"unhealthy")
-
-    async def _json(self, request: HttpRequest) -> HttpResponse:
-        """ShouldRateLimit with the protojson of its request and response, counted with the
-        gRPC calls. Under mutual TLS it needs a verified client certificate (it counts hits)."""
-        self.stats.inc(TOTAL_REQUESTS)
-        denied = self.tls.http_denied(request.peercert) if self.tls is not None else None
-        if denied is not None:
-            self.stats.inc(f"{CALL}.service_error")
-            return HttpResponse(403, f"forbidden: {denied}\n".encode())
-        message = rls_pb2.RateLimitRequest()
-        try:
-            json_format.Parse(request.body.decode("utf-8"), message)
-        except (json_format.ParseError, UnicodeDecodeError) as exc:
-            self.stats.inc(f"{CALL}.service_error")
-            return HttpResponse(400, f"bad request: {exc}\n".encode())
-        try:
-            response = await self.rls.respond(message)
-        except FerrymanError as exc:
-            status = status_of(exc)
-            self.stats.inc(f"{CALL}.{status.counter}")
-            what = "backend error" if isinstance(exc, BackendError) else "bad request"
-            return HttpResponse(status.http, f"{what}: {exc}\n".encode())
-        code = {
-            rls_pb2.RateLimitResponse.OK: 200,
-            rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
-        }.get(response.overall_code, 500)
-        # As the reference's protojson.Marshal: fields at their zero value are left out
-        # (an over-limit status has no limitRemaining).
-        body = json_format.MessageToJson(response, indent=None)
-        return HttpResponse(code, body.encode(), "application/json")
-
-    async def _rlconfig(self, request: HttpRequest) -> HttpResponse:
-        config = self.holder.config
-        lines = []
-        for _domain, rule in config.iter_limits() if config is not None else []:
-            modes = (
-                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
-                f"quota_mode: {str(rule.quota_mode).lower()}"
-            )
-            if rule.burst is not None:
-                lines.append(f"{rule.stats_key}: {rule.burst.describe()}, {modes}")
-                continue
-            if rule.copies is not None:
-                lines.append(f"{rule.stats_key}: {rule.copies.describe()}, {modes}")
-                continue
-            limit = rule.rate_limit
-            assert limit is not None
-            unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
-            line = (
-                f"{rule.stats_key}: unit={unit} requests_per_unit={limit.requests_per_unit}, "
-                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
-                f"quota_mode: {str(rule.quota_mode).lower()}"
-            )
-            if limit.unlimited:
-                line += ", unlimited: true"
-            lines.append(line)
-        return HttpResponse(200, ("\n".join(lines) + "\n").encode() if lines else b"")
-
-    async def _explain(self, request: HttpRequest) -> HttpResponse:
-        """/explain?domain=D&descriptor=k=v[,k=v...] (repeatable): why a request is limited,
-        with the current counts, counting nothing (JSON)."""
-        params = parse_qs(request.query)
-        domain = params.get("domain", [""])[0]
-        try:
-            requests = [parse_descriptor(text) for text in params.get("descriptor", [])]
-            if not requests:
-                raise RequestError("descriptor", "give one or more descriptor=k=v[,k=v...]")
-            config = self.holder.config
-            if config is None:
-                raise RequestError("domain", "no rate limit configuration is loaded")
-            now = self.clock.now()
-            answer = explain(config, domain, requests, self.engine.options, now)
-            if answer.ops:
-                values = await self.backend.windows.peek(list(answer.ops.values()))
-                answer.add_counts(values, now)
-        except FerrymanError as exc:
-            body = json.dumps({"error": str(exc)}) + "\n"
-            return HttpResponse(status_of(exc).http, body.encode(), "application/json")
-        body = json.dumps(answer.as_dict(), indent=2) + "\n"
-        return HttpResponse(200, body.encode(), "application/json")
-
-    async def _stats_page(self, request: HttpRequest) -> HttpResponse:
-        body = "".join(f"{name}: {value}\n" for name, value in self.stats)
-        return HttpResponse(200, body.encode())
-
-    def _capacity_panel(self) -> dict[str, object]:
-        """The console's table of leased resources (the 30 with the most clients)."""
-        status = self.capacity.status()
-        resources = status.get("resources")
-        rows: list[list[object]] = []
-        for r in sorted(
-            resources if isinstance(resources, list) else [], key=lambda r: -r["client_count"]
-        )[:30]:
-            rows.append(
-                [
-                    r["resource_id"],
-                    r["algorithm"],
-                    r["capacity"],
-                    r["sum_leases"],
-                    r["sum_wants"],
-                    r["client_count"],
-                    "learning" if r["learning"] else "",
-                ]
-            )
-        master = (
-            "master" if status.get("is_master") else f"master is {status.get('master_address')}"
-        )
-        return {
-            "columns": ["resource", "algorithm", "capacity", "leased", "wanted", "clients", ""],
-            "rows": rows,
-            "note": f"this server: {master}",
-        }
-
-    async def _capacity_page(self, request: HttpRequest) -> HttpResponse:
-        status = self.capacity.status()
-        if self.leased is not None:
-            status["leased"] = self.leased.status()
-        body = json.dumps(status, indent=2) + "\n"
-        return HttpResponse(200, body.encode(), "application/json")
-
-    async def _status_page(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(
-            200, (json.dumps(self.status(), indent=2) + "\n").encode(), "application/json"
-        )
-
-    def status(self) -> dict[str, object]:
-        """What /status reports: the state an operator asks about first."""
-        holder = self.holder
-        config = holder.config
-        cache = self.engine.local_cache
-        return {
-            "healthy": self.healthy(),
-            "config": {
-                "version": holder.version,
-                "loaded_at": _iso(holder.loaded_at) if config is not None else None,
-                "directory": str(self.settings.config_dir),
-                "files": list(config.files) if config is not None else [],
-                "domains": len(config.domains) if config is not None else 0,
-                "limits": len(config.iter_limits()) if config is not None else 0,
-                "last_error": holder.last_error,
-                "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
-            },
-            "backend": {
-                "name": self.backend.name,
-                "healthy": self.backend.healthy(),
-                "connections": [c.describe_state() for c in self.backend.connections()]
-                if isinstance(self.backend, Watched)
-                else [],
-            },
-            "tls": None
-            if self.tls is None
-            else {
-                "cert": str(self.tls.cert),
-                "mutual": self.tls.mutual,
-                "client_san": self.tls.client_san or None,
-                "reloads": self.tls.reloads,
-            },
-            "memory": None
-            if not isinstance(self.backend, MemoryBackend)
-            else {
-                "keys": len(self.backend.windows),
-                "max_keys": self.backend.windows.max_keys,
-                "evicted": self.backend.windows.evicted,
-                "refused": self.backend.windows.refused,
-            },
-            "holds": self.holds.status(),
-            "local_cache": None
-            if cache is None
-            else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},
-            "stats": {"series": self.stats.series, "max_series": self.stats.max_series},
-        }
-
-    async def _prometheus(self, request: HttpRequest) -> HttpResponse:
-        reader = self.telemetry.prometheus
-        assert reader is not None
-        mapping = self.mapping
-        if mapping is None:
-            # Collection reads every series; keep it off the event loop.
-            body = await asyncio.to_thread(reader.render)
-        else:
-            # PROMETHEUS_MAPPER_YAML: the counters under the file's names, the rest as usual.
-            body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
-            body = mapping.render(self.stats) + body
-        return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
 def _host(host: str) -> str:

@@ -13,7 +13,8 @@ import contextlib
 import logging
 import math
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -30,6 +31,8 @@ from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.server.capacity_parent import ParentClient
 from ferryman.settings import Settings
+
+R = TypeVar("R", doorman_pb2.GetCapacityResponse, doorman_pb2.GetServerCapacityResponse)
 
 __all__ = ["CapacityService", "CapacityServicer"]
 
@@ -241,6 +244,34 @@ class CapacityService:
             "resources": resources,
         }
 
+    def panel(self) -> dict[str, object]:
+        """The console's table of leased resources (the 30 with the most clients)."""
+        status = self.status()
+        resources = status.get("resources")
+        rows: list[list[object]] = []
+        for r in sorted(
+            resources if isinstance(resources, list) else [], key=lambda r: -r["client_count"]
+        )[:30]:
+            rows.append(
+                [
+                    r["resource_id"],
+                    r["algorithm"],
+                    r["capacity"],
+                    r["sum_leases"],
+                    r["sum_wants"],
+                    r["client_count"],
+                    "learning" if r["learning"] else "",
+                ]
+            )
+        master = (
+            "master" if status.get("is_master") else f"master is {status.get('master_address')}"
+        )
+        return {
+            "columns": ["resource", "algorithm", "capacity", "leased", "wanted", "clients", ""],
+            "rows": rows,
+            "note": f"this server: {master}",
+        }
+
     def by_resource(self) -> list[tuple[dict[str, str], tuple[float, float, float, int]]]:
         """(labels, (capacity, sum of leases, sum of wants, clients)) per resource held."""
         state = self.serving_state()
@@ -309,23 +340,36 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             mastership=service.mastership(), is_master=service.election.is_master
         )
 
-    async def GetCapacity(
+    async def _lease_each(
         self,
-        request: doorman_pb2.GetCapacityRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> doorman_pb2.GetCapacityResponse:
-        problem = _check_client_request(request)
+        problem: str,
+        request: Any,
+        response: type[R],
+        answer: Callable[[LeaseState, Any, float, Any], None],
+    ) -> R:
+        """The body both lease RPCs share: refuse a bad request, answer with the mastership
+        when this server is not the one to ask, else ``answer`` each resource in turn."""
         if problem:
             await self._refuse(context, problem)
         service = self._service
         service.requests += 1
         state = service.serving_state()
         if state is None:
-            return doorman_pb2.GetCapacityResponse(mastership=service.mastership())
+            return response(mastership=service.mastership())
         now = service.clock.now()
-        out = doorman_pb2.GetCapacityResponse()
+        out = response()
         for item in request.resource:
-            lease, safe, _ = state.ask(
+            answer(state, item, now, out.response.add(resource_id=item.resource_id))
+        return out
+
+    async def GetCapacity(
+        self,
+        request: doorman_pb2.GetCapacityRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> doorman_pb2.GetCapacityResponse:
+        def answer(state: LeaseState, item: Any, now: float, out: Any) -> None:
+            lease, out.safe_capacity, _ = state.ask(
                 request.client_id,
                 item.resource_id,
                 wants=item.wants,
@@ -333,26 +377,19 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
                 priority=item.priority,
                 has=_has(item),
             )
-            answer = out.response.add(resource_id=item.resource_id, safe_capacity=safe)
-            _lease(lease, answer.gets)
-        return out
+            _lease(lease, out.gets)
+
+        problem = _check_client_request(request)
+        return await self._lease_each(
+            context, problem, request, doorman_pb2.GetCapacityResponse, answer
+        )
 
     async def GetServerCapacity(
         self,
         request: doorman_pb2.GetServerCapacityRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> doorman_pb2.GetServerCapacityResponse:
-        problem = _check_server_request(request)
-        if problem:
-            await self._refuse(context, problem)
-        service = self._service
-        service.requests += 1
-        state = service.serving_state()
-        if state is None:
-            return doorman_pb2.GetServerCapacityResponse(mastership=service.mastership())
-        now = service.clock.now()
-        out = doorman_pb2.GetServerCapacityResponse()
-        for item in request.resource:
+        def answer(state: LeaseState, item: Any, now: float, out: Any) -> None:
             bands = tuple(Band(b.priority, b.num_clients, b.wants) for b in item.wants)
             lease, safe, template = state.ask(
                 request.server_id,
@@ -365,11 +402,15 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             )
             if template is not None and safe >= 0:
                 safe *= max(1, sum(b.num_clients for b in item.wants))  # one per client
-            answer = out.response.add(resource_id=item.resource_id, safe_capacity=safe)
-            _lease(lease, answer.gets)
+            out.safe_capacity = safe
+            _lease(lease, out.gets)
             if template is not None:
-                _algorithm(template, answer.algorithm)
-        return out
+                _algorithm(template, out.algorithm)
+
+        problem = _check_server_request(request)
+        return await self._lease_each(
+            context, problem, request, doorman_pb2.GetServerCapacityResponse, answer
+        )
 
     async def ReleaseCapacity(
         self,

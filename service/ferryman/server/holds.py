@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, ReserveOutcome
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Holder, ReserveOutcome
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.engine import RateLimitEngine
@@ -115,9 +115,7 @@ class HoldManager:
             await asyncio.sleep(interval)
             try:
                 for node in [n for n, held in self._nodes.items() if held > 0]:
-                    await self._backend.copies.renew(
-                        node, self.server_id, self.lease_ms, self._now()
-                    )
+                    await self._backend.copies.renew(self._holder(node))
                 self._renewed_at = time.monotonic()
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
@@ -141,8 +139,9 @@ class HoldManager:
         self._renewed_at = time.monotonic()
         self._stats.inc("ratelimit.service.holds.lease_lost")
 
-    def _now(self) -> float:
-        return self._clock.now()
+    def _holder(self, node: str) -> Holder:
+        """This server, on ``node``, now (its lease renewed by the call)."""
+        return Holder(node, self.server_id, self.lease_ms, self._clock.now())
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -179,9 +178,7 @@ class HoldManager:
         holds, session.holds = dict(session.holds), {}
         for (node, tenant, groups), copies in holds.items():
             try:
-                await self._backend.copies.release(
-                    node, tenant, groups, copies, self.server_id, self.lease_ms, self._now()
-                )
+                await self._backend.copies.release(self._holder(node), tenant, groups, copies)
                 self._count(node, -copies)
             except LeaseLostError:
                 self._lose("this server's lease lapsed")
@@ -244,9 +241,8 @@ class HoldManager:
         node = self._engine.copies_node(rule)
         async with self._operation(session):
             outcome = await self._backend.copies.reserve(
-                node, tenant, policy, groups, copies, min_copies, self.server_id, self.lease_ms,
-                self._now(),
-            )  # fmt: skip
+                self._holder(node), tenant, policy, groups, copies, min_copies
+            )
             if outcome.granted:
                 key = (node, tenant, tuple(g.name for g in groups))
                 self._hold(session, key, outcome.granted)
@@ -273,9 +269,7 @@ class HoldManager:
         key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
         async with self._operation(session):
             self._held(session, key, copies)
-            await self._backend.copies.release(
-                key[0], key[1], key[2], copies, self.server_id, self.lease_ms, self._now()
-            )
+            await self._backend.copies.release(self._holder(key[0]), key[1], key[2], copies)
             self._hold(session, key, -copies)
 
     async def transfer(
@@ -295,9 +289,8 @@ class HoldManager:
         async with self._operation(session):
             self._held(session, key, copies)
             await self._backend.copies.transfer(
-                key[0], key[1], key[2], copies, ttl, secret, self.server_id, self.lease_ms,
-                self._now(),
-            )  # fmt: skip
+                self._holder(key[0]), key[1], key[2], copies, ttl, secret
+            )
             self._hold(session, key, -copies)
         self._stats.inc("ratelimit.service.holds.transfers_staged")
         return transfer_id
@@ -314,9 +307,7 @@ class HoldManager:
         rule = self._engine.resolve(str(domain), entries, "copies")[-1]
         node = self._engine.copies_node(rule)
         async with self._operation(session):
-            seized = await self._backend.copies.seize(
-                node, str(secret), self.server_id, self.lease_ms, self._now()
-            )
+            seized = await self._backend.copies.seize(self._holder(node), str(secret))
             copies, groups = seized.copies, seized.groups
             self._hold(session, (node, _tenant(entries), groups), copies)
         self._stats.inc("ratelimit.service.holds.transfers_seized")

@@ -16,10 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
 from ferryman._version import __version__
-from ferryman.algorithms.token_bucket.memory import MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
-from ferryman.backends.base import Backend
-from ferryman.clock import Clock
 from ferryman.config.quota import NAME
 from ferryman.config.reloader import ConfigHolder
 from ferryman.errors import BackendError
@@ -33,7 +30,6 @@ __all__ = [
     "QuotaEventHub",
     "QuotaEventsServicer",
     "QuotaServicer",
-    "make_bucket_store",
 ]
 
 log = logging.getLogger("ferryman.quota")
@@ -60,22 +56,6 @@ _BY_STATUS = {
 MAX_SUBSCRIBERS = 64
 SUBSCRIBER_QUEUE = 1024
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def make_bucket_store(backend: Backend, clock: Clock, prefix: str = "") -> BucketStore:
-    """Buckets where the backend keeps its counters: in memory, or in its Redis."""
-    from ferryman.backends.redis import RedisBackend, RoutedBackend
-
-    main = backend.main if isinstance(backend, RoutedBackend) else backend
-    if not isinstance(main, RedisBackend):
-        return MemoryTokenBucketStore(clock)
-    from ferryman.algorithms.token_bucket.redis import RedisTokenBucketStore
-
-    # A backend that takes its time from Redis decides on Redis time; one driven by a
-    # test's clock decides on that clock.
-    return RedisTokenBucketStore(
-        main.connection, prefix=prefix, clock=None if main.server_time else clock
-    )
 
 
 @dataclass(frozen=True, slots=True)

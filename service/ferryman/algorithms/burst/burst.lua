@@ -17,13 +17,7 @@
 -- returns        {granted, tier_index, tier_limit, tier_hits, tier_window, burst,
 --                 hard_limited, global_limited, tenant_last_second, global_last_second,
 --                 retry_after, now}; numbers that may be fractional are returned as strings
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 's')
 local copies, min_copies, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local hard, glimit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local K_STATE, K_GLOBAL, K_GTOTAL, K_SECOND = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

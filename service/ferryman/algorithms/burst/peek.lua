@@ -10,13 +10,7 @@
 -- ARGV[2]        n, the number of tiers
 -- returns        {now, {e1, ..., en}, log_1, ..., log_n, second}: now as a string, entry
 --                times as strings (false when none), each list as its entries
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 's')
 local n = tonumber(ARGV[2])
 local entered = {}
 if n > 0 then

@@ -36,13 +36,7 @@ local K_COUNTS, K_LEASES, K_MINE, K_XQ, K_XREC = KEYS[1], KEYS[2], KEYS[3], KEYS
 local K_DEAD = KEYS[6]
 local K_EQ, K_EH, K_ET = KEYS[7], KEYS[8], KEYS[9]
 local op, me, lease_ms, tag = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local now
-if ARGV[5] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(ARGV[5])
-end
+local now = ferryman_now(ARGV[5], 'ms')
 
 local function add(field, delta)
   local v = redis.call('HINCRBY', K_COUNTS, field, delta)

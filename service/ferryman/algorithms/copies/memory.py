@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ferryman.algorithms.copies.model import (
     CopyGroup,
     CopyPolicy,
+    Holder,
     ReserveOutcome,
     Seized,
     grantable,
@@ -61,12 +62,11 @@ class MemoryCopies:
         # count per call, which the Redis backend adds up under the same name).
         self.transfers_expired = 0
 
-    def _node(
-        self, node: str, server: str, lease_ms: int, now_ms: int, serving: bool = True
-    ) -> _Node:
+    def _node(self, holder: Holder, now_ms: int, serving: bool = True) -> _Node:
         """The node, cleared of lapsed leases and expired transfers and Envoy holds, with
         our lease renewed (``serving``: the call acts on this server's own holds)."""
-        state = self._nodes.setdefault(node, _Node())
+        server = holder.server
+        state = self._nodes.setdefault(holder.node, _Node())
         lost = False
         for sid, expiry in list(state.leases.items()):
             if expiry < now_ms:
@@ -89,7 +89,7 @@ class MemoryCopies:
             if expiry < now_ms:
                 self._drop_envoy(state, hid, None)
         if serving:
-            state.leases[server] = now_ms + lease_ms
+            state.leases[server] = now_ms + holder.lease_ms
         return state
 
     def _drop_envoy(self, state: _Node, hold_id: str, count: int | None) -> int:
@@ -105,21 +105,19 @@ class MemoryCopies:
 
     async def envoy_reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         hold_id: str,
-        server: str,
-        now: float | None = None,
     ) -> ReserveOutcome:
         """Hold copies for Envoy: no server owns them; they expire after the policy's
         ``hold_ttl``."""
-        now_ms = self._ms(now)
+        now_ms = self._ms(holder.now)
         hold_ttl_ms = round(policy.hold_ttl * 1000)
         with self._lock:
-            state = self._node(node, server, 0, now_ms, serving=False)
+            state = self._node(holder, now_ms, serving=False)
             granted = self._room(state, tenant, policy, groups, copies, copies)
             if granted:
                 names = tuple(g.name for g in groups)
@@ -132,13 +130,11 @@ class MemoryCopies:
                 order.append(hold_id)
             return self._outcome(state, tenant, groups, granted)
 
-    async def envoy_release(
-        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
-    ) -> int:
+    async def envoy_release(self, holder: Holder, tenant: str, copies: int) -> int:
         """Release up to ``copies`` of a tenant's Envoy holds, oldest first."""
-        now_ms = self._ms(now)
+        now_ms = self._ms(holder.now)
         with self._lock:
-            state = self._node(node, server, 0, now_ms, serving=False)
+            state = self._node(holder, now_ms, serving=False)
             order = state.envoy_order.get(tenant, deque())
             released = 0
             while released < copies and order:
@@ -199,22 +195,19 @@ class MemoryCopies:
 
     async def reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> ReserveOutcome:
-        now_ms = self._ms(now)
+        now_ms = self._ms(holder.now)
         with self._lock:
-            state = self._node(node, server, lease_ms, now_ms)
+            state = self._node(holder, now_ms)
             granted = self._room(state, tenant, policy, groups, copies, min_copies)
             if granted:
-                mine = state.contributions.setdefault(server, {})
+                mine = state.contributions.setdefault(holder.server, {})
                 for f in _fields(tenant, tuple(g.name for g in groups)):
                     self._add(state.counts, f, granted)
                     self._add(mine, f, granted)
@@ -233,59 +226,47 @@ class MemoryCopies:
             self._add(mine, f, -n)
 
     async def release(
-        self,
-        node: str,
-        tenant: str,
-        groups: tuple[str, ...],
-        copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
+        self, holder: Holder, tenant: str, groups: tuple[str, ...], copies: int
     ) -> None:
-        now_ms = self._ms(now)
+        now_ms = self._ms(holder.now)
         with self._lock:
-            state = self._node(node, server, lease_ms, now_ms)
-            self._take(state, server, tenant, groups, copies)
+            state = self._node(holder, now_ms)
+            self._take(state, holder.server, tenant, groups, copies)
             for f in _fields(tenant, groups):
                 self._add(state.counts, f, -copies)
 
     async def transfer(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         groups: tuple[str, ...],
         copies: int,
         ttl: float,
         transfer_id: str,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> None:
-        now_ms = self._ms(now)
+        now_ms = self._ms(holder.now)
         ttl_ms = round(ttl * 1000)
         with self._lock:
-            state = self._node(node, server, lease_ms, now_ms)
-            self._take(state, server, tenant, groups, copies)
+            state = self._node(holder, now_ms)
+            self._take(state, holder.server, tenant, groups, copies)
             state.transfers[transfer_id] = _Transfer(tenant, copies, groups, now_ms + ttl_ms)
 
-    async def seize(
-        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
-    ) -> Seized:
-        now_ms = self._ms(now)
+    async def seize(self, holder: Holder, transfer_id: str) -> Seized:
+        now_ms = self._ms(holder.now)
         with self._lock:
-            state = self._node(node, server, lease_ms, now_ms)
+            state = self._node(holder, now_ms)
             transfer = state.transfers.pop(transfer_id, None)
             if transfer is None:
                 raise NotFoundError("transfer_id", "unknown or expired transfer")
-            mine = state.contributions.setdefault(server, {})
+            mine = state.contributions.setdefault(holder.server, {})
             for f in _fields(transfer.tenant, transfer.groups):
                 self._add(mine, f, transfer.copies)
-            return Seized(node, transfer.tenant, transfer.copies, transfer.groups)
+            return Seized(holder.node, transfer.tenant, transfer.copies, transfer.groups)
 
-    async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
-        now_ms = self._ms(now)
+    async def renew(self, holder: Holder) -> None:
+        now_ms = self._ms(holder.now)
         with self._lock:
-            self._node(node, server, lease_ms, now_ms)
+            self._node(holder, now_ms)
 
     def _ms(self, now: float | None) -> int:
         return round((self._clock.now() if now is None else now) * 1000)

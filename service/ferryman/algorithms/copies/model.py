@@ -17,6 +17,7 @@ __all__ = [
     "CopyGroup",
     "CopyPolicy",
     "CopyStore",
+    "Holder",
     "ReserveOutcome",
     "Seized",
     "grantable",
@@ -64,6 +65,21 @@ class CopyPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """Who calls the copy store, on which node, and when.
+
+    ``server`` is the calling server's id and ``lease_ms`` its lease (every call renews it;
+    0 for Envoy's holds, which no server owns); ``now`` is the caller's clock in seconds, or
+    None for the store's own time (the Redis server's clock on Redis).
+    """
+
+    node: str
+    server: str
+    lease_ms: int = 0
+    now: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveOutcome:
     """What a reservation got, with the counts after it (Charon's reserve context)."""
 
@@ -104,9 +120,9 @@ def grantable(
 
 
 class CopyStore(Protocol):
-    """Where held copies live. ``server`` is the calling server's id and ``lease_ms`` its
-    lease: every call renews it, and first frees what servers with lapsed leases held on the
-    node (raising LeaseLostError to the caller whose own lease lapsed)."""
+    """Where held copies live. Every call renews the ``holder``'s lease and first frees what
+    servers with lapsed leases held on the node (raising LeaseLostError to the caller whose
+    own lease lapsed)."""
 
     @property
     def transfers_expired(self) -> int:
@@ -115,66 +131,45 @@ class CopyStore(Protocol):
 
     async def reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> ReserveOutcome: ...
 
     async def release(
-        self,
-        node: str,
-        tenant: str,
-        groups: tuple[str, ...],
-        copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
+        self, holder: Holder, tenant: str, groups: tuple[str, ...], copies: int
     ) -> None: ...
 
     async def transfer(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         groups: tuple[str, ...],
         copies: int,
         ttl: float,
         transfer_id: str,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> None: ...
 
-    async def seize(
-        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
-    ) -> Seized: ...
+    async def seize(self, holder: Holder, transfer_id: str) -> Seized: ...
 
-    async def renew(
-        self, node: str, server: str, lease_ms: int, now: float | None = None
-    ) -> None: ...
+    async def renew(self, holder: Holder) -> None: ...
 
     async def envoy_reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         hold_id: str,
-        server: str,
-        now: float | None = None,
     ) -> ReserveOutcome:
         """Hold all of ``copies`` for Envoy, or none; the hold expires after the policy's
         ``hold_ttl`` unless released first. No server owns it."""
         ...
 
-    async def envoy_release(
-        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
-    ) -> int:
+    async def envoy_release(self, holder: Holder, tenant: str, copies: int) -> int:
         """Release up to ``copies`` of the tenant's Envoy holds, oldest first; how many."""
         ...

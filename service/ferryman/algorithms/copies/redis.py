@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, ReserveOutcome, Seized
+from ferryman.algorithms.copies.model import (
+    CopyGroup,
+    CopyPolicy,
+    Holder,
+    ReserveOutcome,
+    Seized,
+)
 from ferryman.connections.redis import LuaScript, RedisConnection
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 
@@ -46,16 +52,14 @@ class RedisCopies:
 
     async def _call(
         self,
-        node: str,
+        holder: Holder,
         op: str,
-        server: str,
-        lease_ms: int,
-        now: float | None,
         args: list[Any],
         transfer_id: str = "-",
         tenant: str = "-",
     ) -> list[Any]:
-        tag = "{" + node + "}"
+        server, now = holder.server, holder.now
+        tag = "{" + holder.node + "}"
         keys = [
             f"{tag}:n",
             f"{tag}:srv",
@@ -69,7 +73,7 @@ class RedisCopies:
         ]
         when = "" if now is None or self.server_time else str(round(now * 1000))
         reply = await self.connection.run(
-            self._script, keys, [op, server, lease_ms, tag, when, *args]
+            self._script, keys, [op, server, holder.lease_ms, tag, when, *args]
         )
         out = [x.decode() if isinstance(x, bytes) else x for x in reply]
         # The last element: transfers this call expired (copies.lua reports it in every reply).
@@ -80,82 +84,60 @@ class RedisCopies:
 
     async def reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> ReserveOutcome:
         args = _reserve_args(tenant, policy, groups, copies, min_copies)
-        out = await self._call(node, "reserve", server, lease_ms, now, args)
-        return _reserve_outcome(out, groups)
+        return _reserve_outcome(await self._call(holder, "reserve", args), groups)
 
     async def release(
-        self,
-        node: str,
-        tenant: str,
-        groups: tuple[str, ...],
-        copies: int,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
+        self, holder: Holder, tenant: str, groups: tuple[str, ...], copies: int
     ) -> None:
-        out = await self._call(
-            node, "release", server, lease_ms, now, [tenant, copies, len(groups), *groups]
-        )
+        out = await self._call(holder, "release", [tenant, copies, len(groups), *groups])
         if out[0] == "over":
             raise HoldError("copies", f"{copies} is more than this server holds ({out[1]})")
 
     async def transfer(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         groups: tuple[str, ...],
         copies: int,
         ttl: float,
         transfer_id: str,
-        server: str,
-        lease_ms: int,
-        now: float | None = None,
     ) -> None:
         args = [tenant, copies, len(groups), *groups, round(ttl * 1000), transfer_id]
-        out = await self._call(node, "transfer", server, lease_ms, now, args, transfer_id)
+        out = await self._call(holder, "transfer", args, transfer_id)
         if out[0] == "over":
             raise HoldError("copies", f"{copies} is more than this server holds ({out[1]})")
 
-    async def seize(
-        self, node: str, transfer_id: str, server: str, lease_ms: int, now: float | None = None
-    ) -> Seized:
-        out = await self._call(node, "seize", server, lease_ms, now, [transfer_id], transfer_id)
+    async def seize(self, holder: Holder, transfer_id: str) -> Seized:
+        out = await self._call(holder, "seize", [transfer_id], transfer_id)
         if out[0] == "missing":
             raise NotFoundError("transfer_id", "unknown or expired transfer")
-        return Seized(node, str(out[1]), int(out[2]), tuple(str(g) for g in out[3:]))
+        return Seized(holder.node, str(out[1]), int(out[2]), tuple(str(g) for g in out[3:]))
 
-    async def renew(self, node: str, server: str, lease_ms: int, now: float | None = None) -> None:
-        await self._call(node, "renew", server, lease_ms, now, [])
+    async def renew(self, holder: Holder) -> None:
+        await self._call(holder, "renew", [])
 
     async def envoy_reserve(
         self,
-        node: str,
+        holder: Holder,
         tenant: str,
         policy: CopyPolicy,
         groups: tuple[CopyGroup, ...],
         copies: int,
         hold_id: str,
-        server: str,
-        now: float | None = None,
     ) -> ReserveOutcome:
         args = _reserve_args(tenant, policy, groups, copies, copies)
         args.extend((hold_id, round(policy.hold_ttl * 1000)))
-        out = await self._call(node, "ereserve", server, 0, now, args, tenant=tenant)
+        out = await self._call(holder, "ereserve", args, tenant=tenant)
         return _reserve_outcome(out, groups)
 
-    async def envoy_release(
-        self, node: str, tenant: str, copies: int, server: str, now: float | None = None
-    ) -> int:
-        out = await self._call(node, "erelease", server, 0, now, [tenant, copies], tenant=tenant)
+    async def envoy_release(self, holder: Holder, tenant: str, copies: int) -> int:
+        out = await self._call(holder, "erelease", [tenant, copies], tenant=tenant)
         return int(out[1])

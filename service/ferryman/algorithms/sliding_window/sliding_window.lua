@@ -7,13 +7,7 @@
 -- ARGV[3]   window, microseconds
 -- ARGV[4]   hits (0 only looks)
 -- returns   {allowed (1/0), estimate (text, %.17g), microseconds left in the window}
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 'us')
 local limit, window, hits = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local start = now - now % window
 local previous, current = 0, 0

@@ -4,12 +4,6 @@
 -- ARGV[1]   now in microseconds, or "" to use the Redis server's clock (TIME)
 -- ARGV[2]   bucket name
 -- returns   {now_us, state}: state "<stored> <next_free_us>", or "" when the bucket has none
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 'us')
 local saved = redis.call('HGET', KEYS[1], ARGV[2])
 return {string.format('%.17g', now), saved or ''}

@@ -11,13 +11,7 @@
 -- ARGV[6]   max_debt_millis
 -- returns   {status, wait_millis, stored, debt_us}: status 0 OK, 1 refused; stored and
 --           debt_us (next free time - now; as text, %.17g) are the bucket after the decision
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 'us')
 local tokens, max_wait = tonumber(ARGV[2]), tonumber(ARGV[3]) * 1000.0
 local size, fill_rate, max_debt = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 

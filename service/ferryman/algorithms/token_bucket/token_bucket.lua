@@ -19,13 +19,7 @@
 -- returns   {status, wait_millis, created (1/0), removed bucket name...}; status numbers are
 --           those of quotaservice.AllowResponse.Status
 local OK, TIMEOUT, TOO_MANY_BUCKETS, TOO_MANY_TOKENS = 0, 1, 3, 4
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = ferryman_now(ARGV[1], 'us')
 local name, tokens, max_wait = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]) * 1000.0
 local size, fill_rate, max_debt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local max_tokens, max_idle = tonumber(ARGV[8]), tonumber(ARGV[9])

@@ -1,0 +1,197 @@
+"""The pages of the HTTP and debug ports that read the service's state: /json (ShouldRateLimit
+as protojson), /rlconfig, /stats, /status, /explain, /capacity, and the Prometheus scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+from google.protobuf import json_format
+
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.backends.base import Watched
+from ferryman.backends.memory import MemoryBackend
+from ferryman.config.model import Unit
+from ferryman.engine.explain import explain, parse_descriptor
+from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
+from ferryman.server.http import HttpRequest, HttpResponse
+from ferryman.stats import CALL, TOTAL_REQUESTS
+from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES
+
+if TYPE_CHECKING:
+    from ferryman.server.app import Service
+
+
+class Pages:
+    """Handlers over one Service's parts; each answers from state, counting nothing but /json."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def json(self, request: HttpRequest) -> HttpResponse:
+        """ShouldRateLimit with the protojson of its request and response, counted with the
+        gRPC calls. Under mutual TLS it needs a verified client certificate (it counts hits)."""
+        self.service.stats.inc(TOTAL_REQUESTS)
+        denied = (
+            self.service.tls.http_denied(request.peercert) if self.service.tls is not None else None
+        )
+        if denied is not None:
+            self.service.stats.inc(f"{CALL}.service_error")
+            return HttpResponse(403, f"forbidden: {denied}\n".encode())
+        message = rls_pb2.RateLimitRequest()
+        try:
+            json_format.Parse(request.body.decode("utf-8"), message)
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            self.service.stats.inc(f"{CALL}.service_error")
+            return HttpResponse(400, f"bad request: {exc}\n".encode())
+        try:
+            response = await self.service.rls.respond(message)
+        except FerrymanError as exc:
+            status = status_of(exc)
+            self.service.stats.inc(f"{CALL}.{status.counter}")
+            what = "backend error" if isinstance(exc, BackendError) else "bad request"
+            return HttpResponse(status.http, f"{what}: {exc}\n".encode())
+        code = {
+            rls_pb2.RateLimitResponse.OK: 200,
+            rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
+        }.get(response.overall_code, 500)
+        # As the reference's protojson.Marshal: fields at their zero value are left out
+        # (an over-limit status has no limitRemaining).
+        body = json_format.MessageToJson(response, indent=None)
+        return HttpResponse(code, body.encode(), "application/json")
+
+    async def rlconfig(self, request: HttpRequest) -> HttpResponse:
+        config = self.service.holder.config
+        lines = []
+        for _domain, rule in config.iter_limits() if config is not None else []:
+            modes = (
+                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
+                f"quota_mode: {str(rule.quota_mode).lower()}"
+            )
+            if rule.burst is not None:
+                lines.append(f"{rule.stats_key}: {rule.burst.describe()}, {modes}")
+                continue
+            if rule.copies is not None:
+                lines.append(f"{rule.stats_key}: {rule.copies.describe()}, {modes}")
+                continue
+            limit = rule.rate_limit
+            assert limit is not None
+            unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
+            line = (
+                f"{rule.stats_key}: unit={unit} requests_per_unit={limit.requests_per_unit}, "
+                f"shadow_mode: {str(rule.shadow_mode).lower()}, "
+                f"quota_mode: {str(rule.quota_mode).lower()}"
+            )
+            if limit.unlimited:
+                line += ", unlimited: true"
+            lines.append(line)
+        return HttpResponse(200, ("\n".join(lines) + "\n").encode() if lines else b"")
+
+    async def explain(self, request: HttpRequest) -> HttpResponse:
+        """/explain?domain=D&descriptor=k=v[,k=v...] (repeatable): why a request is limited,
+        with the current counts, counting nothing (JSON)."""
+        params = parse_qs(request.query)
+        domain = params.get("domain", [""])[0]
+        try:
+            requests = [parse_descriptor(text) for text in params.get("descriptor", [])]
+            if not requests:
+                raise RequestError("descriptor", "give one or more descriptor=k=v[,k=v...]")
+            config = self.service.holder.config
+            if config is None:
+                raise RequestError("domain", "no rate limit configuration is loaded")
+            now = self.service.clock.now()
+            answer = explain(config, domain, requests, self.service.engine.options, now)
+            if answer.ops:
+                values = await self.service.backend.windows.peek(list(answer.ops.values()))
+                answer.add_counts(values, now)
+        except FerrymanError as exc:
+            body = json.dumps({"error": str(exc)}) + "\n"
+            return HttpResponse(status_of(exc).http, body.encode(), "application/json")
+        body = json.dumps(answer.as_dict(), indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
+
+    async def stats_page(self, request: HttpRequest) -> HttpResponse:
+        body = "".join(f"{name}: {value}\n" for name, value in self.service.stats)
+        return HttpResponse(200, body.encode())
+
+    async def capacity_page(self, request: HttpRequest) -> HttpResponse:
+        status = self.service.capacity.status()
+        if self.service.leased is not None:
+            status["leased"] = self.service.leased.status()
+        body = json.dumps(status, indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
+
+    async def status_page(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(
+            200, (json.dumps(self.status(), indent=2) + "\n").encode(), "application/json"
+        )
+
+    def status(self) -> dict[str, object]:
+        """What /status reports: the state an operator asks about first."""
+        holder = self.service.holder
+        config = holder.config
+        cache = self.service.engine.local_cache
+        return {
+            "healthy": self.service.healthy(),
+            "config": {
+                "version": holder.version,
+                "loaded_at": _iso(holder.loaded_at) if config is not None else None,
+                "directory": str(self.service.settings.config_dir),
+                "files": list(config.files) if config is not None else [],
+                "domains": len(config.domains) if config is not None else 0,
+                "limits": len(config.iter_limits()) if config is not None else 0,
+                "last_error": holder.last_error,
+                "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
+            },
+            "backend": {
+                "name": self.service.backend.name,
+                "healthy": self.service.backend.healthy(),
+                "connections": [c.describe_state() for c in self.service.backend.connections()]
+                if isinstance(self.service.backend, Watched)
+                else [],
+            },
+            "tls": None
+            if self.service.tls is None
+            else {
+                "cert": str(self.service.tls.cert),
+                "mutual": self.service.tls.mutual,
+                "client_san": self.service.tls.client_san or None,
+                "reloads": self.service.tls.reloads,
+            },
+            "memory": None
+            if not isinstance(self.service.backend, MemoryBackend)
+            else {
+                "keys": len(self.service.backend.windows),
+                "max_keys": self.service.backend.windows.max_keys,
+                "evicted": self.service.backend.windows.evicted,
+                "refused": self.service.backend.windows.refused,
+            },
+            "holds": self.service.holds.status(),
+            "local_cache": None
+            if cache is None
+            else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},
+            "stats": {
+                "series": self.service.stats.series,
+                "max_series": self.service.stats.max_series,
+            },
+        }
+
+    async def prometheus(self, request: HttpRequest) -> HttpResponse:
+        reader = self.service.telemetry.prometheus
+        assert reader is not None
+        mapping = self.service.mapping
+        if mapping is None:
+            # Collection reads every series; keep it off the event loop.
+            body = await asyncio.to_thread(reader.render)
+        else:
+            # PROMETHEUS_MAPPER_YAML: the counters under the file's names, the rest as usual.
+            body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
+            body = mapping.render(self.service.stats) + body
+        return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,36 @@
+"""OpenTelemetry metrics and traces of one Service, instruments created once at startup.
+
+Metrics. The reference's counters live in ``Stats`` (exact, bounded by METRICS_MAX_SERIES);
+they are exposed as ObservableCounters whose callbacks read Stats when a reader collects, so
+a request pays nothing for them. The per-rule stat ``ratelimit.service.rate_limit.<domain>.
+<level1>[.<level2>...].<stat>`` becomes ``ratelimit_service_rate_limit_<stat>`` with labels
+``domain``, ``key1``, ``key2``... as in the reference's statsd-to-Prometheus mapping. Latencies
+are histograms, one record per call. Readers: ``PrometheusReader`` (USE_PROMETHEUS: rendered on
+scrape, under the reference's names, no ``_total`` added) and an OTLP/gRPC push reader when
+OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT is set. With neither, no meter exists at all.
+
+Traces (TRACING_ENABLED). A SERVER span per ShouldRateLimit, child of the caller's context
+taken from the gRPC metadata (W3C ``traceparent``, B3 single ``b3`` or multi ``x-b3-*``), with
+the backend call as a CLIENT child span; ParentBased(TraceIdRatioBased(TRACING_SAMPLING_RATE)).
+Disabled, the request path creates no span at all (the servicer takes another branch).
+"""
+
+from ferryman.telemetry.export import http_traces_url, telemetry_resource
+from ferryman.telemetry.instruments import STATS_COUNTER_FAMILIES
+from ferryman.telemetry.pipelines import SCOPE, Telemetry
+from ferryman.telemetry.prometheus import (
+    PROMETHEUS_CONTENT_TYPE,
+    PrometheusReader,
+    render_prometheus,
+)
+
+__all__ = [
+    "PROMETHEUS_CONTENT_TYPE",
+    "SCOPE",
+    "STATS_COUNTER_FAMILIES",
+    "PrometheusReader",
+    "Telemetry",
+    "http_traces_url",
+    "render_prometheus",
+    "telemetry_resource",
+]
