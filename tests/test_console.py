@@ -9,12 +9,27 @@ from typing import Any
 
 import pytest
 
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2
+from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets, MemoryTokenBucketStore
+from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Recent
+from ferryman.algorithms.token_bucket.standing import BucketTable
 from ferryman.clock import ManualClock
 from ferryman.server.console import Console
 from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.stats import CALL, Stats
 
-from helpers.server import EPOCH, MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory, wait_for
+from helpers.capacity import resources_yaml
+from helpers.server import (
+    EPOCH,
+    MIXED,
+    MIXED_REQUEST,
+    ConfigDir,
+    Server,
+    ServerFactory,
+    quota_stub,
+    wait_for,
+)
 from helpers.stores import on_stores
 
 CONFIG = """
@@ -276,6 +291,8 @@ def test_panels_are_listed_and_served_as_tables(
         "panels": [
             {"id": "sessions", "title": "Sessions"},
             {"id": "capacity", "title": "Capacity leases"},
+            {"id": "leases", "title": "Capacity clients"},
+            {"id": "buckets", "title": "Token buckets"},
         ]
     }
     status, leases = get_json(server, "/console/panel?id=capacity")
@@ -289,11 +306,13 @@ def test_panels_are_listed_and_served_as_tables(
     assert [p["id"] for p in get_json(server, "/console/panels")[1]["panels"]] == [
         "sessions",
         "capacity",
+        "leases",
+        "buckets",
         "extra",
     ]
     assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    assert status == 404 and "sessions, capacity, extra" in missing["error"]
+    assert status == 404 and "sessions, capacity, leases, buckets, extra" in missing["error"]
 
 
 @on_stores("memory", "redis")
@@ -332,3 +351,113 @@ def test_tenant_endpoint_reads_a_tenants_tiers_without_counting(
     status, body = get_json(server, "/console/tenant?domain=nope&descriptor=tenant=t")
     assert status == 404
     assert get_json(server, "/console/tenant?domain=web")[0] == 400
+
+
+QUOTA = """
+namespaces:
+  pay:
+    buckets:
+      card: {size: 10, fill_rate: 10, max_debt_millis: 2000}
+  ips:
+    dynamic_bucket_template: {size: 2, fill_rate: 1, max_idle_millis: 60000}
+"""
+SMOOTH = """
+domain: smooth
+descriptors:
+  - key: user
+    token_bucket: {size: 3, fill_rate: 2}
+"""
+
+
+def test_recent_buckets_are_bounded_and_the_table_shows_the_emptiest() -> None:
+    """The stores remember the last buckets taken from (at most their limit); the table
+    reads them without taking anything, the emptiest first, at most ``top`` rows; a dynamic
+    bucket removed while idle leaves it."""
+    recent: Recent[str] = Recent(3)
+    for key in "abcde":
+        recent.add(key, BucketSpec())
+    recent.add("c", BucketSpec())
+    assert [k for k, _ in recent.items()] == ["d", "e", "c"]
+
+    clock = ManualClock(EPOCH)
+    quota, nodes = MemoryTokenBucketStore(clock), MemoryNodeBuckets(clock)
+    table = BucketTable(quota, nodes, clock, top=2)
+    full, debt = BucketSpec(size=4, fill_rate=2), BucketSpec(size=2, fill_rate=1)
+    idle = BucketSpec(size=5, fill_rate=1, max_idle_millis=1000)
+    quota.take_at(BucketRef("ns", "full"), full, 1, 0, int(EPOCH * 1e6))
+    quota.take_at(BucketRef("ns", "gone", True), idle, 1, 0, int(EPOCH * 1e6))
+    nodes.take_at("ferryman_bucket_{d.k|v}", debt, 3, 2000, int(EPOCH * 1e6))
+    clock.advance(0.5)
+    answer = asyncio.run(table.read())
+    assert answer["rows"] == [
+        ["d.k|v", "descriptor", -0.5, 2, 1.0, 500],  # 2 taken, 1 borrowed, half repaid
+        ["ns/gone", "quota, dynamic", 4.5, 5, 1.0, 0],
+    ]
+    assert answer["note"].startswith("3 bucket(s) taken from lately on this server, the 2 ")
+    assert len(quota.recent) == 2 and len(nodes.recent) == 1  # reading took nothing
+    clock.advance(2)
+    quota.take_at(BucketRef("ns", "other", True), idle, 1, 0, int(clock.now() * 1e6))
+    rows = asyncio.run(BucketTable(quota, nodes, clock, top=9).read())["rows"]
+    assert [r[0] for r in rows] == ["d.k|v", "ns/other", "ns/full"]  # "gone" was removed
+
+
+@on_stores("memory", "redis")
+def test_bucket_panel_shows_quota_and_node_buckets_with_their_debt(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """After quota Allow calls and token-bucket descriptors, the panel lists each bucket
+    with its tokens now (negative in debt), capacity, fill rate and the wait its debt
+    makes, read from the store the server uses, the same on memory and Redis."""
+    config_dir.write("quota.yaml", QUOTA)
+    config_dir.write("smooth.yaml", SMOOTH)
+    server = make_server()
+    stub = quota_stub(server.channel)
+    for ns, bucket, tokens in (("pay", "card", 10), ("pay", "card", 5), ("ips", "ip_1", 1)):
+        request = quota_service_pb2.AllowRequest(
+            namespace=ns, bucket_name=bucket, tokens_requested=tokens
+        )
+        assert stub.Allow(request, timeout=10).status == 0
+    for _ in range(2):
+        server.ask("smooth", [("user", "alice")])
+    status, panel = get_json(server, "/console/panel?id=buckets")
+    assert status == 200 and panel["title"] == "Token buckets"
+    assert panel["columns"] == [
+        "bucket",
+        "kind",
+        "tokens",
+        "capacity",
+        "fill rate /s",
+        "debt wait ms",
+    ]
+    assert panel["rows"] == [
+        ["pay/card", "quota", -5.0, 10, 10.0, 500],
+        ["smooth.user|alice", "descriptor", 1.0, 3, 2.0, 0],
+        ["ips/ip_1", "quota, dynamic", 1.0, 2, 1.0, 0],
+    ]
+    clock.advance(0.25)
+    rows = get_json(server, "/console/panel?id=buckets")[1]["rows"]
+    assert rows[0] == ["pay/card", "quota", -2.5, 10, 10.0, 250]
+    assert rows[1][2] == 1.5
+
+
+def test_capacity_clients_panel_lists_each_clients_lease(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Clients holding capacity leases: each client's resource, priority, wants, lease and
+    expiry, the biggest leases first."""
+    config_dir.write("resources.yaml", resources_yaml(capacity=120, lease=30))
+    server = make_server()
+    stub = doorman_pb2_grpc.CapacityStub(server.channel)  # type: ignore[no-untyped-call]
+    for client, resource, wants in (("a", "fair", 100), ("b", "fair", 10), ("c", "prop", 5)):
+        request = doorman_pb2.GetCapacityRequest(client_id=client)
+        request.resource.add(resource_id=resource, priority=1, wants=wants)
+        stub.GetCapacity(request, timeout=10)
+    status, panel = get_json(server, "/console/panel?id=leases")
+    assert status == 200
+    assert panel["columns"] == ["resource", "client", "priority", "wants", "has", "expires in s"]
+    assert panel["rows"] == [
+        ["fair", "a", 1, 100, 100, 30],
+        ["fair", "b", 1, 10, 10, 30],
+        ["prop", "c", 1, 5, 5, 30],
+    ]
+    assert panel["note"] == "3 lease(s)"

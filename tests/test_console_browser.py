@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import ferryman
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2
 
+from helpers.capacity import resources_yaml
 from helpers.needs import missing
-from helpers.server import ConfigDir, Server, ServerFactory, wait_for
+from helpers.server import ConfigDir, Server, ServerFactory, quota_stub, wait_for
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -62,6 +65,19 @@ descriptors:
       limit: 10
       groups:
         - {name: everyone, limit: 20, members: ["*"]}
+"""
+
+SMOOTH = """
+domain: api
+descriptors:
+  - key: client
+    token_bucket: {size: 20, fill_rate: 5, max_debt_millis: 4000}
+"""
+QUOTA = """
+namespaces:
+  pay:
+    buckets:
+      card: {size: 10, fill_rate: 10, max_debt_millis: 2000}
 """
 
 
@@ -140,11 +156,15 @@ def test_console_shows_the_configuration_and_live_traffic(
     page: WebDriver, config_dir: ConfigDir, make_server: ServerFactory, tmp_path: Path
 ) -> None:
     """The page loads without a console error and shows the domains as trees; after
-    traffic the charts' numbers, the top over-limit table, the burst tiers (and a tenant's)
-    and the held resources move; it fits a phone's width. A screenshot is kept."""
+    traffic the charts' numbers, the top over-limit table, the burst tiers (and a tenant's),
+    the held resources, the leases and the token buckets move; it fits a phone's width. A
+    screenshot is kept."""
     browser = page
     config_dir.write("web.yaml", CONFIG)
     config_dir.write("jobs.yaml", JOBS)
+    config_dir.write("api.yaml", SMOOTH)
+    config_dir.write("quota.yaml", QUOTA)
+    config_dir.write("resources.yaml", resources_yaml(capacity=120, lease=60))
     server = make_server()
     open_console(browser, server)
     assert errors(browser) == []
@@ -160,6 +180,18 @@ def test_console_shows_the_configuration_and_live_traffic(
         server.ask("web", [("user", "alice")])
         server.ask("web", [("bulk", "b")])
         server.ask("web", [("tenant", "t")])
+    for _ in range(25):
+        server.ask("api", [("client", "mobile")])
+    for tokens in (10, 5):
+        allow = quota_service_pb2.AllowRequest(
+            namespace="pay", bucket_name="card", tokens_requested=tokens
+        )
+        quota_stub(server.channel).Allow(allow, timeout=10)
+    leases = doorman_pb2_grpc.CapacityStub(server.channel)  # type: ignore[no-untyped-call]
+    for client_id, wants in (("batch-1", 100), ("batch-2", 40)):
+        lease = doorman_pb2.GetCapacityRequest(client_id=client_id)
+        lease.resource.add(resource_id="fair", priority=1, wants=wants)
+        leases.GetCapacity(lease, timeout=10)
     target = f"127.0.0.1:{server.service.grpc_port}"
     with (
         ferryman.Client(target, fail_open=False) as client,
@@ -168,8 +200,8 @@ def test_console_shows_the_configuration_and_live_traffic(
         assert hold.success
         sample(server)
         wait_for("the outcome chart to move", lambda: chart_total(browser, "chart-outcomes") > 0)
-        assert before == 0 and chart_total(browser, "chart-outcomes") == 18
-        assert chart_total(browser, "chart-domains") == 18
+        assert before == 0 and chart_total(browser, "chart-outcomes") == 43
+        assert chart_total(browser, "chart-domains") == 43
         wait_for("the top over-limit table", lambda: "web: user" in text(browser, "top-over-limit"))
         assert "web: bulk" in text(browser, "top-over-limit")
         legend = text(browser, "chart-outcomes")
@@ -187,6 +219,11 @@ def test_console_shows_the_configuration_and_live_traffic(
         assert "everyone" in text(browser, "holds-groups")
         wait_for("the sessions panel", lambda: "4" in text(browser, "panels"))
         assert "Sessions" in text(browser, "panels")
+        wait_for("the token buckets", lambda: "pay/card" in text(browser, "panels"))
+        panels = text(browser, "panels")
+        assert "pay/card quota -5 10 10 500" in panels, panels
+        assert "api.client|mobile descriptor -1 20 5 200" in panels, panels
+        assert "fair batch-1 1 100 100 60" in panels and "fair batch-2 1 40" in panels, panels
 
         height = script(browser, "return document.documentElement.scrollHeight")
         browser.set_window_size(1280, min(int(height) + 140, 4000))

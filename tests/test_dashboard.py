@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import ferryman
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman._proto.quotaservice import quota_service_pb2
 
-from helpers.server import MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory
+from helpers.capacity import resources_yaml
+from helpers.server import MIXED, MIXED_REQUEST, ConfigDir, Server, ServerFactory, quota_stub
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "k8s" / "dashboards" / "ferryman.json"
 # Words in PromQL that are not metric names.
@@ -125,6 +128,8 @@ def test_dashboard_is_well_formed() -> None:
         "by tier",
         "copies held",
         "configuration loads",
+        "leases",
+        "token bucket",
     ):
         assert part in titles, part
 
@@ -133,8 +138,8 @@ def test_every_query_names_a_metric_the_service_exports(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
     """Traffic of every kind (fixed windows over the limit and in shadow mode, burst tiers,
-    held and transferred copies), then each metric a dashboard query selects is in the
-    server's real /metrics."""
+    held and transferred copies, a capacity lease, a quota bucket), then each metric a
+    dashboard query selects is in the server's real /metrics."""
     config_dir.write("mx.yaml", MIXED)
     config_dir.write("jobs.yaml", GROUPS)
     config_dir.write(
@@ -143,7 +148,14 @@ def test_every_query_names_a_metric_the_service_exports(
         "  - key: bulk\n    shadow_mode: true\n"
         "    rate_limit: {unit: minute, requests_per_unit: 1}\n",
     )
+    config_dir.write("resources.yaml", resources_yaml())
+    config_dir.write("quota.yaml", "global_default_bucket: {size: 3, fill_rate: 1}\n")
     server = make_server(use_prometheus=True, prometheus_addr="127.0.0.1:0")
+    lease = doorman_pb2.GetCapacityRequest(client_id="c")
+    lease.resource.add(resource_id="fair", priority=1, wants=5)
+    doorman_pb2_grpc.CapacityStub(server.channel).GetCapacity(lease, timeout=10)  # type: ignore[no-untyped-call]
+    allow = quota_service_pb2.AllowRequest(namespace="n", bucket_name="b", tokens_requested=1)
+    assert quota_stub(server.channel).Allow(allow, timeout=10).status == 0
     for _ in range(3):
         server.ask("mx", *MIXED_REQUEST)
         server.ask("web", [("bulk", "b")])

@@ -70,7 +70,8 @@ _EXAMPLES = {
   ferryman explain --config descriptors --domain messaging \\
       --descriptor message_type=marketing,to_number=2061111111
   ferryman explain --target 127.0.0.1:6070 --domain edge-proxy \\
-      --descriptor remote_address=10.0.0.1 --format json   # with the current counts""",
+      --descriptor remote_address=10.0.0.1 --format json   # with the current counts
+  ferryman explain --envoy envoy/front-proxy.yaml --route /api/ --header :path=/api/v1""",
     "envoy": """examples:
   ferryman envoy check envoy/front-proxy.yaml --config descriptors
   ferryman envoy check k8s/overlays/istio/*.yaml --config k8s/base/descriptors --format json
@@ -223,18 +224,44 @@ def _parser() -> argparse.ArgumentParser:
         "--target", help="host:port of a running server's debug port (default 127.0.0.1:6070)"
     )
     where.add_argument("--config", type=Path, help="a descriptor directory, read here")
-    explain.add_argument("--domain", required=True)
+    explain.add_argument("--domain", help="the domain (with --envoy: only entries sent to it)")
     explain.add_argument(
         "--descriptor",
         dest="descriptors",
         action="append",
-        required=True,
         type=_descriptor_arg,
         metavar="K=V[,K=V...]",
         help="one descriptor's entries, in order; repeat for several descriptors",
     )
     explain.add_argument(
         "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
+    explain.add_argument(
+        "--envoy",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="an Envoy or Istio file: explain the descriptors its routes send instead "
+        "(repeatable; descriptors from --config, default descriptors/; needs ferryman[envoy])",
+    )
+    explain.add_argument(
+        "--route",
+        default="",
+        metavar="NAME",
+        help="with --envoy: only this route (its name or match, e.g. /api/) or virtual host",
+    )
+    explain.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --envoy: a request header's value (headers not given stay variable)",
+    )
+    explain.add_argument(
+        "--remote-address",
+        default="",
+        metavar="IP",
+        help="with --envoy: the client address the remote_address action sends",
     )
     envoy = sub.add_parser(
         "envoy",
@@ -607,6 +634,10 @@ def _explain(args: argparse.Namespace) -> int:
     from ferryman.engine.explain import explain, render
     from ferryman.server.app import engine_options
 
+    if args.envoy:
+        return _explain_envoy(args)
+    if not args.domain or not args.descriptors:
+        raise SettingsError("explain: give --domain and --descriptor (or --envoy FILE)")
     if args.config is not None:
         settings = Settings.from_env()
         _require_directory(args.config, "the path given to --config")
@@ -626,6 +657,47 @@ def _explain(args: argparse.Namespace) -> int:
         d.get("rule", {}).get("kind", "none") != "none" for d in answer["descriptors"]
     )
     return 0 if reached else 1
+
+
+def _explain_envoy(args: argparse.Namespace) -> int:
+    if args.target is not None or args.descriptors:
+        raise SettingsError(
+            "explain --envoy reads its descriptors from the Envoy files and the tree from "
+            "--config: --target and --descriptor do not go with it"
+        )
+    _needs_envoy_data_plane()
+    from ferryman.envoy.actions import collect
+    from ferryman.envoy.read import read_file
+    from ferryman.envoy.routes import Request, explain_routes, parse_values, render
+
+    config, options = _load_config(args.config)
+    request = Request(parse_values(args.header, "--header"), args.remote_address)
+    pieces = [piece for path in args.envoy for piece in read_file(path)]
+    answer = explain_routes(collect(pieces), config, options, request, args.route, args.domain)
+    if args.format == "json":
+        print(json.dumps(answer))
+    else:
+        print(render(answer), end="")
+    reached = bool(answer["entries"]) and all(
+        "error" not in e
+        and all(
+            d["explain"].get("rule", {}).get("kind", "none") != "none"
+            if "explain" in d
+            else bool(d["reaches"])
+            for d in e["descriptors"]
+        )
+        for e in answer["entries"]
+    )
+    return 0 if reached else 1
+
+
+def _needs_envoy_data_plane() -> None:
+    try:
+        import envoy_data_plane  # noqa: F401
+    except ImportError:
+        raise SettingsError(
+            "ferryman envoy needs the envoy-data-plane package: pip install ferryman[envoy]"
+        ) from None
 
 
 def _explain_remote(args: argparse.Namespace) -> dict[str, Any]:
@@ -662,12 +734,7 @@ def _load_config(directory: Path | None) -> tuple[Config, EngineOptions]:
 
 
 def _envoy(args: argparse.Namespace) -> int:
-    try:
-        import envoy_data_plane  # noqa: F401
-    except ImportError:
-        raise SettingsError(
-            "ferryman envoy needs the envoy-data-plane package: pip install ferryman[envoy]"
-        ) from None
+    _needs_envoy_data_plane()
     config, options = _load_config(args.config)
     if args.envoy_command == "generate":
         from ferryman.envoy.generate import generate, parse_headers

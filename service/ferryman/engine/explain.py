@@ -27,7 +27,7 @@ from ferryman.engine.policy import policies as build_policies
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
 
-__all__ = ["Explanation", "describe_rule", "explain", "parse_descriptor", "render"]
+__all__ = ["Explanation", "describe_rule", "explain", "parse_descriptor", "render", "rule_text"]
 
 
 def parse_descriptor(text: str) -> list[tuple[str, str]]:
@@ -254,7 +254,7 @@ def render(answer: dict[str, Any]) -> str:
                 lines.append(f"           wildcards not matching: {tried}")
         rule = d.get("rule")
         if rule is not None:
-            lines.append("  rule: " + _rule_text(rule))
+            lines.append("  rule: " + rule_text(rule))
         if "counter_key" in d:
             lines.append(f"  counter: {d['counter_key']}")
         if "count" in d:
@@ -267,7 +267,7 @@ def render(answer: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rule_text(rule: dict[str, Any]) -> str:
+def rule_text(rule: dict[str, Any]) -> str:
     kind = rule["kind"]
     if kind == "fixed_window":
         text = f"fixed window {rule['requests_per_unit']} per {rule['unit']}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from ferryman.envoy.read import Piece, message_class, quiet
 
-__all__ = ["Entry", "Filter", "Inventory", "Part", "collect", "parts_of"]
+__all__ = ["Entry", "Filter", "Inventory", "Part", "collect", "parts_of", "route_label"]
 
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
 _RATELIMIT_TYPE = "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
@@ -71,6 +71,8 @@ class Entry:
     hits_addend: str = ""
     apply_on_stream_done: bool = False
     filters: tuple[Filter, ...] | None = None
+    vhost: str = ""  # the virtual host's name
+    routes: tuple[str, ...] = ()  # the routes Envoy sends it for (see route_label)
 
     def shown(self) -> str:
         return ", ".join(
@@ -163,8 +165,28 @@ def parts_of(actions: Sequence[Any]) -> tuple[Part, ...]:
     return tuple(parts)
 
 
+def route_label(route: Any, index: int) -> str:
+    """A route as ``explain --route`` names it: its name, else its match (``/api/``)."""
+    if route.name:
+        return str(route.name)
+    match = route.match
+    if match is not None:
+        for found in (match.prefix, match.path, match.path_separated_prefix):
+            if found:
+                return str(found)
+        if match.safe_regex is not None and match.safe_regex.regex:
+            return str(match.safe_regex.regex)
+    return f"routes[{index}]"
+
+
 def _entries(
-    file: str, where: str, limits: Sequence[Any], domain: str, filters: tuple[Filter, ...] | None
+    file: str,
+    where: str,
+    limits: Sequence[Any],
+    domain: str,
+    filters: tuple[Filter, ...] | None,
+    vhost: str = "",
+    routes: tuple[str, ...] = (),
 ) -> Iterator[Entry]:
     for i, limit in enumerate(limits):
         addend = ""
@@ -180,6 +202,8 @@ def _entries(
             addend,
             bool(limit.apply_on_stream_done),
             filters,
+            vhost,
+            routes,
         )
 
 
@@ -195,32 +219,43 @@ def _virtual_host(
 ) -> Iterator[Entry]:
     vh_per = _per_route(vh)
     vh_domain = vh_per.domain if vh_per is not None else ""
+    name = str(vh.name or "")
+    labels = tuple(route_label(route, r) for r, route in enumerate(vh.routes))
     if vh_per is not None and vh_per.rate_limits:
         yield from _entries(
-            file, f"{where}.typed_per_filter_config", vh_per.rate_limits, vh_domain, filters
+            file,
+            f"{where}.typed_per_filter_config",
+            vh_per.rate_limits,
+            vh_domain,
+            filters,
+            name,
+            labels,
         )
     vh_limits = list(vh.rate_limits)
     used_alone = not vh.routes
+    alone: list[str] = []  # the routes the virtual host's own entries are sent for
     for r, route in enumerate(vh.routes):
         at = f"{where}.routes[{r}]"
         per = _per_route(route)
         domain = (per.domain if per is not None else "") or vh_domain
+        label = (labels[r],)
         if per is not None and per.rate_limits:
             yield from _entries(
-                file, f"{at}.typed_per_filter_config", per.rate_limits, domain, filters
+                file, f"{at}.typed_per_filter_config", per.rate_limits, domain, filters, name, label
             )
             continue
         own = list(route.route.rate_limits) if route.route is not None else []
-        yield from _entries(file, f"{at}.route", own, domain, filters)
+        yield from _entries(file, f"{at}.route", own, domain, filters, name, label)
         mode = int(per.vh_rate_limits) if per is not None else 0  # OVERRIDE, INCLUDE, IGNORE
         include = route.route is not None and route.route.include_vh_rate_limits
         if mode == 1 or include or (mode == 0 and not own):
             if domain and vh_limits:
-                yield from _entries(file, where, vh_limits, domain, filters)
+                yield from _entries(file, where, vh_limits, domain, filters, name, label)
             else:
                 used_alone = True
+                alone.append(labels[r])
     if used_alone:
-        yield from _entries(file, where, vh_limits, vh_domain, filters)
+        yield from _entries(file, where, vh_limits, vh_domain, filters, name, tuple(alone))
 
 
 def _filter(file: str, where: str, http_filter: Any) -> Filter | None:

@@ -15,7 +15,7 @@ from ferryman.engine.model import EngineOptions
 from ferryman.engine.policy import Policy, policies
 from ferryman.envoy.actions import Entry, Inventory, Part
 
-__all__ = ["Report", "check", "render"]
+__all__ = ["Report", "check", "render", "sequences", "short", "walk"]
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _offered(level: Level) -> list[str]:
     return [f"{r.key}={r.value}" if r.value else r.key for r in level.rules]
 
 
-def _walk(level: Level, parts: Sequence[Part], path: tuple[Rule, ...]) -> list[_Outcome]:
+def walk(level: Level, parts: Sequence[Part], path: tuple[Rule, ...]) -> list[_Outcome]:
     if not parts:
         return [_Outcome(path)]
     part, rest = parts[0], parts[1:]
@@ -87,13 +87,13 @@ def _walk(level: Level, parts: Sequence[Part], path: tuple[Rule, ...]) -> list[_
         return [_Outcome(path, stop=stop)]
     out = []
     for rule, value in found:
-        for o in _walk(rule.children, rest, (*path, rule)):
+        for o in walk(rule.children, rest, (*path, rule)):
             values = (value, *o.values) if value else o.values
             out.append(_Outcome(o.path, values, o.stop))
     return out
 
 
-def _sequences(parts: tuple[Part, ...]) -> list[tuple[Part, ...]]:
+def sequences(parts: tuple[Part, ...]) -> list[tuple[Part, ...]]:
     """The descriptors one entry can send: each ``skip_if_absent`` part there or not."""
     optional = [i for i, p in enumerate(parts) if p.optional][:6]
     out = []
@@ -125,7 +125,7 @@ def _hint(level: Level, root: Level, parts: Sequence[Part], stop: dict[str, Any]
     return ""
 
 
-def _short(rule: dict[str, Any]) -> str:
+def short(rule: dict[str, Any]) -> str:
     kind = rule.get("kind")
     if kind == "fixed_window":
         text = f"fixed window {rule['requests_per_unit']}/{rule['unit']}"
@@ -182,8 +182,8 @@ def _entry(
             continue  # reported once, with the filter or override naming it
         result: dict[str, Any] = {"domain": name, "reaches": [], "stops": []}
         shown["results"].append(result)
-        for seq in _sequences(entry.parts):
-            for outcome in _walk(domain.root, seq, ()):
+        for seq in sequences(entry.parts):
+            for outcome in walk(domain.root, seq, ()):
                 policy = table.get(outcome.path[-1]) if outcome.path else None
                 if outcome.stop is None and policy is not None:
                     rule = describe_rule(policy, outcome.path[-1])
@@ -316,7 +316,7 @@ def render(report: Report, strict: bool = False) -> str:
         for r in e["results"]:
             for rule in r["reaches"]:
                 when = f" when {', '.join(rule['only_when'])}" if rule.get("only_when") else ""
-                lines.append(f"        -> {rule['stats_key']}: {_short(rule)}{when}")
+                lines.append(f"        -> {rule['stats_key']}: {short(rule)}{when}")
             if not r["reaches"]:
                 lines.append(f"        -> nothing in domain {r['domain']}")
         if not e["results"]:

@@ -19,6 +19,7 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman.algorithms.token_bucket.standing import BucketTable
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -357,6 +358,9 @@ class Service:
             help_text=DEBUG_HELP,
         )
         self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
+        self.console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
+        buckets = BucketTable(self.quota.store, self.backend.buckets, self.clock)
+        self.console.add_panel("buckets", "Token buckets", buckets.read)
         if isinstance(self.backend, Watched):
             self.telemetry.observe_backend(self.backend)
         self.grpc_port = 0

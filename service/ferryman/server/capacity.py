@@ -40,6 +40,7 @@ log = logging.getLogger("ferryman.capacity")
 
 SWEEP_EVERY = 1.0
 MAX_LISTED_CLIENTS = 1000  # per resource on the debug page
+CONSOLE_LEASES = 30  # leases listed on the console, the biggest first
 _MAX_CACHED = 10_000
 
 
@@ -151,6 +152,37 @@ class CapacityService:
         return out
 
     # -- what the debug page and the metrics read ----------------------------------------
+
+    def leases_table(self) -> dict[str, object]:
+        """The console's table of clients and their leases: the biggest leases, at most
+        ``CONSOLE_LEASES`` of them."""
+        state = self.serving_state()
+        now = self.clock.now()
+        leases = [
+            (resource.resource_id, client)
+            for resource in (state if state is not None else ())
+            for client in resource.clients.values()
+        ]
+        leases.sort(key=lambda rc: (-rc[1].lease.capacity, rc[0], rc[1].client_id))
+        rows: list[list[object]] = [
+            [
+                resource_id,
+                c.client_id,
+                c.priority,
+                _json_number(c.wants),
+                _json_number(c.lease.capacity),
+                round(max(0.0, c.lease.expiry_time - now), 1),
+            ]
+            for resource_id, c in leases[:CONSOLE_LEASES]
+        ]
+        note = f"{len(leases)} lease(s)" if state is not None else "leases are kept by the master"
+        if len(leases) > CONSOLE_LEASES:
+            note += f", the {CONSOLE_LEASES} biggest shown"
+        return {
+            "columns": ["resource", "client", "priority", "wants", "has", "expires in s"],
+            "rows": rows,
+            "note": note,
+        }
 
     def status(self) -> dict[str, object]:
         state = self.serving_state()

@@ -9,6 +9,8 @@ from ferryman.algorithms.token_bucket.model import (
     BucketSpec,
     BucketState,
     NodeTake,
+    Recent,
+    Standing,
     Status,
     TakeResult,
     decide,
@@ -47,6 +49,7 @@ class MemoryTokenBucketStore:
         self._clock = clock
         self._fixed: dict[tuple[str, str], BucketState] = {}
         self._dynamic: dict[str, OrderedDict[str, _Dynamic]] = {}
+        self.recent: Recent[BucketRef] = Recent()
 
     def __len__(self) -> int:
         return len(self._fixed) + sum(len(d) for d in self._dynamic.values())
@@ -60,6 +63,7 @@ class MemoryTokenBucketStore:
         self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int, now_us: int
     ) -> TakeResult:
         """``take`` at a given time (microseconds since the epoch)."""
+        self.recent.add(ref, spec)
         if not ref.dynamic:
             key = (ref.namespace, ref.name)
             if tokens > spec.max_tokens:
@@ -103,6 +107,18 @@ class MemoryTokenBucketStore:
             status, tokens if status is Status.OK else 0, wait, created, tuple(removed)
         )
 
+    async def peek(self, ref: BucketRef, spec: BucketSpec) -> Standing | None:
+        now_us = now_micros(self._clock)
+        if not ref.dynamic:
+            return Standing.of(
+                refilled(self._fixed.get((ref.namespace, ref.name)), spec, now_us), now_us
+            )
+        buckets = self._dynamic.get(ref.namespace)
+        entry = None if buckets is None else buckets.get(ref.name)
+        if entry is None:
+            return None
+        return Standing.of(refilled(entry.state, spec, now_us), now_us)
+
     async def close(self) -> None:
         self._fixed.clear()
         self._dynamic.clear()
@@ -117,6 +133,7 @@ class MemoryNodeBuckets:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._buckets: OrderedDict[str, tuple[BucketSpec, BucketState]] = OrderedDict()
+        self.recent: Recent[str] = Recent()
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -129,6 +146,7 @@ class MemoryNodeBuckets:
     def take_at(
         self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now_us: int
     ) -> NodeTake:
+        self.recent.add(key, spec)
         buckets = self._buckets
         for _ in range(2):  # a little sweeping per call, never a large one
             if not buckets:
@@ -151,6 +169,11 @@ class MemoryNodeBuckets:
 
     async def reset(self, key: str) -> int:
         return 0 if self._buckets.pop(key, None) is None else 1
+
+    async def peek(self, key: str, spec: BucketSpec, now: float) -> Standing:
+        now_us = round(now * 1_000_000)
+        found = self._buckets.get(key)
+        return Standing.of(refilled(None if found is None else found[1], spec, now_us), now_us)
 
     def clear(self) -> None:
         self._buckets.clear()

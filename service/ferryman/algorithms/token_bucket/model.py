@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -29,12 +31,19 @@ __all__ = [
     "BucketStore",
     "NodeBucketStore",
     "NodeTake",
+    "Recent",
+    "Standing",
     "Status",
     "TakeResult",
     "decide",
     "decide_node",
     "refilled",
 ]
+
+K = TypeVar("K", bound=Hashable)
+
+# Buckets a store remembers as used lately, for the console (each a key and a spec).
+RECENT = 256
 
 # Names a request cannot use (they are outside [a-zA-Z0-9_]+): the shared buckets' keys.
 DEFAULT_BUCKET = "@default"
@@ -136,8 +145,51 @@ def decide(
     return Status.OK, math.floor(wait / 1000.0), BucketState(stored - spend, next_free)
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A bucket as it stands now: the tokens it holds, and its debt as the time until its
+    next free moment (microseconds, 0 when it owes nothing)."""
+
+    stored: float
+    debt_us: float
+
+    @classmethod
+    def of(cls, state: BucketState, now_us: int) -> Standing:
+        return cls(state.stored, max(0.0, state.next_free - now_us))
+
+
+class Recent(Generic[K]):
+    """The buckets taken from lately, least recent first, each with its spec: at most
+    ``limit`` of them (the console reads them; the oldest are forgotten)."""
+
+    __slots__ = ("_seen", "limit")
+
+    def __init__(self, limit: int = RECENT) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[K, BucketSpec] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, key: K, spec: BucketSpec) -> None:
+        seen = self._seen
+        seen[key] = spec
+        seen.move_to_end(key)
+        if len(seen) > self.limit:
+            seen.popitem(last=False)
+
+    def discard(self, key: K) -> None:
+        self._seen.pop(key, None)
+
+    def items(self) -> list[tuple[K, BucketSpec]]:
+        return list(self._seen.items())
+
+
 class BucketStore(Protocol):
     """Where buckets live: one atomic decision per ``take``."""
+
+    @property
+    def recent(self) -> Recent[BucketRef]: ...
 
     async def take(
         self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int
@@ -148,6 +200,11 @@ class BucketStore(Protocol):
         ``max_tokens`` and ``REJECTED_TOO_MANY_BUCKETS`` when a new dynamic bucket would
         exceed its namespace's limit. Raises BackendError when the store fails.
         """
+        ...
+
+    async def peek(self, ref: BucketRef, spec: BucketSpec) -> Standing | None:
+        """The bucket now, taking nothing; None when it is gone (a dynamic bucket removed).
+        Raises BackendError when the store fails."""
         ...
 
     async def close(self) -> None:
@@ -206,6 +263,13 @@ def decide_node(
 
 class NodeBucketStore(Protocol):
     """Token buckets of descriptor nodes, by key: one atomic decision per ``take``."""
+
+    @property
+    def recent(self) -> Recent[str]: ...
+
+    async def peek(self, key: str, spec: BucketSpec, now: float) -> Standing:
+        """The bucket at ``key`` now, taking nothing (full when it has no state)."""
+        ...
 
     async def take(
         self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float

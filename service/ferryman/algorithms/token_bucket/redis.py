@@ -16,9 +16,13 @@ from ferryman.algorithms.token_bucket.memory import SWEEP_LIMIT, now_micros
 from ferryman.algorithms.token_bucket.model import (
     BucketRef,
     BucketSpec,
+    BucketState,
     NodeTake,
+    Recent,
+    Standing,
     Status,
     TakeResult,
+    refilled,
 )
 from ferryman.clock import Clock
 from ferryman.connections.redis import LuaScript, RedisConnection
@@ -45,8 +49,10 @@ class RedisTokenBucketStore:
     ) -> None:
         self._connection = connection
         self._script = LuaScript.of(__package__ or "", "token_bucket.lua")
+        self._peek = LuaScript.of(__package__ or "", "bucket_peek.lua")
         self._prefix = prefix
         self._clock = clock
+        self.recent: Recent[BucketRef] = Recent()
 
     def keys(self, ref: BucketRef) -> list[str]:
         base = f"{self._prefix}quota:"
@@ -65,6 +71,7 @@ class RedisTokenBucketStore:
         self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int, now: str
     ) -> TakeResult:
         """``take`` at ``now`` (microseconds as text; "" for the Redis server's clock)."""
+        self.recent.add(ref, spec)
         args: list[Any] = [
             now,
             ref.name,
@@ -91,6 +98,22 @@ class RedisTokenBucketStore:
         except (TypeError, ValueError, IndexError) as exc:
             raise BackendError(f"token bucket script: unexpected reply {reply!r}") from exc
 
+    async def peek(self, ref: BucketRef, spec: BucketSpec) -> Standing | None:
+        now = "" if self._clock is None else str(now_micros(self._clock))
+        reply = await self._connection.run(self._peek, self.keys(ref)[:1], [now, ref.name])
+        try:
+            now_us = int(float(_text(reply[0])))
+            saved = _text(reply[1])
+            state = None
+            if saved:
+                stored, _, next_free = saved.partition(" ")
+                state = BucketState(float(stored), float(next_free))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise BackendError(f"bucket peek script: unexpected reply {reply!r}") from exc
+        if state is None and ref.dynamic:
+            return None  # removed while idle (or never given tokens)
+        return Standing.of(refilled(state, spec, now_us), now_us)
+
     async def close(self) -> None:
         """Nothing: the connection belongs to the backend."""
 
@@ -108,8 +131,20 @@ class RedisNodeBuckets:
         self._script = LuaScript.of(__package__ or "", "node_bucket.lua")
         connection.scripts.append(self._script)
         self._server_time = server_time
+        self.recent: Recent[str] = Recent()
+
+    async def peek(self, key: str, spec: BucketSpec, now: float) -> Standing:
+        """A take of no tokens, which writes nothing."""
+        take = await self._ask(key, spec, 0, 0, now)
+        return Standing(take.stored, max(0.0, take.debt_us))
 
     async def take(
+        self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float
+    ) -> NodeTake:
+        self.recent.add(key, spec)
+        return await self._ask(key, spec, tokens, max_wait_millis, now)
+
+    async def _ask(
         self, key: str, spec: BucketSpec, tokens: int, max_wait_millis: int, now: float
     ) -> NodeTake:
         at = "" if self._server_time else str(round(now * 1_000_000))

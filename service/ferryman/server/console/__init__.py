@@ -19,8 +19,9 @@ Everything comes from the server's own state and counters, bounded in memory.
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -55,11 +56,11 @@ JSON = "application/json"
 @dataclass(frozen=True)
 class Panel:
     """An extra console panel: a title and a function returning its table as
-    ``{"columns": [...], "rows": [[...], ...], "note": "..."}``."""
+    ``{"columns": [...], "rows": [[...], ...], "note": "..."}`` (or a coroutine of it)."""
 
     id: str
     title: str
-    read: Callable[[], dict[str, Any]]
+    read: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]]
 
 
 def _node(rule: Rule) -> dict[str, Any]:
@@ -151,9 +152,14 @@ class Console:
         self.panels: dict[str, Panel] = {}
         self.add_panel("sessions", "Sessions", self._sessions_panel)
 
-    def add_panel(self, panel_id: str, title: str, read: Callable[[], dict[str, Any]]) -> None:
-        """Show a table on the console; ``read`` is called on every refresh and must be
-        cheap and bounded (a few dozen rows)."""
+    def add_panel(
+        self,
+        panel_id: str,
+        title: str,
+        read: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+    ) -> None:
+        """Show a table on the console; ``read`` (a function or a coroutine function) is
+        called on every refresh and must be cheap and bounded (a few dozen rows)."""
         self.panels[panel_id] = Panel(panel_id, title, read)
 
     def start(self) -> None:
@@ -311,7 +317,10 @@ class Console:
         if panel is None:
             known = ", ".join(self.panels)
             return _json({"error": f"no panel {panel_id!r} (known: {known})"}, 404)
-        return _json({"id": panel.id, "title": panel.title, **panel.read()})
+        table = panel.read()
+        if inspect.isawaitable(table):
+            table = await table
+        return _json({"id": panel.id, "title": panel.title, **table})
 
 
 def _json(body: dict[str, Any], status: int = 200) -> HttpResponse:
