@@ -272,7 +272,7 @@ def rule_text(rule: dict[str, Any]) -> str:
     if kind == "fixed_window":
         text = f"fixed window {rule['requests_per_unit']} per {rule['unit']}"
     elif kind == "burst_tiers":
-        text = f"burst tiers {rule['tiers']}"
+        text = rule["tiers"]
     elif kind == "copies":
         text = rule["copies"]
     elif kind == "sliding_window":
