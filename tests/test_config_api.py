@@ -1,6 +1,7 @@
-"""The config API through real server processes: versions, If-Match, validation, history,
-diff, rollback, tokens, counter resets, the Redis store shared by replicas, a read-only
-directory, concurrent writers, and the `ferryman config` command."""
+"""The config API through real server processes: versions, If-Match, validation, history
+and its trimming, diff, rollback, tokens, counter resets of every kind of node and of quota
+buckets (memory and Redis), the Redis store shared by replicas, a read-only directory,
+concurrent writers, /status, and the `ferryman config` command."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +36,48 @@ BAD = (
 )
 
 
+# A node of each kind a reset clears (or refuses), and quota buckets that do not refill
+# (within a test).
+KINDS = """\
+domain: kinds
+descriptors:
+  - key: tiers
+    burst_tiers:
+      - {limit: 2, window: 1h, active: 1h, cooldown: 0}
+  - key: bucket
+    token_bucket: {size: 2, fill_rate: 0.001}
+  - key: sliding
+    sliding_window: {unit: hour, requests_per_unit: 2}
+  - key: seats
+    copies: {limit: 1, hold_ttl: 30s}
+"""
+QUOTA = """\
+namespaces:
+  pay:
+    buckets:
+      refunds: {size: 2, fill_rate: 0.001, max_tokens_per_request: 2, wait_timeout_millis: 0,
+                max_debt_millis: 0}
+  logins:
+    dynamic_bucket_template: {size: 1, fill_rate: 0.001, max_tokens_per_request: 1,
+                              wait_timeout_millis: 0, max_debt_millis: 0}
+"""
+
+
+def config_dir(root: Path) -> Path:
+    """A config directory with web.yaml (3 per hour), the node kinds and the quota file."""
+    directory = root / "config"
+    directory.mkdir()
+    (directory / "web.yaml").write_text(web(3))
+    (directory / "kinds.yaml").write_text(KINDS)
+    (directory / "quota.yaml").write_text(QUOTA)
+    return directory
+
+
+def reset(server: Served, request: dict[str, object]) -> tuple[int, Any]:
+    status, _, body = server.api("POST", "/counters/reset", json.dumps(request))
+    return status, body
+
+
 def limit_of(server: Served, user: str) -> int:
     """How many hits ``user`` gets before 429 (counting up to 20)."""
     for n in range(20):
@@ -46,10 +90,26 @@ def limit_of(server: Served, user: str) -> int:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server on a files store, a memory backend and a token file, for the module."""
     root = tmp_path_factory.mktemp("config-api")
-    (root / "config").mkdir()
-    (root / "config" / "web.yaml").write_text(web(3))
     (root / "tokens").write_text(TOKENS)
-    server = Served(root / "config", root, {"ADMIN_TOKENS_FILE": str(root / "tokens")}).start()
+    server = Served(config_dir(root), root, {"ADMIN_TOKENS_FILE": str(root / "tokens")}).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_served(
+    redis_server: RedisProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """One server on the Redis backend with CONFIG_STORE=redis keeping 3 history entries."""
+    root = tmp_path_factory.mktemp("config-api-redis")
+    (root / "tokens").write_text(TOKENS)
+    env = {
+        "ADMIN_TOKENS_FILE": str(root / "tokens"),
+        "CONFIG_STORE": "redis",
+        "CONFIG_HISTORY": "3",
+        "CACHE_KEY_PREFIX": f"cfgapi{random.randrange(1 << 30)}_",
+    }
+    server = Served(config_dir(root), root, env, ["--backend", redis_server.url]).start()
     yield server
     server.stop()
 
@@ -240,6 +300,8 @@ def test_the_cli_shows_the_diff_first_and_writes_only_with_yes(
     assert "version" in cli("history").stdout
     reset = cli("reset-counter", "--domain", "web", "--descriptor", "user=cli")
     assert reset.returncode == 0 and "web.user" in reset.stdout
+    bucket = cli("reset-counter", "--namespace", "pay", "--bucket", "refunds")
+    assert bucket.returncode == 0 and "quota_bucket pay/refunds" in bucket.stdout
 
 
 def test_a_configmap_directory_makes_the_api_read_only(tmp_path: Path) -> None:
@@ -301,3 +363,110 @@ def test_two_replicas_on_one_redis_share_versions(
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("which", ["served", pytest.param("redis_served", marks=pytest.mark.redis)])
+def test_a_reset_clears_burst_tiers_token_buckets_and_sliding_windows(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """Each kind at its limit is answered as from a fresh state after a reset; a tenant
+    never counted holds nothing; copies held by sessions are refused, saying why."""
+    server: Served = request.getfixturevalue(which)
+    kinds = {"tiers": "burst_tiers", "bucket": "token_bucket", "sliding": "sliding_window"}
+    for key, kind in kinds.items():
+        assert [server.hit("kinds", (key, "t1")) for _ in range(3)] == [200, 200, 429], key
+        status, body = reset(
+            server, {"domain": "kinds", "descriptor": [{"key": key, "value": "t1"}]}
+        )
+        assert status == 200 and body["kind"] == kind and body["held"] is True, body
+        assert [server.hit("kinds", (key, "t1")) for _ in range(3)] == [200, 200, 429], key
+        status, body = reset(
+            server, {"domain": "kinds", "descriptor": [{"key": key, "value": "t0"}]}
+        )
+        assert status == 200 and body["held"] is False
+    status, body = reset(
+        server, {"domain": "kinds", "descriptor": [{"key": "seats", "value": "a"}]}
+    )
+    assert status == 400 and "live sessions hold" in body["error"]
+
+
+@pytest.mark.parametrize("which", ["served", pytest.param("redis_served", marks=pytest.mark.redis)])
+def test_a_quota_bucket_reset_fills_the_bucket_again(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """{"namespace", "bucket"} fills the bucket Allow takes from again, named or dynamic
+    (which stays registered); the history records it; no matching bucket is 404."""
+    server: Served = request.getfixturevalue(which)
+    spent = ["OK", "OK", "REJECTED_TIMEOUT"]
+    assert [server.allow("pay", "refunds") for _ in range(3)] == spent
+    status, body = reset(server, {"namespace": "pay", "bucket": "refunds"})
+    assert status == 200 and body["held"] is True
+    assert (body["kind"], body["rule"]) == ("quota_bucket", "pay/refunds")
+    assert [server.allow("pay", "refunds") for _ in range(3)] == spent
+    event = server.api("GET", "/history")[2]["history"][0]
+    assert event["kind"] == "reset" and event["event"]["namespace"] == "pay"
+    assert [server.allow("logins", "u1") for _ in range(2)] == ["OK", "REJECTED_TIMEOUT"]
+    status, body = reset(server, {"namespace": "logins", "bucket": "u1"})
+    assert status == 200 and body["held"] is True and body["rule"] == "logins/u1"
+    assert [server.allow("logins", "u1") for _ in range(2)] == ["OK", "REJECTED_TIMEOUT"]
+    assert reset(server, {"namespace": "logins", "bucket": "u2"})[1]["held"] is False
+    status, body = reset(server, {"namespace": "nowhere", "bucket": "x"})
+    assert status == 404 and "nowhere/x" in body["error"]
+    status, body = reset(server, {"namespace": "pay", "bucket": "no-such"})
+    assert status == 400 and "bucket" in body["error"]
+
+
+def test_the_files_store_keeps_the_last_config_history_entries(tmp_path: Path) -> None:
+    """CONFIG_HISTORY=3: after four writes the history holds the newest three versions,
+    on disk too; an older one is answered 404, the newest is there."""
+    (tmp_path / "tokens").write_text(TOKENS)
+    env = {"ADMIN_TOKENS_FILE": str(tmp_path / "tokens"), "CONFIG_HISTORY": "3"}
+    server = Served(config_dir(tmp_path), tmp_path, env).start()
+    try:
+        base = server.version()
+        for i in range(4):
+            assert server.put("web.yaml", web(20 + i), base + i)[0] == 200
+        history = server.api("GET", "/history")[2]["history"]
+        assert [e["version"] for e in history] == [base + 4, base + 3, base + 2]
+        kept = sorted(p.name[:8] for p in (tmp_path / "config" / ".ferryman-history").iterdir())
+        assert kept == [f"{v:08d}" for v in (base + 2, base + 3, base + 4)]
+        assert server.api("GET", f"/history/{base + 1}")[0] == 404
+        newest = server.api("GET", f"/history/{base + 4}")
+        assert newest[0] == 200 and newest[2]["documents"]["web.yaml"] == web(23)
+    finally:
+        server.stop()
+
+
+@pytest.mark.redis
+def test_the_redis_store_keeps_the_last_config_history_entries(
+    redis_served: Served, redis_server: RedisProcess
+) -> None:
+    """CONFIG_HISTORY=3 on Redis: the history list and the version hashes are the newest
+    three; an older version is answered 404, the newest is there."""
+    server = redis_served
+    base = server.version()
+    for i in range(4):
+        assert server.put("web.yaml", web(20 + i), base + i)[0] == 200
+    history = server.api("GET", "/history")[2]["history"]
+    assert [e["version"] for e in history] == [base + 4, base + 3, base + 2]
+    prefix = server.env["CACHE_KEY_PREFIX"]
+    client = redis_server.client()
+    hashes = sorted(k.decode() for k in client.keys(f"{{{prefix}ferryman_config}}:v:*"))
+    client.close()
+    assert sorted(int(k.rsplit(":", 1)[1]) for k in hashes) == [base + 2, base + 3, base + 4]
+    assert server.api("GET", f"/history/{base + 1}")[0] == 404
+    newest = server.api("GET", f"/history/{base + 4}")
+    assert newest[0] == 200 and newest[2]["documents"]["web.yaml"] == web(23)
+
+
+def test_status_reports_the_config_api_version_beside_the_loads(served: Served) -> None:
+    """/status keeps `version` (loads) and adds the store and its version, which follows
+    the API's writes."""
+    base = served.version()
+    config = served.status()["config"]
+    assert (config["store"], config["store_version"]) == ("files", base)
+    loads = config["version"]
+    assert served.put("web.yaml", web(3), base)[0] == 200
+    config = served.status()["config"]
+    assert config["store_version"] == base + 1 == served.version()
+    assert config["version"] == loads + 1

@@ -70,10 +70,36 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     rollback.add_argument("version", type=int)
     reset = actions.add_parser(
-        "reset-counter", help="clear a descriptor's counters", parents=[common]
+        "reset-counter",
+        help="clear a descriptor's counters (--domain, --descriptor) or fill a quota bucket "
+        "again (--namespace, --bucket)",
+        parents=[common],
     )
-    reset.add_argument("--domain", required=True)
-    reset.add_argument("--descriptor", required=True, help="k=v[,k=v...]")
+    reset.add_argument("--domain")
+    reset.add_argument("--descriptor", help="k=v[,k=v...]")
+    reset.add_argument("--namespace", help="a quota service namespace")
+    reset.add_argument("--bucket", help="a quota service bucket name")
+
+
+def _reset_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The reset's body: a descriptor of a domain, or a quota bucket (not both)."""
+    descriptor = args.domain is not None or args.descriptor is not None
+    bucket = args.namespace is not None or args.bucket is not None
+    if descriptor == bucket or (descriptor and not (args.domain and args.descriptor)):
+        raise FerrymanError(
+            "reset-counter: give --domain and --descriptor, or --namespace and --bucket"
+        )
+    if bucket:
+        if not (args.namespace and args.bucket):
+            raise FerrymanError("reset-counter: give both --namespace and --bucket")
+        return {"namespace": args.namespace, "bucket": args.bucket}
+    entries = []
+    for part in args.descriptor.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise FerrymanError(f"--descriptor: {part!r} is not key=value")
+        entries.append({"key": key, "value": value})
+    return {"domain": args.domain, "descriptor": entries}
 
 
 class _Client:
@@ -199,15 +225,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"version {data['version']}: {data['summary']}")
             return 0
         if action == "reset-counter":
-            entries = []
-            for part in args.descriptor.split(","):
-                key, sep, value = part.partition("=")
-                if not sep or not key:
-                    raise FerrymanError(f"--descriptor: {part!r} is not key=value")
-                entries.append({"key": key, "value": value})
-            data = client.json(
-                "POST", "/api/v1/counters/reset", {"domain": args.domain, "descriptor": entries}
-            )
+            data = client.json("POST", "/api/v1/counters/reset", _reset_request(args))
             held = "cleared" if data["held"] else "nothing was counted"
             print(f"{data['kind']} {data['rule']} ({data['key']}): {held}")
             return 0

@@ -11,8 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from ferryman._proto.quotaservice import quota_service_pb2
+
 from helpers.ports import free_port
-from helpers.server import wait_for
+from helpers.server import quota_stub, wait_for
 
 WRITE = "w-token-1"
 READ = "r-token-1"
@@ -109,3 +113,19 @@ class Served:
             }
         )
         return self.request("POST", "/json", body, port=self.http)[0]
+
+    def allow(self, namespace: str, bucket: str) -> str:
+        """One quotaservice Allow of a token: the answer's status name."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc}") as channel:
+            request = quota_service_pb2.AllowRequest(
+                namespace=namespace, bucket_name=bucket, tokens_requested=1
+            )
+            answer = quota_stub(channel).Allow(request, timeout=10)
+        return str(quota_service_pb2.AllowResponse.Status.Name(answer.status))
+
+    def status(self) -> dict[str, Any]:
+        """The debug port's /status."""
+        status, _, raw = self.request("GET", "/status")
+        assert status == 200, raw
+        data: dict[str, Any] = json.loads(raw)
+        return data

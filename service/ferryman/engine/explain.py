@@ -1,15 +1,19 @@
 """Why a request is limited (or not): the walk of each descriptor through its domain's tree,
-the rule it reaches, what ``replaces`` removes, and the counter it would count in, worked
-out without counting anything."""
+the rule it reaches, what ``replaces`` removes, and the counter, bucket or sliding window it
+would count in, worked out without counting anything."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ferryman.algorithms.fixed_window.model import CounterOp, reset_after, window_start
+from ferryman.algorithms.sliding_window.model import SlidingResult
+from ferryman.algorithms.token_bucket.model import BucketSpec, Standing
 from ferryman.config.model import Config, Level, Rule
+from ferryman.engine.buckets import BucketLimiter
 from ferryman.engine.matcher import cache_key, stats_key
 from ferryman.engine.model import EngineOptions
 from ferryman.engine.policy import (
@@ -24,10 +28,20 @@ from ferryman.engine.policy import (
     Window,
 )
 from ferryman.engine.policy import policies as build_policies
+from ferryman.engine.sliding import SlidingLimiter
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
 
-__all__ = ["Explanation", "describe_rule", "explain", "parse_descriptor", "render", "rule_text"]
+__all__ = [
+    "Explanation",
+    "SlidingRead",
+    "describe_rule",
+    "explain",
+    "now_text",
+    "parse_descriptor",
+    "render",
+    "rule_text",
+]
 
 
 def parse_descriptor(text: str) -> list[tuple[str, str]]:
@@ -136,15 +150,27 @@ def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class SlidingRead:
+    """A sliding window to read: its key, limit and window length (seconds)."""
+
+    key: str
+    limit: int
+    seconds: int
+
+
 @dataclass
 class Explanation:
-    """The answer, as plain data (``as_dict`` for JSON); ``ops`` are the fixed-window
-    counters the request would count in, by descriptor index, for reading their values."""
+    """The answer, as plain data (``as_dict`` for JSON). By descriptor index, what the
+    request would count in, for reading it: ``ops`` the fixed-window counters, ``buckets``
+    the token buckets (key and spec), ``sliding`` the sliding windows."""
 
     domain: str
     descriptors: list[dict[str, Any]]
     domain_found: bool = True
     ops: dict[int, CounterOp] = field(default_factory=dict)
+    buckets: dict[int, tuple[str, BucketSpec]] = field(default_factory=dict)
+    sliding: dict[int, SlidingRead] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +186,24 @@ class Explanation:
             d["count"] = value
             d["remaining"] = max(0, op.limit - value)
             d["reset_after"] = reset_after(now, op.ttl)
+
+    def add_bucket(self, index: int, spec: BucketSpec, now: Standing) -> None:
+        """A token bucket as it stands: its tokens (negative: debt, tokens promised ahead),
+        the whole tokens left (as ShouldRateLimit's remaining), and the wait its debt
+        makes."""
+        tokens = now.stored - now.debt_us * spec.fill_rate / 1e6
+        d = self.descriptors[index]
+        d["tokens"] = round(tokens, 3)
+        d["remaining"] = max(0, math.floor(tokens))
+        d["debt_ms"] = round(now.debt_us / 1000)
+
+    def add_sliding(self, index: int, read: SlidingRead, now: SlidingResult) -> None:
+        """A sliding window now: its estimated count, the whole hits it leaves, and the end
+        of its current window."""
+        d = self.descriptors[index]
+        d["estimate"] = round(now.estimate, 3)
+        d["remaining"] = max(0, math.floor(read.limit - now.estimate))
+        d["reset_after"] = math.ceil(now.left_us / 1e6)
 
 
 def explain(
@@ -213,6 +257,16 @@ def explain(
                 d["counter_key"] = key
                 op = CounterOp(key, 0, policy.limit.requests_per_unit, start + seconds, seconds)
                 out.ops[len(out.descriptors)] = op
+            elif isinstance(policy, BucketNode):
+                assert last.token_bucket is not None
+                d["counter_key"] = BucketLimiter.key(policy, entries)
+                out.buckets[len(out.descriptors)] = (d["counter_key"], last.token_bucket)
+            elif isinstance(policy, SlidingNode):
+                assert policy.limit.unit is not None
+                d["counter_key"] = SlidingLimiter.key(policy, entries)
+                out.sliding[len(out.descriptors)] = SlidingRead(
+                    d["counter_key"], policy.limit.requests_per_unit, policy.limit.unit.seconds
+                )
             if policy is None:
                 d["outcome"] = "the path matches a node with no limit: OK, nothing counted"
             rules.append(last)
@@ -231,6 +285,8 @@ def explain(
             shown["outcome"] = f"replaced by {replaced[name]}: OK, nothing counted"
             shown.pop("counter_key", None)
             out.ops.pop(index, None)
+            out.buckets.pop(index, None)
+            out.sliding.pop(index, None)
     return out
 
 
@@ -257,14 +313,32 @@ def render(answer: dict[str, Any]) -> str:
             lines.append("  rule: " + rule_text(rule))
         if "counter_key" in d:
             lines.append(f"  counter: {d['counter_key']}")
-        if "count" in d:
-            lines.append(
-                f"  now: {d['count']} counted, {d['remaining']} left, "
-                f"window resets in {d['reset_after']}s"
-            )
+        now = now_text(d)
+        if now:
+            lines.append(f"  now: {now}")
         if "outcome" in d:
             lines.append(f"  outcome: {d['outcome']}")
     return "\n".join(lines) + "\n"
+
+
+def now_text(d: dict[str, Any]) -> str:
+    """What a descriptor's counter, bucket or sliding window holds now ("" if not read)."""
+    if "count" in d:
+        return (
+            f"{d['count']} counted, {d['remaining']} left, "
+            f"window resets in {d['reset_after']}s"
+        )
+    if "tokens" in d:
+        text = f"{d['tokens']:g} tokens, {d['remaining']} left"
+        if d["debt_ms"]:
+            text += f", in debt: {d['debt_ms']}ms to wait"
+        return text
+    if "estimate" in d:
+        return (
+            f"{d['estimate']:g} counted (estimate), {d['remaining']} left, "
+            f"window ends in {d['reset_after']}s"
+        )
+    return ""
 
 
 def rule_text(rule: dict[str, Any]) -> str:

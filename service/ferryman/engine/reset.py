@@ -1,5 +1,6 @@
 """An operator's counter reset: the state one descriptor counts in, found as the request
-path finds it, and cleared on the backend in force (never the copies held by sessions)."""
+path finds it, and cleared on the backend in force (never the copies held by sessions); or
+the quota service bucket an ``Allow`` of (namespace, bucket) takes from."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from dataclasses import dataclass
 
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import CounterOp, window_start
+from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.algorithms.token_bucket.standing import quota_label
 from ferryman.backends.base import Backend
 from ferryman.config.model import Config
+from ferryman.config.quota import NAME
 from ferryman.engine.buckets import BucketLimiter
 from ferryman.engine.matcher import cache_key, walk
 from ferryman.engine.model import EngineOptions
@@ -26,7 +30,7 @@ from ferryman.engine.sliding import SlidingLimiter
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import NotFoundError, RequestError
 
-__all__ = ["ResetResult", "reset_counters"]
+__all__ = ["ResetResult", "reset_counters", "reset_quota_bucket"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,22 @@ async def reset_counters(
             "sessions release them or end, not reset",
         )
     raise RequestError("descriptor", f"({shown}) reaches {rule.stats_key}, which counts nothing")
+
+
+async def reset_quota_bucket(
+    store: BucketStore, config: Config | None, namespace: str, bucket: str
+) -> ResetResult:
+    """Fill again the bucket ``Allow(namespace, bucket)`` takes from (a named bucket, a
+    dynamic one, or the default bucket it falls back to): its tokens and debt are
+    forgotten. NotFoundError when no bucket matches."""
+    for field, name in (("namespace", namespace), ("bucket", bucket)):
+        if not NAME.fullmatch(name):
+            raise RequestError(field, f"{name!r} is not a bucket name ([a-zA-Z0-9_]+)")
+    quota = config.quota if config is not None else None
+    found = quota.lookup(namespace, bucket) if quota is not None else None
+    if found is None:
+        raise NotFoundError("bucket", f"no quota bucket matches {namespace}/{bucket}")
+    ref, _ = found
+    held = await store.reset(ref)
+    label = quota_label(ref)
+    return ResetResult("quota_bucket", label, label, held > 0)

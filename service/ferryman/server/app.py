@@ -386,6 +386,7 @@ class Service:
             self.backend,
             self.engine,
             self.clock,
+            self.quota.store,
         )
         self._debug = HttpServer(
             {

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.loader import read_directory
@@ -33,10 +34,9 @@ from ferryman.config.store import (
     unified_diff,
 )
 from ferryman.engine import RateLimitEngine
-from ferryman.engine.reset import reset_counters
+from ferryman.engine.reset import ResetResult, reset_counters, reset_quota_bucket
 from ferryman.errors import (
     AuthenticationError,
-    BackendError,
     ConfigError,
     FerrymanError,
     NotFoundError,
@@ -57,6 +57,7 @@ log = logging.getLogger("ferryman.config_api")
 
 PREFIX = "/api/v1"
 ROLES = ("read", "write")
+CERT = "cert:"  # a token file entry naming a client certificate's SAN
 WRITES = "ratelimit.service.config_api.writes"
 REFUSED = "ratelimit.service.config_api.refused"
 RESETS = "ratelimit.service.config_api.counter_resets"
@@ -71,12 +72,16 @@ class Caller:
 
 
 class TokenFile:
-    """``token user role`` lines (``#`` comments), read again whenever the file changes."""
+    """``token user role`` lines (``#`` comments), read again whenever the file changes. A
+    ``cert:<SAN>`` in place of the token names a client certificate instead: under mutual
+    TLS, a request without a token whose verified certificate carries that subject
+    alternative name is that user (never usable as a bearer token)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self._tokens: dict[str, Caller] = {}
+        self._certs: dict[str, Caller] = {}
         self.present = False
 
     def refresh(self) -> bool:
@@ -94,6 +99,7 @@ class TokenFile:
         if stamp == self._stamp:
             return
         tokens: dict[str, Caller] = {}
+        certs: dict[str, Caller] = {}
         try:
             text = self.path.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -111,13 +117,30 @@ class TokenFile:
                     number,
                 )
                 continue
-            tokens[words[0]] = Caller(words[1], words[2])
-        self._stamp, self._tokens, self.present = stamp, tokens, True
-        log.info("ADMIN_TOKENS_FILE %s: %d token(s)", self.path, len(tokens))
+            if words[0].startswith(CERT):
+                certs[words[0].removeprefix(CERT)] = Caller(words[1], words[2])
+            else:
+                tokens[words[0]] = Caller(words[1], words[2])
+        self._stamp, self._tokens, self._certs = stamp, tokens, certs
+        self.present = True
+        log.info(
+            "ADMIN_TOKENS_FILE %s: %d token(s), %d certificate name(s)",
+            self.path,
+            len(tokens),
+            len(certs),
+        )
 
-    def check(self, authorization: str) -> Caller | None:
-        """The caller of an ``Authorization: Bearer <token>`` header, None if not known."""
+    def check(self, authorization: str, peercert: Mapping[str, Any] | None = None) -> Caller | None:
+        """The caller of an ``Authorization: Bearer <token>`` header; without the header,
+        of a verified client certificate (``peercert``, as ``getpeercert()`` gives it) by
+        its first listed subject alternative name. None if not known."""
         self._read()
+        if not authorization.strip():
+            for _kind, value in (peercert or {}).get("subjectAltName", ()):
+                caller = self._certs.get(str(value))
+                if caller is not None:
+                    return caller
+            return None
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
@@ -169,6 +192,7 @@ class ConfigApi:
         backend: Backend,
         engine: RateLimitEngine,
         clock: Clock,
+        quota: BucketStore | None = None,
     ) -> None:
         if reloader is None and (settings.admin_tokens_file or settings.config_store == "redis"):
             raise SettingsError(
@@ -183,6 +207,7 @@ class ConfigApi:
         self._backend = backend
         self._engine = engine
         self._clock = clock
+        self._quota = quota
         self.tokens = (
             TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
         )
@@ -372,7 +397,7 @@ class ConfigApi:
                     404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
                 )
             try:
-                caller = tokens.check(request.headers.get("authorization", ""))
+                caller = tokens.check(request.headers.get("authorization", ""), request.peercert)
                 if caller is None:
                     raise AuthenticationError("send Authorization: Bearer <a token of the file>")
                 if role == "write" and caller.role != "write":
@@ -526,8 +551,34 @@ class ConfigApi:
         return _json(200, version.as_dict(), _etag(version.number))
 
     async def _reset(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        """``{"domain": D, "descriptor": [...]}`` (a descriptor's state) or ``{"namespace":
+        N, "bucket": B}`` (a quota service bucket)."""
         _, versions = self._ready()
         body = self._body(request)
+        if "namespace" in body or "bucket" in body:
+            result, what, event = await self._reset_bucket(body)
+        else:
+            result, what, event = await self._reset_descriptor(body)
+        self._stats.inc(RESETS)
+        event = {**event, **result.as_dict()}
+        entry = await versions.event(caller.user, f"counter reset: {what}", event)
+        return _json(200, {**result.as_dict(), "history": entry.as_dict()})
+
+    async def _reset_bucket(self, body: dict[str, Any]) -> tuple[ResetResult, str, dict[str, Any]]:
+        namespace, bucket = body.get("namespace"), body.get("bucket")
+        if not isinstance(namespace, str):
+            raise RequestError("namespace", "give the quota namespace, a string")
+        if not isinstance(bucket, str):
+            raise RequestError("bucket", "give the bucket name, a string")
+        if self._quota is None:
+            raise NotFoundError("namespace", "this server has no quota service buckets")
+        result = await reset_quota_bucket(self._quota, self._holder.config, namespace, bucket)
+        event = {"namespace": namespace, "bucket": bucket}
+        return result, f"quota {namespace}/{bucket}", event
+
+    async def _reset_descriptor(
+        self, body: dict[str, Any]
+    ) -> tuple[ResetResult, str, dict[str, Any]]:
         domain = body.get("domain")
         raw = body.get("descriptor")
         if not isinstance(domain, str):
@@ -540,20 +591,15 @@ class ConfigApi:
                 raise RequestError(f"descriptor[{i}]", 'expected {"key": .., "value": ..}')
             entries.append((item["key"], str(item.get("value", ""))))
         engine = self._engine
-        try:
-            result = await reset_counters(
-                self._backend,
-                self._holder.config,
-                domain,
-                entries,
-                engine.options,
-                self._clock.now(),
-                engine.local_cache,
-            )
-        except BackendError:
-            raise
-        self._stats.inc(RESETS)
+        result = await reset_counters(
+            self._backend,
+            self._holder.config,
+            domain,
+            entries,
+            engine.options,
+            self._clock.now(),
+            engine.local_cache,
+        )
         shown = ",".join(f"{k}={v}" for k, v in entries)
-        event = {"domain": domain, "descriptor": [list(e) for e in entries], **result.as_dict()}
-        entry = await versions.event(caller.user, f"counter reset: {domain} {shown}", event)
-        return _json(200, {**result.as_dict(), "history": entry.as_dict()})
+        event = {"domain": domain, "descriptor": [list(e) for e in entries]}
+        return result, f"{domain} {shown}", event

@@ -92,7 +92,7 @@ class Pages:
 
     async def explain(self, request: HttpRequest) -> HttpResponse:
         """/explain?domain=D&descriptor=k=v[,k=v...] (repeatable): why a request is limited,
-        with the current counts, counting nothing (JSON)."""
+        with the current counts, tokens or sliding estimates, counting nothing (JSON)."""
         params = parse_qs(request.query)
         domain = params.get("domain", [""])[0]
         try:
@@ -104,9 +104,15 @@ class Pages:
                 raise RequestError("domain", "no rate limit configuration is loaded")
             now = self.service.clock.now()
             answer = explain(config, domain, requests, self.service.engine.options, now)
+            backend = self.service.backend
             if answer.ops:
-                values = await self.service.backend.windows.peek(list(answer.ops.values()))
+                values = await backend.windows.peek(list(answer.ops.values()))
                 answer.add_counts(values, now)
+            for index, (key, spec) in answer.buckets.items():
+                answer.add_bucket(index, spec, await backend.buckets.peek(key, spec, now))
+            for index, read in answer.sliding.items():
+                result = await backend.sliding.peek(read.key, read.limit, read.seconds, now)
+                answer.add_sliding(index, read, result)
         except FerrymanError as exc:
             body = json.dumps({"error": str(exc)}) + "\n"
             return HttpResponse(status_of(exc).http, body.encode(), "application/json")
@@ -134,10 +140,14 @@ class Pages:
         holder = self.service.holder
         config = holder.config
         cache = self.service.engine.local_cache
+        store = self.service.config_api.store
         return {
             "healthy": self.service.healthy(),
             "config": {
                 "version": holder.version,
+                # The config API's version (its history's number), not the count of loads.
+                "store": None if store is None else store.kind,
+                "store_version": None if store is None else store.current().version.number,
                 "loaded_at": _iso(holder.loaded_at) if config is not None else None,
                 "directory": str(self.service.settings.config_dir),
                 "files": list(config.files) if config is not None else [],

@@ -46,6 +46,11 @@ class MemorySlidingWindows:
             keys.pop(key, None)
         return result
 
+    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+        found = self._keys.get(key)  # decide() builds new states: the kept one is untouched
+        state = None if found is None else found[1]
+        return decide(state, limit, window_seconds * 1_000_000, 0, round(now * 1e6))[0]
+
     async def reset(self, key: str) -> int:
         return 0 if self._keys.pop(key, None) is None else 1
 

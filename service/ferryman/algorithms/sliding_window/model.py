@@ -78,6 +78,11 @@ class SlidingStore(Protocol):
         when the store fails."""
         ...
 
+    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+        """The sliding window of ``key`` now (a decision on no hits), writing nothing.
+        Raises BackendError when the store fails."""
+        ...
+
     async def reset(self, key: str) -> int:
         """Forget the counter at ``key`` (an operator's reset); 1 if it was held."""
         ...

@@ -38,14 +38,21 @@ class RedisSlidingWindows:
             "" if self._server_time else str(round(now * 1e6)),
         )
 
+    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+        at = "" if self._server_time else str(round(now * 1e6))
+        return await self.hit_at(key, limit, window_seconds * 1_000_000, 0, at, peek=True)
+
     async def reset(self, key: str) -> int:
         return await self._connection.delete([key])
 
     async def hit_at(
-        self, key: str, limit: int, window_us: int, hits: int, now: str
+        self, key: str, limit: int, window_us: int, hits: int, now: str, peek: bool = False
     ) -> SlidingResult:
-        """``hit`` at ``now`` (microseconds as text; "" for the Redis server's clock)."""
+        """``hit`` at ``now`` (microseconds as text; "" for the Redis server's clock);
+        ``peek`` writes nothing."""
         args: list[Any] = [now, limit, window_us, hits]
+        if peek:
+            args.append("peek")
         reply = await self._connection.run(self._script, [key], args)
         try:
             return SlidingResult(int(reply[0]) == 1, float(_text(reply[1])), int(reply[2]))

@@ -6,6 +6,7 @@
 -- ARGV[2]   limit
 -- ARGV[3]   window, microseconds
 -- ARGV[4]   hits (0 only looks)
+-- ARGV[5]   "peek": write nothing (the estimate for an operator), else absent
 -- returns   {allowed (1/0), estimate (text, %.17g), microseconds left in the window}
 local now = ferryman_now(ARGV[1], 'us')
 local limit, window, hits = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -31,7 +32,9 @@ if estimate + hits <= limit then
     estimate = estimate + hits
   end
 end
-if previous > 0 or current > 0 then
+if ARGV[5] == 'peek' then
+  -- read only
+elseif previous > 0 or current > 0 then
   redis.call('HSET', KEYS[1], 'start', string.format('%d', start),
     'previous', string.format('%d', previous), 'current', string.format('%d', current))
   -- Counts matter until the end of the next window.

@@ -119,6 +119,15 @@ class MemoryTokenBucketStore:
             return None
         return Standing.of(refilled(entry.state, spec, now_us), now_us)
 
+    async def reset(self, ref: BucketRef) -> int:
+        if not ref.dynamic:
+            return 0 if self._fixed.pop((ref.namespace, ref.name), None) is None else 1
+        entry = self._dynamic.get(ref.namespace, {}).get(ref.name)
+        if entry is None or entry.state is None:
+            return 0
+        entry.state = None
+        return 1
+
     async def close(self) -> None:
         self._fixed.clear()
         self._dynamic.clear()

@@ -207,6 +207,11 @@ class BucketStore(Protocol):
         Raises BackendError when the store fails."""
         ...
 
+    async def reset(self, ref: BucketRef) -> int:
+        """Forget the bucket's tokens and debt (an operator's reset): it is full again. A
+        dynamic bucket stays registered. 1 if it held any state, else 0."""
+        ...
+
     async def close(self) -> None:
         """Release what the store holds."""
         ...

@@ -114,6 +114,11 @@ class RedisTokenBucketStore:
             return None  # removed while idle (or never given tokens)
         return Standing.of(refilled(state, spec, now_us), now_us)
 
+    async def reset(self, ref: BucketRef) -> int:
+        """The bucket's state field goes (a dynamic bucket's registry entry stays)."""
+        key = self.keys(ref)[0]
+        return int(await self._connection.command("HDEL", key, ref.name, key=key))
+
     async def close(self) -> None:
         """Nothing: the connection belongs to the backend."""
 

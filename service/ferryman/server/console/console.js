@@ -420,7 +420,9 @@
     const rule = d.rule;
     let ruleText = null;
     if (rule) {
-      const numbers = rule.kind === "fixed_window" ? `${rule.requests_per_unit} per ${rule.unit}`
+      const numbers = rule.kind === "fixed_window" || rule.kind === "sliding_window"
+        ? `${rule.requests_per_unit} per ${rule.unit}`
+        : rule.kind === "token_bucket" ? `size ${rule.size}, ${rule.fill_rate} per second`
         : rule.kind === "burst_tiers" ? rule.tiers : rule.kind === "copies" ? rule.copies : "";
       ruleText = el("p", {}, "rule: ", el("span", { class: `badge kind-${rule.kind}` }, rule.kind.replace("_", " ")),
         ` ${numbers}`, rule.name ? ` (name ${rule.name})` : "",
@@ -435,6 +437,11 @@
       d.counter_key ? el("p", {}, "counter: ", el("code", {}, d.counter_key)) : null,
       "count" in d ? el("p", { "data-explain": "count" },
         `now: ${d.count} counted, ${d.remaining} left, window resets in ${d.reset_after}s`) : null,
+      "tokens" in d ? el("p", { "data-explain": "count" },
+        `now: ${d.tokens} tokens, ${d.remaining} left` +
+        (d.debt_ms ? `, in debt: ${d.debt_ms}ms to wait` : "")) : null,
+      "estimate" in d ? el("p", { "data-explain": "count" },
+        `now: ${d.estimate} counted (estimate), ${d.remaining} left, window ends in ${d.reset_after}s`) : null,
       d.outcome ? el("p", { class: "outcome" }, d.outcome) : null);
   }
 
