@@ -274,12 +274,20 @@ def test_a_bad_configuration_shows_its_error_until_a_good_load(
 def test_the_explain_form_answers(
     page: WebDriver, config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
-    """The form asks /explain: the walk, the rule and the current count for a match; the
-    level where the walk stopped for a miss; the error for an unknown domain."""
+    """The form asks /explain: the walk, the rule and the current count for a match (a
+    bucket's tokens, a sliding window's estimate); the level where the walk stopped for a
+    miss; the error for an unknown domain."""
     browser = page
     config_dir.write("web.yaml", CONFIG)
+    config_dir.write(
+        "smooth.yaml",
+        "domain: smooth\ndescriptors:\n"
+        "  - key: bucket\n    token_bucket: {size: 4, fill_rate: 1}\n"
+        "  - key: sliding\n    sliding_window: {unit: minute, requests_per_unit: 5}\n",
+    )
     server = make_server()
     server.ask("web", [("user", "bob")])
+    server.ask("smooth", [("bucket", "u")], [("sliding", "u")])
     open_console(browser, server)
 
     def ask(domain: str, descriptors: str) -> str:
@@ -302,6 +310,9 @@ def test_the_explain_form_answers(
     assert "now: 1 counted, 2 left" in answer
     missed = ask("web", "nobody=x")
     assert "no match" in missed and "this level has: user, bulk, tenant" in missed
+    smooth = ask("smooth", "bucket=u\nsliding=u")
+    assert "size 4, 1 per second" in smooth and "now: 3 tokens, 3 left" in smooth
+    assert "5 per minute" in smooth and "now: 1 counted (estimate), 4 left" in smooth
     unknown = ask("nowhere", "user=bob")
     assert "'nowhere' is not configured" in unknown
     assert errors(browser) == []

@@ -8,13 +8,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ferryman.engine.explain import render
+
 from helpers.server import ConfigDir, ServerFactory
+from helpers.stores import on_stores
 
 ROOT = Path(__file__).resolve().parents[1]
 DESCRIPTORS = ROOT / "descriptors"
 LIMIT = (
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
 )
+
+
+SMOOTH = """\
+domain: s
+descriptors:
+  - key: bucket
+    token_bucket: {size: 4, fill_rate: 1, max_debt_millis: 5000}
+  - key: sliding
+    sliding_window: {unit: minute, requests_per_unit: 5}
+"""
 
 
 def explain(*args: str) -> tuple[int, dict[str, Any]]:
@@ -108,3 +121,39 @@ def test_against_a_running_server_the_current_count_is_shown_and_nothing_counted
         assert 0 < d["reset_after"] <= 60
     status, body = server.http("GET", "/explain?domain=d", debug=True)
     assert status == 400 and b"descriptor" in body
+
+
+@on_stores("memory", "redis")
+def test_a_token_bucket_and_a_sliding_window_are_read_without_taking(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """/explain gives a bucket's tokens (negative in debt) and its debt, and a sliding
+    window's estimate, what it leaves and its window's end; asking again changes nothing."""
+    config_dir.write("s.yaml", SMOOTH)
+    server = make_server()
+    query = "/explain?domain=s&descriptor=bucket=u&descriptor=sliding=u"
+
+    def read() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        status, body = server.http("GET", query, debug=True)
+        assert status == 200, body
+        answer = json.loads(body)
+        bucket, sliding = answer["descriptors"]
+        return answer, bucket, sliding
+
+    _, bucket, sliding = read()
+    assert (bucket["tokens"], bucket["remaining"], bucket["debt_ms"]) == (4, 4, 0)
+    assert (sliding["estimate"], sliding["remaining"]) == (0, 5)
+    server.ask("s", [("bucket", "u")], hits=3)
+    server.ask("s", [("sliding", "u")], hits=2)
+    for _ in range(2):
+        _, bucket, sliding = read()
+        assert (bucket["tokens"], bucket["remaining"], bucket["debt_ms"]) == (1, 1, 0)
+        assert (sliding["estimate"], sliding["remaining"]) == (2, 3)
+        assert 0 < sliding["reset_after"] <= 60
+    server.ask("s", [("bucket", "u")], hits=3)  # one token held, two borrowed: 2 s of debt
+    answer, bucket, _ = read()
+    assert (bucket["tokens"], bucket["remaining"], bucket["debt_ms"]) == (-2, 0, 2000)
+    assert bucket["counter_key"].endswith("ferryman_bucket_{s.bucket|u}")
+    text = render(answer)
+    assert "now: -2 tokens, 0 left, in debt: 2000ms to wait" in text
+    assert "now: 2 counted (estimate), 3 left, window ends in" in text

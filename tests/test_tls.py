@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -112,14 +113,20 @@ def der(pem: Pem) -> bytes:
 
 
 def https(
-    port: int, method: str, path: str, ca: Path, client: Pem | None = None, body: bytes = b""
+    port: int,
+    method: str,
+    path: str,
+    ca: Path,
+    client: Pem | None = None,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     context = ssl.create_default_context(cafile=str(ca))
     if client is not None:
         context.load_cert_chain(client.cert, client.key)
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
     try:
-        conn.request(method, path, body=body or None)
+        conn.request(method, path, body=body or None, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -286,6 +293,41 @@ def test_under_mutual_tls_json_needs_a_verified_client_certificate(
     right = ca.issue("envoy", dns=("envoy.mesh.local",), client=True)
     assert https(port, "POST", "/json", ca.cert, right, body=JSON)[0] == 200
     assert server.stat("ratelimit.service.rate_limit.d.k.total_hits") == 1
+
+
+def test_a_client_certificate_listed_in_the_token_file_stands_in_for_a_token(
+    make_server: ServerFactory, config_dir: ConfigDir, ca: Authority, tmp_path: Path
+) -> None:
+    """Under mutual TLS a `cert:<SAN> user role` line of ADMIN_TOKENS_FILE lets a verified
+    client certificate with that SAN use the config API without a token; a certificate
+    not listed, none, or the line's text sent as a bearer token get 401; a read one 403."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("cert:ops.example carol write\ncert:spiffe://mesh/auditor dave read\n")
+    config_dir.write("d.yaml", CONFIG)
+    pem = ca.server()
+    server = make_server(
+        grpc_server_use_tls=True,
+        grpc_server_tls_cert=str(pem.cert),
+        grpc_server_tls_key=str(pem.key),
+        grpc_client_tls_cacert=str(ca.cert),
+        admin_tokens_file=str(tokens),
+    )
+    port = server.service.debug_port
+    ops = ca.issue("ops", dns=("ops.example",), client=True)
+    status, body = https(port, "GET", "/api/v1/config", ca.cert, ops)
+    assert status == 200 and json.loads(body)["you"] == {"user": "carol", "role": "write"}
+    assert https(port, "GET", "/api/v1/config", ca.cert)[0] == 401
+    assert https(port, "GET", "/api/v1/config", ca.cert, ca.client())[0] == 401
+    bearer = {"Authorization": "Bearer cert:ops.example"}
+    assert https(port, "GET", "/api/v1/config", ca.cert, headers=bearer)[0] == 401
+    auditor = ca.issue("auditor", uris=("spiffe://mesh/auditor",), client=True)
+    assert https(port, "GET", "/api/v1/config", ca.cert, auditor)[0] == 200
+    version = json.loads(https(port, "GET", "/api/v1/config", ca.cert, ops)[1])["version"]
+    put = {"If-Match": f'"{version}"'}
+    status, body = https(port, "PUT", "/api/v1/config/d.yaml", ca.cert, auditor, b"x", put)
+    assert status == 403 and b"dave" in body
+    status, body = https(port, "PUT", "/api/v1/config/d.yaml", ca.cert, ops, CONFIG.encode(), put)
+    assert status == 200 and json.loads(body)["author"] == "carol"
 
 
 def test_the_python_client_speaks_tls_and_mutual_tls(
