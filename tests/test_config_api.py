@@ -451,7 +451,10 @@ def test_the_redis_store_keeps_the_last_config_history_entries(
     assert [e["version"] for e in history] == [base + 4, base + 3, base + 2]
     prefix = server.env["CACHE_KEY_PREFIX"]
     client = redis_server.client()
-    hashes = sorted(k.decode() for k in client.keys(f"{{{prefix}ferryman_config}}:v:*"))
+    hashes = [
+        str(k, "utf-8") if isinstance(k, bytes) else k
+        for k in client.keys(f"{{{prefix}ferryman_config}}:v:*")
+    ]
     client.close()
     assert sorted(int(k.rsplit(":", 1)[1]) for k in hashes) == [base + 2, base + 3, base + 4]
     assert server.api("GET", f"/history/{base + 1}")[0] == 404

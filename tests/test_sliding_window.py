@@ -62,6 +62,10 @@ async def _replay_sliding(
         now_us += advance
         r = await store.backend.sliding.hit(prefix + key, limit, window, hits, now_us / 1e6)
         out.append((r.allowed, r.estimate, r.left_us))
+        # A read (as /explain's) of the other key: the same answer as a hit of none.
+        other = "b" if key == "a" else "a"
+        r = await store.backend.sliding.peek(prefix + other, limit, window, now_us / 1e6)
+        out.append((r.allowed, r.estimate, r.left_us))
     return out
 
 
@@ -72,7 +76,7 @@ def test_random_sliding_traces_agree_with_memory(
     store: Store, trace: list[tuple[int, str, int, int]], window: int
 ) -> None:
     """Random hits, limits and clock moves: the Lua script and the memory store give the same
-    decisions, estimates and times left, bit for bit."""
+    decisions, estimates and times left, bit for bit, and so do their reads."""
     prefix = f"{store.prefix}{uuid.uuid4().hex[:8]}{{sw}}"
     with memory_store(ManualClock(EPOCH)) as reference:
         want = reference.run(_replay_sliding(reference, trace, prefix, window))

@@ -1,7 +1,7 @@
 """CONFIG_TYPE=GRPC_XDS_SOTW: a real `ferryman serve` process takes its descriptors from a
 management server (written here, with the real xDS protos) over ADS: the first version is
-waited for, enforced, updated, a bad one NACKed with the last good kept, and a restarted
-management server is reconnected to."""
+waited for (or, with FORCE_START_WITHOUT_INITIAL_CONFIG, not), enforced, updated, a bad one
+NACKed with the last good kept, and a restarted management server is reconnected to."""
 
 from __future__ import annotations
 
@@ -197,6 +197,33 @@ def test_versions_from_a_management_server_are_applied_nacked_and_survive_its_re
         again = management.requests[asked_before]
         assert (again.version_info, again.node.id, again.response_nonce) == ("v2", "edge-1", "")
         assert [_ask(process, "k", "d") for _ in range(2)] == ["OK", "OVER_LIMIT"]
+        assert process.stop() == 0
+    finally:
+        process.kill()
+
+
+def test_force_start_serves_at_once_and_applies_the_first_version_when_it_comes(
+    tmp_path: Path, management: ManagementServer
+) -> None:
+    """FORCE_START_WITHOUT_INITIAL_CONFIG=true: serving before any version, every call
+    answered "no rate limit configuration is loaded"; the first version then applies."""
+    env = {
+        "CONFIG_TYPE": "GRPC_XDS_SOTW",
+        "CONFIG_GRPC_XDS_SERVER_URL": f"127.0.0.1:{management.port}",
+        "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+    }
+    process = ServeProcess(tmp_path, env)
+    try:
+        process.wait_serving()
+        wait_for("the subscription", lambda: management.requests, timeout=30)
+        assert management.sent == []  # nothing to apply yet
+        with pytest.raises(grpc.RpcError) as caught:
+            _ask(process, "k", "a")
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no rate limit configuration is loaded" in str(caught.value.details())
+        management.set("v1", [rate_limit_config("d", [limited("k", "a", 1)])])
+        wait_for("ACK of v1", lambda: ("v1", "1") in management.acks())
+        assert [_ask(process, "k", "a") for _ in range(2)] == ["OK", "OVER_LIMIT"]
         assert process.stop() == 0
     finally:
         process.kill()

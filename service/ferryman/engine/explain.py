@@ -324,10 +324,7 @@ def render(answer: dict[str, Any]) -> str:
 def now_text(d: dict[str, Any]) -> str:
     """What a descriptor's counter, bucket or sliding window holds now ("" if not read)."""
     if "count" in d:
-        return (
-            f"{d['count']} counted, {d['remaining']} left, "
-            f"window resets in {d['reset_after']}s"
-        )
+        return f"{d['count']} counted, {d['remaining']} left, window resets in {d['reset_after']}s"
     if "tokens" in d:
         text = f"{d['tokens']:g} tokens, {d['remaining']} left"
         if d["debt_ms"]:

@@ -122,7 +122,8 @@ class MemoryTokenBucketStore:
     async def reset(self, ref: BucketRef) -> int:
         if not ref.dynamic:
             return 0 if self._fixed.pop((ref.namespace, ref.name), None) is None else 1
-        entry = self._dynamic.get(ref.namespace, {}).get(ref.name)
+        buckets = self._dynamic.get(ref.namespace)
+        entry = None if buckets is None else buckets.get(ref.name)
         if entry is None or entry.state is None:
             return 0
         entry.state = None
