@@ -6,23 +6,52 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import parse_qs
 
 from google.protobuf import json_format
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman.backends.base import Watched
+from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
+from ferryman.clock import Clock
 from ferryman.config.model import Unit
+from ferryman.config.reloader import ConfigHolder
+from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
+from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.server.capacity import CapacityService
+from ferryman.server.config_api import ConfigApi
+from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse
-from ferryman.stats import CALL, TOTAL_REQUESTS
-from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES
+from ferryman.server.leased import LeasedResources
+from ferryman.server.rls import RateLimitServicer
+from ferryman.server.tls import TlsFiles
+from ferryman.settings import Settings
+from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
+from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
-if TYPE_CHECKING:
-    from ferryman.server.app import Service
+
+class Service(Protocol):
+    """The parts of the running service that the pages read (``ferryman.server.app.Service``)."""
+
+    settings: Settings
+    stats: Stats
+    clock: Clock
+    holder: ConfigHolder
+    engine: RateLimitEngine
+    backend: Backend
+    rls: RateLimitServicer
+    holds: HoldManager
+    capacity: CapacityService
+    leased: LeasedResources | None
+    config_api: ConfigApi
+    telemetry: Telemetry
+    mapping: StatsdMapping | None
+    tls: TlsFiles | None
+
+    def healthy(self) -> bool: ...
 
 
 class Pages:
