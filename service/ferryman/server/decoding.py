@@ -34,11 +34,15 @@ class Undecodable:
     """What a request that failed to decode is handed on as: ``refuse(context)`` answers it
     (a method wrapped by the edge calls it first thing, so it needs no guard of its own)."""
 
-    __slots__ = ("error", "refuse")
+    __slots__ = ("_refuse", "error")
 
     def __init__(self, error: str, refuse: Callable[[Undecodable, Any], Awaitable[None]]) -> None:
         self.error = error
-        self.refuse = lambda context: refuse(self, context)
+        self._refuse = refuse
+
+    def refuse(self, context: Any) -> Awaitable[None]:
+        """Count and log the request, and answer it INVALID_ARGUMENT (raises, as abort)."""
+        return self._refuse(self, context)
 
 
 #: Set on a method behaviour that answers an Undecodable request itself (``Edge``).
