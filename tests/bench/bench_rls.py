@@ -1,11 +1,14 @@
 """Throughput and latency of ferryman's ShouldRateLimit, next to a do-nothing gRPC ceiling.
 
-Usage::
+Usage (the README's figures: ``--pin --repeat 3``, with ``--backend redis --scenario
+fixed,burst,copies --half-rate`` for Redis and ``--workers 1,2`` for the workers)::
 
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
                                     [--backend memory|redis|URL] [--repeat R] [--json]
                                     [--scenario fixed|burst|request[,...]]
-                                    [--env NAME=VALUE ...] [--pin]
+                                    [--env NAME=VALUE ...] [--pin] [--load auto|h2load|python]
+                                    [--clients N] [--streams M] [--requests R] [--half-rate]
+                                    [--workers 1,2]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -18,11 +21,24 @@ Scenarios (``--scenario``, comma-separated to run several against one server):
 
 - ``fixed`` (default): ShouldRateLimit on the fixed-window rules, 1 and 3 descriptors
   (``--descriptors``);
-- ``burst``: ShouldRateLimit with one descriptor on a 3-tier burst node (5/1s active 1h;
+- ``burst``: ShouldRateLimit with one descriptor on a 3-tier burst node (5/1s active 1h,
+  unbounded with h2load, whose one user would otherwise be refused;
   50/1s active 5s, cooldown 15s; 500/1s active 1s, cooldown 60s; no hard or global limit),
   keyed by a user among 10k, so nearly every request is granted in tier 1 and the per-tenant
   state is that of a realistic population;
-- ``request``: ``ferryman.v1.Limiter/Request`` (copies=1) on the same node and users.
+- ``request``: ``ferryman.v1.Limiter/Request`` (copies=1) on the same node and users;
+- ``copies``: ShouldRateLimit holding one copy of a copy-limited node (never refused, holds
+  last 10 s), for h2load; the Python client alternates each user's hold and its release.
+
+Load: h2load when it is on PATH (``--load``): ``--clients`` connections of ``--streams``
+streams each send one serialized request ``--requests`` times (after a fifth as many to warm
+up); otherwise the Python client below. For every run the script reads from /proc the CPU
+time of the server (all its processes) and of redis-server, and prints it per request, with
+ferryman's own share (its CPU per request minus the ceiling's): CPU per request is the
+robust figure on a shared machine, where req/s swings. ``--half-rate`` then runs each case
+at half the ceiling's req/s and compares p99 latencies. ``--workers 1,2`` starts one
+ferryman per count (``serve --workers N``; more than one needs Redis) and compares them.
+The targets (share of the ceiling, own CPU per request, p99) are printed at the end.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
@@ -111,7 +127,7 @@ BURST_YAML = f"""\
   # 500/s for 1 s (then a minute of cooldown); no hard or global limit.
   - key: {BURST_KEY}
     burst_tiers:
-      - {{limit: 5, window: 1s, active: 1h, cooldown: 0}}
+      - {{limit: TIER1, window: 1s, active: 1h, cooldown: 0}}
       - {{limit: 50, window: 1s, active: 5s, cooldown: 15s}}
       - {{limit: 500, window: 1s, active: 1s, cooldown: 60s}}
   # Held copies (Envoy's concurrency limit): a hold per hit, never refused, gone after 10 s
@@ -656,10 +672,16 @@ def start_ferryman(
     *,
     burst: bool = False,
     workers: int = 1,
+    one_user: bool = False,
 ) -> Server:
     config = workdir / f"config-{workers}"
     config.mkdir()
-    (config / "bench.yaml").write_text(CONFIG_YAML + (BURST_YAML if burst else ""))
+    # h2load sends one user's request over and over: its first tier then never runs out,
+    # so that the run measures grants, as the varied users of the Python client do.
+    tier1 = HUGE if one_user else 5
+    (config / "bench.yaml").write_text(
+        CONFIG_YAML + (BURST_YAML.replace("TIER1", str(tier1)) if burst else "")
+    )
     grpc_port, http_port, debug_port = free_port(), free_port(), free_port()
     log = workdir / f"ferryman-{workers}.log"
     env = dict(os.environ)
@@ -961,6 +983,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                             args.env,
                             burst=burst,
                             workers=workers,
+                            one_user=bool(use_h2load),
                         )
                     )
             if not args.no_ceiling:
