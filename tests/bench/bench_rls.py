@@ -1,11 +1,14 @@
 """Throughput and latency of ferryman's ShouldRateLimit, next to a do-nothing gRPC ceiling.
 
-Usage::
+Usage (the README's figures: ``--pin --repeat 3``, with ``--backend redis --scenario
+fixed,burst,copies --half-rate`` for Redis and ``--workers 1,2`` for the workers)::
 
     python tests/bench/bench_rls.py [--seconds N] [--concurrency C] [--channels K]
                                     [--backend memory|redis|URL] [--repeat R] [--json]
                                     [--scenario fixed|burst|request[,...]]
-                                    [--env NAME=VALUE ...] [--pin]
+                                    [--env NAME=VALUE ...] [--pin] [--load auto|h2load|python]
+                                    [--clients N] [--streams M] [--requests R] [--half-rate]
+                                    [--workers 1,2]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -18,11 +21,24 @@ Scenarios (``--scenario``, comma-separated to run several against one server):
 
 - ``fixed`` (default): ShouldRateLimit on the fixed-window rules, 1 and 3 descriptors
   (``--descriptors``);
-- ``burst``: ShouldRateLimit with one descriptor on a 3-tier burst node (5/1s active 1h;
+- ``burst``: ShouldRateLimit with one descriptor on a 3-tier burst node (5/1s active 1h,
+  unbounded with h2load, whose one user would otherwise be refused;
   50/1s active 5s, cooldown 15s; 500/1s active 1s, cooldown 60s; no hard or global limit),
   keyed by a user among 10k, so nearly every request is granted in tier 1 and the per-tenant
   state is that of a realistic population;
-- ``request``: ``ferryman.v1.Limiter/Request`` (copies=1) on the same node and users.
+- ``request``: ``ferryman.v1.Limiter/Request`` (copies=1) on the same node and users;
+- ``copies``: ShouldRateLimit holding one copy of a copy-limited node (never refused, holds
+  last 10 s), for h2load; the Python client alternates each user's hold and its release.
+
+Load: h2load when it is on PATH (``--load``): ``--clients`` connections of ``--streams``
+streams each send one serialized request ``--requests`` times (after a fifth as many to warm
+up); otherwise the Python client below. For every run the script reads from /proc the CPU
+time of the server (all its processes) and of redis-server, and prints it per request, with
+ferryman's own share (its CPU per request minus the ceiling's): CPU per request is the
+robust figure on a shared machine, where req/s swings. ``--half-rate`` then runs each case
+at half the ceiling's req/s and compares p99 latencies. ``--workers 1,2`` starts one
+ferryman per count (``serve --workers N``; more than one needs Redis) and compares them.
+The targets (share of the ceiling, own CPU per request, p99) are printed at the end.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
@@ -47,6 +63,8 @@ import math
 import os
 import platform
 import random
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -74,8 +92,9 @@ from helpers.ports import free_port
 DOMAIN = "bench"
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 LIMITER_METHOD = "/ferryman.v1.Limiter/Request"
-SCENARIOS = ("fixed", "burst", "request")
+SCENARIOS = ("fixed", "burst", "request", "copies")
 BURST_KEY = "burst_user"  # the burst-tier node of the config
+HOLD_KEY = "hold_user"  # the copy-limited node of the config
 HUGE = 1_000_000_000  # requests_per_unit: nothing ever goes over
 USERS = 10_000
 TENANTS = 100
@@ -108,9 +127,15 @@ BURST_YAML = f"""\
   # 500/s for 1 s (then a minute of cooldown); no hard or global limit.
   - key: {BURST_KEY}
     burst_tiers:
-      - {{limit: 5, window: 1s, active: 1h, cooldown: 0}}
+      - {{limit: TIER1, window: 1s, active: 1h, cooldown: 0}}
       - {{limit: 50, window: 1s, active: 5s, cooldown: 15s}}
       - {{limit: 500, window: 1s, active: 1s, cooldown: 60s}}
+  # Held copies (Envoy's concurrency limit): a hold per hit, never refused, gone after 10 s
+  # when its release is not sent.
+  - key: {HOLD_KEY}
+    copies:
+      limit: {HUGE}
+      hold_ttl: 10s
 """
 
 
@@ -140,21 +165,43 @@ class Result:
     per_second: list[int] = field(default_factory=list)  # completions in each measured second
     rps_runs: list[float] = field(default_factory=list)  # req/s of each repeat, in run order
     server_rss_mb: float | None = None  # the server's resident memory after the run
+    # CPU per request in microseconds, from /proc over the run: the server's (all its
+    # processes) and redis-server's; ``own_us`` is the server's minus the ceiling's.
+    cpu_us: float | None = None
+    redis_us: float | None = None
+    own_us: float | None = None
+    cpu_us_runs: list[float] = field(default_factory=list)
+    redis_us_runs: list[float] = field(default_factory=list)
+    load: str = "python"  # the load generator: h2load or python
+    rate: float | None = None  # the offered req/s of a fixed-rate run (None: flat out)
 
     @property
     def label(self) -> str:
         return case_label(self.scenario, self.descriptors)
 
     def line(self) -> str:
+        shape = (
+            f"c={self.concurrency:<4}ch={self.channels}"
+            if self.load == "python"
+            else f"{self.channels}x{self.concurrency}"
+        )
         text = (
-            f"{self.target:<7} {self.label:<15}c={self.concurrency:<4}ch={self.channels}  "
-            f"{self.rps:>8.0f} req/s  p50 {self.p50_ms:6.2f} ms  p99 {self.p99_ms:6.2f} ms"
+            f"{self.target:<11} {self.label:<15}{shape:<9}"
+            f"{self.rps:>7.0f} req/s  p50 {self.p50_ms:5.2f} ms  p99 {self.p99_ms:5.2f} ms"
         )
         if self.ratio_to_ceiling is not None:
-            text += f"  {self.ratio_to_ceiling:5.2f}x ceiling"
+            text += f"  {self.ratio_to_ceiling:4.0%} of ceiling"
         if len(self.rps_runs) > 1:
-            text += f"  (runs {min(self.rps_runs):.0f}-{max(self.rps_runs):.0f})"
-        if self.server_cpu is not None and self.client_cpu is not None:
+            text += f" (runs {min(self.rps_runs):.0f}-{max(self.rps_runs):.0f})"
+        if self.cpu_us is not None:
+            runs = self.cpu_us_runs or [self.cpu_us]
+            text += f"  cpu/req {min(runs):.0f}/{self.cpu_us:.0f} us"
+            if self.own_us is not None:
+                text += f" (own {self.own_us:+.0f})"
+        if self.redis_us is not None:
+            runs = self.redis_us_runs or [self.redis_us]
+            text += f"  redis {min(runs):.0f}/{self.redis_us:.0f} us"
+        elif self.server_cpu is not None and self.client_cpu is not None:
             text += f"  cpu server {self.server_cpu:4.0%} client {self.client_cpu:4.0%}"
         if self.server_rss_mb is not None:
             text += f"  rss {self.server_rss_mb:.0f} MB"
@@ -168,6 +215,8 @@ def case_label(scenario: str, descriptors: int) -> str:
         return "burst RLS"
     if scenario == "request":
         return "burst Request"
+    if scenario == "copies":
+        return "held copy RLS"
     noun = "descriptor" if descriptors == 1 else "descriptors"
     return f"{descriptors} {noun}"
 
@@ -198,6 +247,19 @@ def build_requests(scenario: str, descriptors: int, count: int, seed: int) -> li
             ).SerializeToString()
             for _ in range(count)
         ]
+    if scenario == "copies":
+        # Pairs: a hold of one copy, then its release (a negative hit), for a user.
+        out: list[bytes] = []
+        while len(out) < count:
+            user = f"u{rng.randrange(USERS)}"
+            for negative in (False, True):
+                held = Descriptor(entries=[Entry(key=HOLD_KEY, value=user)])
+                held.hits_addend.value = 1
+                held.is_negative_hits = negative
+                out.append(
+                    rls_pb2.RateLimitRequest(domain=DOMAIN, descriptors=[held]).SerializeToString()
+                )
+        return out[:count]
     if scenario == "burst":
         return [
             rls_pb2.RateLimitRequest(
@@ -578,6 +640,11 @@ def cpu_split(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
 
 def start_redis(procs: Processes, workdir: Path) -> str:
     """A throwaway redis-server on a free loopback port, without persistence; its URL."""
+    return start_redis_process(procs, workdir)[0]
+
+
+def start_redis_process(procs: Processes, workdir: Path) -> tuple[str, int]:
+    """start_redis, with the server's process id."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("--backend redis needs redis-server on PATH (or pass a redis:// URL)")
@@ -588,7 +655,7 @@ def start_redis(procs: Processes, workdir: Path) -> str:
     with log.open("w") as out:
         child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT)
     wait_ready(child, lambda: port_open(port), "redis-server", log)
-    return f"redis://127.0.0.1:{port}"
+    return f"redis://127.0.0.1:{port}", child.pid
 
 
 def backend_label(backend: str) -> str:
@@ -604,12 +671,19 @@ def start_ferryman(
     extra_env: Mapping[str, str] | None = None,
     *,
     burst: bool = False,
+    workers: int = 1,
+    one_user: bool = False,
 ) -> Server:
-    config = workdir / "config"
+    config = workdir / f"config-{workers}"
     config.mkdir()
-    (config / "bench.yaml").write_text(CONFIG_YAML + (BURST_YAML if burst else ""))
+    # h2load sends one user's request over and over: its first tier then never runs out,
+    # so that the run measures grants, as the varied users of the Python client do.
+    tier1 = HUGE if one_user else 5
+    (config / "bench.yaml").write_text(
+        CONFIG_YAML + (BURST_YAML.replace("TIER1", str(tier1)) if burst else "")
+    )
     grpc_port, http_port, debug_port = free_port(), free_port(), free_port()
-    log = workdir / "ferryman.log"
+    log = workdir / f"ferryman-{workers}.log"
     env = dict(os.environ)
     for name in ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"):
         env.pop(name, None)
@@ -618,11 +692,14 @@ def start_ferryman(
     argv = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
     argv += ["--backend", backend, "--grpc-port", str(grpc_port)]
     argv += ["--http-port", str(http_port), "--debug-port", str(debug_port)]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
     with log.open("w") as out:
         child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cpus=cpus)
     url = f"http://127.0.0.1:{http_port}/healthcheck"
     wait_ready(child, lambda: http_ok(url) and port_open(grpc_port), "ferryman", log)
-    return Server(backend_label(backend), child, grpc_port, log, debug_port)
+    name = backend_label(backend) + (f" x{workers}" if workers > 1 else "")
+    return Server(name, child, grpc_port, log, debug_port)
 
 
 def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) -> Server:
@@ -664,11 +741,163 @@ def run_client(
     )
 
 
+# --------------------------------------------------------------------------- h2load
+
+
+H2LOAD_DONE = re.compile(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s")
+H2LOAD_COUNTS = re.compile(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded")
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """One uncompressed gRPC message as sent on the wire: a flag byte, its length, the bytes."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def child_pids(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time of ``pid`` and of every process under it (the workers of ``--workers``)."""
+    total = cpu_seconds(pid)
+    if total is None:
+        return None
+    for child in child_pids(pid):
+        total += tree_cpu_seconds(child) or 0.0
+    return total
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    total = rss_mb(pid)
+    if total is None:
+        return None
+    for child in child_pids(pid):
+        total += tree_rss_mb(child) or 0.0
+    return total
+
+
+def answer_ok(port: int, scenario: str, message: bytes) -> bool:
+    """Sends ``message`` once with the Python client: is the answer OK (a grant for Request)?"""
+    method = LIMITER_METHOD if scenario == "request" else METHOD
+    parse: Callable[[bytes], Any] = (
+        limiter_pb2.RateResponse.FromString
+        if scenario == "request"
+        else rls_pb2.RateLimitResponse.FromString
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            method, request_serializer=_identity, response_deserializer=parse
+        )
+        reply = call(message, timeout=10)
+    return _granted(reply) if scenario == "request" else _rls_ok(reply)
+
+
+def run_h2load(
+    procs: Processes,
+    workdir: Path,
+    server: Server,
+    scenario: str,
+    descriptors: int,
+    args: argparse.Namespace,
+    redis_pid: int | None,
+    rate: float | None = None,
+) -> Result:
+    """One h2load run (a warm-up first) of ``--requests`` requests, all the same message; at
+    ``rate`` req/s in all when given. CPU per request is read from /proc around it."""
+    method = LIMITER_METHOD if scenario == "request" else METHOD
+    message = build_requests(scenario, descriptors, 1, args.seed)[0]
+    body = workdir / f"{scenario}-{descriptors}.grpc"
+    body.write_bytes(grpc_frame(message))
+    ok = answer_ok(server.grpc_port, scenario, message)
+    log = workdir / "h2load.log"
+    argv = ["h2load", "-t", "1", "-c", str(args.clients), "-m", str(args.streams)]
+    argv += ["-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers"]
+    _, client_cpus = cpu_split(args.pin)
+
+    def h2load(requests: int, extra: Sequence[str]) -> str:
+        child = procs.start(
+            [*argv, "-n", str(requests), *extra, f"http://127.0.0.1:{server.grpc_port}{method}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cpus=client_cpus,
+        )
+        try:
+            out, _ = child.communicate(timeout=START_TIMEOUT + requests / 100)
+        finally:
+            procs.stop(child)
+        text: str = out.decode(errors="replace")
+        if child.returncode != 0 or H2LOAD_DONE.search(text) is None:
+            raise RuntimeError(f"h2load failed ({child.returncode}):\n{text[-2000:]}")
+        return text
+
+    pace: list[str] = []
+    requests = args.requests
+    if rate is not None:
+        pace = [f"--rps={max(1, round(rate / args.clients))}"]
+        requests = max(args.clients, round(rate * args.rate_seconds))
+    h2load(max(args.clients * args.streams, args.requests // 5), pace)  # warm-up
+    pid = server.process.pid
+    cpu0, redis0 = tree_cpu_seconds(pid), None if redis_pid is None else cpu_seconds(redis_pid)
+    client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = h2load(requests, [*pace, f"--log-file={log}"])
+    client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu1, redis1 = tree_cpu_seconds(pid), None if redis_pid is None else cpu_seconds(redis_pid)
+    done = H2LOAD_DONE.search(text)
+    counts = H2LOAD_COUNTS.search(text)
+    assert done is not None and counts is not None, text
+    elapsed = float(done[1]) / (1000 if done[2] == "ms" else 1)
+    total, finished, succeeded = int(counts[1]), int(counts[2]), int(counts[3])
+    latencies = sorted(
+        int(line.split("\t")[2]) * 1000 for line in log.read_text().splitlines() if line
+    )
+    client = (client1.ru_utime + client1.ru_stime - client0.ru_utime - client0.ru_stime) / elapsed
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    redis = None if redis0 is None or redis1 is None else redis1 - redis0
+    per = 1e6 / max(1, finished)
+    return Result(
+        target=server.name,
+        scenario=scenario,
+        descriptors=descriptors,
+        concurrency=args.streams,
+        channels=args.clients,
+        seconds=elapsed,
+        requests=succeeded,
+        errors=total - succeeded,
+        not_ok=0 if ok else succeeded,
+        rps=float(done[3]),
+        p50_ms=percentile(latencies, 0.50),
+        p90_ms=percentile(latencies, 0.90),
+        p99_ms=percentile(latencies, 0.99),
+        max_ms=latencies[-1] / 1e6 if latencies else float("nan"),
+        server_cpu=None if cpu is None else cpu / elapsed,
+        client_cpu=client,
+        server_rss_mb=tree_rss_mb(pid),
+        cpu_us=None if cpu is None else cpu * per,
+        redis_us=None if redis is None else redis * per,
+        load="h2load",
+        rate=rate,
+    )
+
+
 def pick_median(runs: Sequence[Result]) -> Result:
     """The run with the median throughput, carrying every run's req/s."""
     ordered = sorted(runs, key=lambda r: r.rps)
     chosen = ordered[(len(ordered) - 1) // 2]
     chosen.rps_runs = [round(r.rps, 1) for r in runs]
+    cpu = sorted(r.cpu_us for r in runs if r.cpu_us is not None)
+    if cpu:  # CPU per request: its own median, not the one of the median throughput run
+        chosen.cpu_us_runs = [round(c, 1) for c in cpu]
+        chosen.cpu_us = cpu[(len(cpu) - 1) // 2]
+    redis = sorted(r.redis_us for r in runs if r.redis_us is not None)
+    if redis:
+        chosen.redis_us_runs = [round(c, 1) for c in redis]
+        chosen.redis_us = redis[(len(redis) - 1) // 2]
     return chosen
 
 
@@ -698,41 +927,67 @@ def ferryman_findings(server: Server) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
+def server_cpus_for(workers: int, pin: bool) -> frozenset[int] | None:
+    """Where a server runs with --pin: one process on the first CPU, N workers on the first N
+    (all CPUs but the load generator's when there are that many)."""
+    first, _ = cpu_split(pin)
+    if first is None or workers == 1:
+        return first
+    mine = sorted(os.sched_getaffinity(0))
+    return frozenset(mine[:workers]) if workers < len(mine) else None
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.descriptors.split(",")]
-    # (scenario, descriptors per request): fixed runs each --descriptors count, burst one.
+    # (scenario, descriptors per request): fixed runs each --descriptors count, the others one.
     cases = [
         (scenario, n)
         for scenario in args.scenario
         for n in (counts if scenario == "fixed" else [1])
     ]
+    use_h2load = args.load == "h2load" or (args.load == "auto" and shutil.which("h2load"))
     procs = Processes()
     results: list[Result] = []
     problems: list[str] = []
     notes: list[str] = []
-    server_cpus, _ = cpu_split(args.pin)
+    redis_pid: int | None = None
 
     def progress(message: str) -> None:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
     runs: dict[tuple[str, str, int], list[Result]] = {}
+    half_runs: dict[tuple[str, str, int], list[Result]] = {}
     with tempfile.TemporaryDirectory(prefix="ferryman-bench-") as tmp:
         workdir = Path(tmp)
+
+        def run(server: Server, scenario: str, n: int, rate: float | None = None) -> Result:
+            if use_h2load:
+                return run_h2load(procs, workdir, server, scenario, n, args, redis_pid, rate)
+            return run_client(procs, server, scenario, n, args)
+
         try:
             servers: list[Server] = []
-            ferryman: Server | None = None
             if not args.no_ferryman:
                 backend = args.backend
                 if backend == "redis":
-                    backend = start_redis(procs, workdir)
+                    backend, redis_pid = start_redis_process(procs, workdir)
                 burst = any(scenario != "fixed" for scenario in args.scenario)
-                ferryman = start_ferryman(
-                    procs, workdir, backend, server_cpus, args.env, burst=burst
-                )
-                servers.append(ferryman)
+                for workers in args.workers:
+                    servers.append(
+                        start_ferryman(
+                            procs,
+                            workdir,
+                            backend,
+                            server_cpus_for(workers, args.pin),
+                            args.env,
+                            burst=burst,
+                            workers=workers,
+                            one_user=bool(use_h2load),
+                        )
+                    )
             if not args.no_ceiling:
-                servers.append(start_ceiling(procs, workdir, server_cpus))
+                servers.append(start_ceiling(procs, workdir, server_cpus_for(1, args.pin)))
             # Interleaved, so that a slow spell of the machine hits both sides alike.
             for round_ in range(args.repeat):
                 for scenario, n in cases:
@@ -740,21 +995,53 @@ def orchestrate(args: argparse.Namespace) -> int:
                         progress(
                             f"[{round_ + 1}/{args.repeat}] {server.name}, "
                             f"{case_label(scenario, n)}, "
-                            f"c={args.concurrency}, {args.warmup:g}+{args.seconds:g} s"
+                            + (
+                                f"h2load {args.clients}x{args.streams}, {args.requests} requests"
+                                if use_h2load
+                                else f"c={args.concurrency}, {args.warmup:g}+{args.seconds:g} s"
+                            )
                         )
-                        result = run_client(procs, server, scenario, n, args)
+                        result = run(server, scenario, n)
                         runs.setdefault((server.name, scenario, n), []).append(result)
-            if ferryman is not None:
-                problems, notes = ferryman_findings(ferryman)
+            if args.half_rate and use_h2load and not args.no_ceiling:
+                ceilings = {
+                    key[1:]: pick_median(group)
+                    for key, group in runs.items()
+                    if key[0] == "ceiling"
+                }
+                for round_ in range(args.repeat):
+                    for (scenario, n), ceiling in ceilings.items():
+                        rate = ceiling.rps / 2
+                        for server in servers:
+                            progress(
+                                f"[{round_ + 1}/{args.repeat}] {server.name}, "
+                                f"{case_label(scenario, n)} at {rate:.0f} req/s"
+                            )
+                            result = run(server, scenario, n, rate)
+                            half_runs.setdefault((server.name, scenario, n), []).append(result)
+            for server in servers:
+                if server.name != "ceiling":
+                    found, noted = ferryman_findings(server)
+                    problems += found
+                    notes += noted
         finally:
             procs.close()  # before the temporary directory goes
     results = [pick_median(group) for group in runs.values()]
-    results.sort(key=lambda r: (r.target == "ceiling", SCENARIOS.index(r.scenario), r.descriptors))
+    half = [pick_p99_median(group) for group in half_runs.values()]
 
-    best = {(r.scenario, r.descriptors): r.rps for r in results if r.target == "ceiling"}
+    def order(r: Result) -> tuple[bool, str, int, int]:
+        return (r.target == "ceiling", r.target, SCENARIOS.index(r.scenario), r.descriptors)
+
+    results.sort(key=order)
+    half.sort(key=order)
+    ceiling_of = {(r.scenario, r.descriptors): r for r in results if r.target == "ceiling"}
     for r in results:
-        if r.target != "ceiling" and best.get((r.scenario, r.descriptors)):
-            r.ratio_to_ceiling = r.rps / best[(r.scenario, r.descriptors)]
+        top = ceiling_of.get((r.scenario, r.descriptors))
+        if r.target != "ceiling" and top is not None and top.rps:
+            r.ratio_to_ceiling = r.rps / top.rps
+            if r.cpu_us is not None and top.cpu_us is not None:
+                r.own_us = r.cpu_us - top.cpu_us
+    checks = target_checks(results, half, args)
 
     if args.json:
         report = {
@@ -763,6 +1050,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             "cpus": os.cpu_count(),
             "argv": sys.argv,
             "results": [asdict(r) for r in results],
+            "half_rate": [asdict(r) for r in half],
+            "targets": checks,
             "ferryman_problems": problems,
             "ferryman_notes": notes,
         }
@@ -773,12 +1062,72 @@ def orchestrate(args: argparse.Namespace) -> int:
             print(r.line())
             for sample in r.error_samples:
                 print(f"    error: {sample}")
+        if half:
+            print("at half the ceiling's req/s:")
+            for r in half:
+                print(f"  {r.line()}")
+        if checks:
+            print("targets:")
+            for check in checks:
+                print(f"  {check}")
         for line in notes:
             print(f"ferryman log: {line}")
         for line in problems:
             print(f"ferryman PROBLEM: {line}")
-    failed = any(r.errors or r.not_ok for r in results) or bool(problems)
+    failed = any(r.errors or r.not_ok for r in results + half) or bool(problems)
     return 1 if failed else 0
+
+
+def pick_p99_median(runs: Sequence[Result]) -> Result:
+    """The run with the median p99 latency, carrying every run's req/s."""
+    ordered = sorted(runs, key=lambda r: r.p99_ms)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.rps_runs = [round(r.rps, 1) for r in runs]
+    return chosen
+
+
+def target_checks(
+    results: Sequence[Result], half: Sequence[Result], args: argparse.Namespace
+) -> list[str]:
+    """The performance targets, each with its figure and whether it is met."""
+    out: list[str] = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    for r in results:
+        if r.target == "ceiling" or r.ratio_to_ceiling is None:
+            continue
+        redis = r.target.startswith(("redis", "rediss"))
+        if r.scenario == "fixed":
+            floor, own = (0.80, 50.0) if redis else (0.92, 20.0)
+        else:
+            floor, own = 0.70, math.inf
+        text = f"{r.target} {r.label}: {r.ratio_to_ceiling:.0%} of ceiling (>= {floor:.0%})"
+        ok = r.ratio_to_ceiling >= floor
+        if r.own_us is not None and own != math.inf:
+            text += f", own {r.own_us:.0f} us/request (<= {own:.0f})"
+            ok = ok and r.own_us <= own
+        out.append(f"{text}: {verdict(ok)}")
+    tops = {(r.scenario, r.descriptors): r for r in half if r.target == "ceiling"}
+    for r in half:
+        top = tops.get((r.scenario, r.descriptors))
+        if r.target == "ceiling" or top is None:
+            continue
+        gap = r.p99_ms - top.p99_ms
+        out.append(
+            f"{r.target} {r.label} at {top.rate or 0:.0f} req/s: p99 {r.p99_ms:.2f} ms vs "
+            f"ceiling {top.p99_ms:.2f} ms ({gap:+.2f} ms, within 1 ms): {verdict(gap <= 1.0)}"
+        )
+    workers = {r.target: r for r in results if r.scenario == "fixed" and r.descriptors == 1}
+    one = workers.get(backend_label(args.backend))
+    for name, r in workers.items():
+        if one is not None and name.startswith(one.target + " x") and one.rps:
+            text = f"{name} vs 1 worker: {r.rps / one.rps:.2f}x req/s"
+            if r.cpu_us is not None and one.cpu_us is not None:
+                text += f", cpu/req {r.cpu_us:.0f} vs {one.cpu_us:.0f} us"
+            out.append(text)
+    return out
 
 
 def _grpc_version() -> str:
@@ -836,6 +1185,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="pin the server to the first CPU and the client to the others (Linux)",
     )
+    parser.add_argument(
+        "--load",
+        choices=["auto", "h2load", "python"],
+        default="auto",
+        help="load generator: h2load (every request the same message, --clients x --streams, "
+        "--requests per run), python (grpc.aio, --concurrency/--channels, varied values for "
+        "--seconds), auto: h2load when on PATH (default)",
+    )
+    parser.add_argument("--clients", type=int, default=8, help="h2load connections (default 8)")
+    parser.add_argument(
+        "--streams", type=int, default=16, help="h2load streams per connection (default 16)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=20_000, help="h2load requests per run (default 20000)"
+    )
+    parser.add_argument(
+        "--half-rate",
+        action="store_true",
+        help="h2load: then run each case at half the ceiling's req/s and compare p99",
+    )
+    parser.add_argument(
+        "--rate-seconds", type=float, default=4.0, help="length of a --half-rate run (default 4)"
+    )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="comma-separated worker counts, one ferryman each (serve --workers N; more than "
+        "one needs a shared backend such as redis), e.g. 1,2 (default 1)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the request values")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -868,8 +1246,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.scenario = list(dict.fromkeys(scenarios))
     if args.seconds <= 0 or args.seconds > 600 or args.warmup < 0 or args.warmup > 60:
         parser.error("--seconds must be in (0, 600] and --warmup in [0, 60]")
-    if args.concurrency < 1 or args.channels < 1 or args.repeat < 1:
-        parser.error("--concurrency, --channels and --repeat must be at least 1")
+    if min(args.concurrency, args.channels, args.repeat, args.clients, args.streams) < 1:
+        parser.error(
+            "--concurrency, --channels, --clients, --streams and --repeat must be at least 1"
+        )
+    if args.requests < 1 or args.rate_seconds <= 0:
+        parser.error("--requests must be at least 1 and --rate-seconds above 0")
+    if args.load == "h2load" and shutil.which("h2load") is None:
+        parser.error("--load h2load: h2load is not on PATH (nghttp2's client tools)")
+    try:
+        args.workers = [int(n) for n in str(args.workers).split(",")]
+    except ValueError:
+        parser.error("--workers takes comma-separated whole numbers, e.g. 1,2")
+    if not args.workers or min(args.workers) < 1:
+        parser.error("--workers must name at least one count, each at least 1")
     if args.no_ferryman and args.no_ceiling:
         parser.error("--no-ferryman and --no-ceiling leave nothing to run")
     extra_env = {}

@@ -226,7 +226,7 @@ class _Channel(asyncio.Protocol):
             return
         self.writes += 1
         try:
-            transport.write(b"".join(data))
+            transport.write(data[0] if len(data) == 1 else b"".join(data))
         except Exception as exc:
             self.close(rex.ConnectionError(f"write failed: {exc}"))
 

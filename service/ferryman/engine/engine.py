@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -58,6 +59,14 @@ T = TypeVar("T")
 
 #: The stores a request may call, as BackendTimer names them.
 ALGORITHMS = ("fixed_window", "burst", "copies", "token_bucket", "sliding_window")
+
+#: Distinct requests whose matches are kept (per engine, least recently used dropped first;
+#: all dropped when the config changes).
+PLANS = 4096
+
+# One descriptor's match: its rule's policy (None: an override, no entries or no rule) and,
+# for a plain fixed window, its counter key without the window.
+Match = tuple[Policy | None, str]
 
 
 class BackendTimer(Protocol):
@@ -125,24 +134,44 @@ class RateLimitEngine:
         self.leased = LeasedLimiter(stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
+        self._plans: OrderedDict[Hashable, list[Match]] = OrderedDict()
 
     # -- ShouldRateLimit --------------------------------------------------------------------
 
     async def should_rate_limit(
-        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int = 0
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorRequest],
+        hits_addend: int = 0,
+        *,
+        key: Hashable | None = None,
     ) -> Decision:
-        check_request(domain, descriptors)
+        """The decision on one request. ``key``, when given, stands for the whole request
+        (its serialized bytes): the request's validation and its descriptors' matches are
+        then kept under it for the next request with the same key."""
         config = self._config()
-        dom = config.domains.get(domain)
-        if dom is None:
-            self._stats.rule(domain, "domain_not_found", 1, (domain,))
-            return self._decision(
-                domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
-            )
+        plans = self._plans
+        matches = plans.get(key) if key is not None else None
+        if matches is None:
+            check_request(domain, descriptors)
+            dom = config.domains.get(domain)
+            if dom is None:
+                self._stats.rule(domain, "domain_not_found", 1, (domain,))
+                return self._decision(
+                    domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
+                )
+            matches = self._match(dom, descriptors)
+            if key is not None:
+                plans[key] = matches
+                if len(plans) > PLANS:
+                    plans.popitem(last=False)
+        else:
+            plans.move_to_end(key)
         request_hits = hits_addend or 1
         now = self._clock.now()
-        plan = self._plan(config, dom, descriptors, request_hits, now)
-        plan.drop_replaced()
+        plan = self._plan(domain, matches, descriptors, request_hits, now)
+        if plan.replaced:
+            plan.drop_replaced()
         try:
             results, outcomes, held, takes, slid = await self._ask_backend(plan, now)
         except BackendError:
@@ -172,25 +201,51 @@ class RateLimitEngine:
         if config is not self._policies_of:
             self._policies = policies(config, self.options)
             self._policies_of = config
+            self._plans.clear()
         return config
+
+    def _match(self, dom: Domain, descriptors: Sequence[DescriptorRequest]) -> list[Match]:
+        """Each descriptor's policy, and a plain window's counter key without its window."""
+        table = self._policies
+        out: list[Match] = []
+        for desc in descriptors:
+            entries = desc.entries
+            if desc.limit is not None or not entries:
+                out.append((None, ""))
+                continue
+            if len(entries) == 1:  # the path is the matched rule: no list needed
+                last = dom.root.match(*entries[0])
+            else:
+                path = walk(dom, entries)
+                last = path[-1] if path is not None else None
+            policy = table.get(last) if last is not None else None
+            base = ""
+            if isinstance(policy, Plain):
+                base = policy.head + "".join([f"{k}_{v}_" for k, v in entries])
+            out.append((policy, base))
+        return out
 
     def _plan(
         self,
-        config: Config,
-        dom: Domain,
+        domain: str,
+        matches: Sequence[Match],
         descriptors: Sequence[DescriptorRequest],
         request_hits: int,
         now: float,
     ) -> _Plan:
         """Each descriptor's item for its rule's store, or its status when none is needed."""
         plan = _Plan([None] * len(descriptors))
-        domain = dom.name
-        table = self._policies
         for i, desc in enumerate(descriptors):
             hits = request_hits if desc.hits is None else desc.hits
             if desc.negative:
                 hits = -hits
             entries = desc.entries
+            policy, base = matches[i]
+            if isinstance(policy, Plain):  # the common case first
+                if policy.limit.replaces:
+                    plan.replaced.update(policy.limit.replaces)
+                plan.windows.append(self.windows.plain(i, policy, base, hits, now))
+                continue
             if desc.limit is not None:
                 plan.windows.append(
                     self.windows.override(i, desc.limit, domain, entries, hits, now)
@@ -199,17 +254,7 @@ class RateLimitEngine:
             if not entries:  # as the reference: matches no rule, OK with no limit
                 plan.statuses[i] = Status(Code.OK)
                 continue
-            if len(entries) == 1:  # the path is the matched rule: no list needed
-                last = dom.root.match(*entries[0])
-            else:
-                path = walk(dom, entries)
-                last = path[-1] if path is not None else None
-            policy = table.get(last) if last is not None else None
-            if isinstance(policy, Plain):
-                if policy.limit.replaces:
-                    plan.replaced.update(policy.limit.replaces)
-                plan.windows.append(self.windows.plain(i, policy, entries, hits, now))
-            elif isinstance(policy, Window):
+            if isinstance(policy, Window):
                 plan.replaced.update(policy.limit.replaces)
                 plan.windows.append(self.windows.window(i, policy, domain, entries, hits, now))
             elif isinstance(policy, Unlimited):
@@ -305,8 +350,14 @@ class RateLimitEngine:
         in one write, so the request costs one round trip. They run in descriptor order."""
         backend = self._backend
         stop = self.options.stop_when_over
-        ops: list[CounterOp] = [w.op for w in plan.windows if w.op is not None and not w.cached]
-        if stop and ops and any(w.cached and w.hits > 0 for w in plan.windows):
+        windows = plan.windows
+        ops: list[CounterOp] = [w.op for w in windows if w.op is not None and not w.cached]
+        if (
+            stop
+            and ops
+            and len(ops) < len(windows)
+            and any(w.cached and w.hits > 0 for w in windows)
+        ):
             # A descriptor known to be over (local cache) blocks the request: as with one
             # found over in the store, the others are read, not incremented.
             ops = [replace(op, hits=0) if op.hits > 0 else op for op in ops]
@@ -317,30 +368,27 @@ class RateLimitEngine:
                     "fixed_window", len(ops), backend.windows.apply(ops, stop_when_over=stop)
                 )
             )
-        calls.extend(
-            self._timed("burst", 1, backend.bursts.decide(b.request, now)) for b in plan.bursts
-        )
-        calls.extend(
-            self._timed("copies", 1, self.copies.hold(backend.copies, h, now)) for h in plan.holds
-        )
-        buckets = backend.buckets
-        calls.extend(
-            self._timed(
-                "token_bucket",
-                1,
-                buckets.take(b.key, b.spec, b.hits, b.max_wait_millis, now),
+        timed = self._timed
+        for b in plan.bursts:
+            calls.append(timed("burst", 1, backend.bursts.decide(b.request, now)))
+        for h in plan.holds:
+            calls.append(timed("copies", 1, self.copies.hold(backend.copies, h, now)))
+        for t in plan.buckets:
+            calls.append(
+                timed(
+                    "token_bucket",
+                    1,
+                    backend.buckets.take(t.key, t.spec, t.hits, t.max_wait_millis, now),
+                )
             )
-            for b in plan.buckets
-        )
-        sliding = backend.sliding
-        calls.extend(
-            self._timed(
-                "sliding_window",
-                1,
-                sliding.hit(s.key, s.limit.requests_per_unit, s.seconds, s.hits, now),
+        for s in plan.sliding:
+            calls.append(
+                timed(
+                    "sliding_window",
+                    1,
+                    backend.sliding.hit(s.key, s.limit.requests_per_unit, s.seconds, s.hits, now),
+                )
             )
-            for s in plan.sliding
-        )
         if not calls:
             return [], [], [], [], []
         if len(calls) == 1:
@@ -369,7 +417,7 @@ class RateLimitEngine:
         tally: Tally,
     ) -> Decision:
         opts = self.options
-        final = tuple(s if s is not None else Status(Code.OK) for s in statuses)
+        final = tuple([s if s is not None else Status(Code.OK) for s in statuses])
         code = tally.code
         if code is Code.OVER_LIMIT and opts.shadow_mode:
             self._stats.inc(GLOBAL_SHADOW_MODE)

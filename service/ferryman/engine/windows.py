@@ -50,10 +50,9 @@ class WindowLimiter:
         self.stats = stats
         self.local = local
 
-    def plain(
-        self, index: int, p: Plain, entries: Sequence[tuple[str, str]], hits: int, now: float
-    ) -> WindowItem:
-        """The common case, with nothing worked out per request but the counter key."""
+    def plain(self, index: int, p: Plain, base: str, hits: int, now: float) -> WindowItem:
+        """The common case, with nothing worked out per request: ``base`` is the counter key
+        without its window (``p.head`` and the entries)."""
         item = WindowItem(
             index,
             p.limit,
@@ -66,7 +65,7 @@ class WindowLimiter:
             p.rule,
             metadata=p.metadata,
         )
-        return self._counted(item, p.head + "".join([f"{k}_{v}_" for k, v in entries]), now)
+        return self._counted(item, base, now)
 
     def window(
         self,

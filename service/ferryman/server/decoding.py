@@ -3,9 +3,10 @@
 grpc.aio answers those UNKNOWN and logs a traceback per request. Bad input is the client's
 problem: each method's deserializer is wrapped once, at registration, so that such a request
 reaches a small guard instead, which counts it, reports it through a ThrottledLog (one line
-per interval, with a count) and answers INVALID_ARGUMENT. Decodable requests pay one
-isinstance check. The same guard runs the peer check of mutual TLS (``authorize``), so
-that it covers every method of every service, health included.
+per interval, with a count) and answers INVALID_ARGUMENT. Decodable requests pay one class
+check, made by the edge's own wrapper where there is one (no coroutine of the guard's then).
+The same guard runs the peer check of mutual TLS (``authorize``), so that it covers every
+method of every service, health included.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 from ferryman.logs import ThrottledLog
 from ferryman.stats import Stats
 
-__all__ = ["UNDECODABLE", "GuardedServer"]
+__all__ = ["CHECKS_UNDECODABLE", "UNDECODABLE", "GuardedServer", "Undecodable"]
 
 log = logging.getLogger("ferryman.grpc")
 
@@ -29,16 +30,29 @@ log = logging.getLogger("ferryman.grpc")
 UNDECODABLE = "ratelimit.service.undecodable_requests"
 
 
-class _Undecodable:
-    """What a request that failed to decode is handed on as."""
+class Undecodable:
+    """What a request that failed to decode is handed on as: ``refuse(context)`` answers it
+    (a method wrapped by the edge calls it first thing, so it needs no guard of its own)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("_refuse", "error")
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: str, refuse: Callable[[Undecodable, Any], Awaitable[None]]) -> None:
         self.error = error
+        self._refuse = refuse
+
+    def refuse(self, context: Any) -> Awaitable[None]:
+        """Count and log the request, and answer it INVALID_ARGUMENT (raises, as abort)."""
+        return self._refuse(self, context)
 
 
-def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+#: Set on a method behaviour that answers an Undecodable request itself (``Edge``).
+CHECKS_UNDECODABLE = "ferryman_checks_undecodable"
+
+
+def _tolerant(
+    deserialize: Callable[[bytes], Any] | None,
+    refuse: Callable[[Undecodable, Any], Awaitable[None]],
+) -> Callable[[bytes], Any] | None:
     if deserialize is None:
         return None
 
@@ -46,7 +60,7 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
         try:
             return deserialize(data)
         except DecodeError as exc:
-            return _Undecodable(str(exc))
+            return Undecodable(str(exc), refuse)
 
     return parse
 
@@ -89,7 +103,7 @@ class GuardedServer:
             (grpc.method_handlers_generic_handler(service, guarded),)
         )
 
-    async def _refuse(self, method: str, bad: _Undecodable, context: Any) -> None:
+    async def _refuse(self, method: str, bad: Undecodable, context: Any) -> None:
         self._stats.inc(UNDECODABLE)
         for name in self._error_stats.get(method, ()):
             self._stats.inc(name)
@@ -102,12 +116,14 @@ class GuardedServer:
     def _guard(self, method: str, handler: Any) -> Any:
         if handler.request_deserializer is None:
             return handler
-        refuse = self._refuse
         authorize = self._authorize
 
+        async def refuse(bad: Undecodable, context: Any) -> None:
+            await self._refuse(method, bad, context)
+
         async def undecoded(request: Any, context: Any) -> Any:
-            if isinstance(request, _Undecodable):
-                await refuse(method, request, context)
+            if isinstance(request, Undecodable):
+                await request.refuse(context)
             return request
 
         async def check(request: Any, context: Any) -> Any:
@@ -125,10 +141,16 @@ class GuardedServer:
             return checked(requests, context)
 
         prepare = check_stream if handler.request_streaming else check
-        changes: dict[str, Any] = {"request_deserializer": _tolerant(handler.request_deserializer)}
+        changes: dict[str, Any] = {
+            "request_deserializer": _tolerant(handler.request_deserializer, refuse)
+        }
         for field in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             inner = getattr(handler, field)
-            if inner is not None:
+            if inner is None:
+                continue
+            if authorize is None and getattr(inner, CHECKS_UNDECODABLE, False):
+                changes[field] = inner  # no coroutine of ours in between on the request path
+            else:
                 changes[field] = _wrap(inner, prepare)
         return handler._replace(**changes)
 

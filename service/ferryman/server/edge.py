@@ -19,6 +19,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
 from ferryman.errors import BackendError, FerrymanError, status_of
+from ferryman.server.decoding import CHECKS_UNDECODABLE, Undecodable
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
 
@@ -105,6 +106,8 @@ class Edge:
 
             async def plain(request: Any, context: Context) -> Any:
                 # The plain path: no span, nothing but the deadline and the answer.
+                if request.__class__ is Undecodable:
+                    return await request.refuse(context)
                 stats.inc(total)
                 ANSWER_BY.set(answer_by(context.time_remaining()))
                 try:
@@ -112,11 +115,14 @@ class Edge:
                 except FerrymanError as error:
                     await self._fail(error, counters, context)
 
+            setattr(plain, CHECKS_UNDECODABLE, True)
             return plain
 
         attributes = {"grpc_method": name}
 
         async def observed(request: Any, context: Context) -> Any:
+            if request.__class__ is Undecodable:
+                return await request.refuse(context)
             stats.inc(total)
             ANSWER_BY.set(answer_by(context.time_remaining()))
             start = perf_counter()
@@ -131,6 +137,7 @@ class Edge:
                 if latency is not None:
                     latency.record(perf_counter() - start, attributes)
 
+        setattr(observed, CHECKS_UNDECODABLE, True)
         return observed
 
     async def _traced(
