@@ -14,10 +14,12 @@ from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.edge import Method
 from ferryman.stats import CALL
 
-__all__ = ["METHODS", "SEEN", "RateLimitServicer"]
+__all__ = ["METHODS", "SEEN", "SEEN_BYTES", "RateLimitServicer"]
 
-#: Distinct requests whose conversion is kept.
+#: Distinct requests whose conversion is kept, and the largest request kept (in serialized
+#: bytes; Envoy's are a few hundred): at most about 4 MiB in all, whatever the callers send.
 SEEN = 4096
+SEEN_BYTES = 1024
 
 Converted = tuple[str, list[DescriptorRequest], int]
 
@@ -52,6 +54,8 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
         self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> rls_pb2.RateLimitResponse:
         key = request.SerializeToString()
+        if len(key) > SEEN_BYTES:  # a rare large request: converted and matched afresh
+            return await self.respond(request)
         seen = self._seen
         converted = seen.get(key)
         if converted is None:
