@@ -1,7 +1,7 @@
 """One frozen Settings object, read from the reference service's environment variables.
 
 The names and defaults follow envoyproxy/ratelimit so that a deployment written for it runs
-ferryman unchanged; command-line flags (see ``cli.py``) override them.
+ferryman unchanged; command-line flags (see ``ferryman.cli``) override them.
 """
 
 from __future__ import annotations

@@ -9,10 +9,13 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from ferryman.errors import FerrymanError
+
+if TYPE_CHECKING:
+    from ferryman.cli.common import Subcommands
 
 __all__ = ["add_parser", "run"]
 
@@ -35,7 +38,7 @@ class ApiError(FerrymanError):
         super().__init__(f"HTTP {status}: {text}")
 
 
-def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     config = sub.add_parser(
         "config",
         help="read and change the configuration through a server's config API",
@@ -79,6 +82,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     reset.add_argument("--descriptor", help="k=v[,k=v...]")
     reset.add_argument("--namespace", help="a quota service namespace")
     reset.add_argument("--bucket", help="a quota service bucket name")
+    return config
 
 
 def _reset_request(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""``ferryman envoy check | generate``: Envoy configs against the descriptors, or made
+from them (needs the envoy-data-plane package, ``pip install ferryman[envoy]``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ferryman.cli.common import RAW, load_config, needs_envoy_data_plane, port
+
+if TYPE_CHECKING:
+    from ferryman.cli.common import Subcommands
+    from ferryman.config.model import Config
+    from ferryman.engine.model import EngineOptions
+
+__all__ = ["add_parser", "run"]
+
+EXAMPLES = """examples:
+  ferryman envoy check envoy/front-proxy.yaml --config descriptors
+  ferryman envoy check k8s/overlays/istio/*.yaml --config k8s/base/descriptors --format json
+  ferryman envoy generate --domain messaging --config descriptors > envoy.yaml
+  ferryman envoy generate --domain edge-proxy --format istio --header plan=x-plan"""
+
+
+def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    envoy = sub.add_parser(
+        "envoy",
+        help="check Envoy configs against the descriptors, or generate them",
+        description="check: read Envoy bootstraps, Listeners, RouteConfigurations or Istio "
+        "EnvoyFilters, derive the descriptor each rate_limits entry sends and walk it down "
+        "its domain's tree; exit 0 when every entry reaches a rule, 1 when one cannot (or, "
+        "with --strict, on a warning), 2 when a file cannot be read. generate: print the "
+        "Envoy pieces that make a domain's rules reachable. Needs pip install ferryman[envoy].",
+        epilog=EXAMPLES,
+        formatter_class=RAW,
+        parents=parents,
+    )
+    actions = envoy.add_subparsers(dest="envoy_command", required=True, metavar="ACTION")
+    _add_check(actions, parents)
+    _add_generate(actions, parents)
+    return envoy
+
+
+def _add_check(actions: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    check = actions.add_parser(
+        "check", help="check Envoy files against the descriptors", parents=parents
+    )
+    check.add_argument("files", nargs="+", type=Path, metavar="ENVOY_FILE")
+    check.add_argument(
+        "--config", type=Path, help="descriptor directory (default: descriptors/ here)"
+    )
+    check.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
+    check.add_argument("--strict", action="store_true", help="fail on warnings too")
+
+
+def _add_generate(actions: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    generate = actions.add_parser(
+        "generate", help="print Envoy config reaching a domain's rules", parents=parents
+    )
+    generate.add_argument("--domain", required=True)
+    generate.add_argument(
+        "--config", type=Path, help="descriptor directory (default: descriptors/ here)"
+    )
+    generate.add_argument(
+        "--format",
+        choices=("envoy", "istio"),
+        default="envoy",
+        help="a bootstrap (default) or Istio EnvoyFilter manifests",
+    )
+    generate.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=HEADER",
+        help="read descriptor key KEY from request header HEADER (default: the header KEY)",
+    )
+    generate.add_argument(
+        "--ferryman",
+        default="127.0.0.1:8081",
+        metavar="HOST:PORT",
+        help="ferryman's gRPC address (default 127.0.0.1:8081)",
+    )
+    generate.add_argument(
+        "--upstream",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
+        help="the upstream the routes lead to (default 127.0.0.1:8000)",
+    )
+    generate.add_argument(
+        "--listen", type=port, default=10000, help="Envoy's listener port (default 10000)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    needs_envoy_data_plane()
+    config, options = load_config(args.config)
+    if args.envoy_command == "generate":
+        return _generate(args, config, options)
+    return _check(args, config, options)
+
+
+def _generate(args: argparse.Namespace, config: Config, options: EngineOptions) -> int:
+    from ferryman.envoy.generate import generate, parse_headers
+
+    print(
+        generate(
+            config,
+            options,
+            args.domain,
+            fmt=args.format,
+            headers=parse_headers(args.header),
+            ferryman=args.ferryman,
+            upstream=args.upstream,
+            listen=args.listen,
+        ),
+        end="",
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace, config: Config, options: EngineOptions) -> int:
+    from ferryman.envoy.actions import collect
+    from ferryman.envoy.check import check, render
+    from ferryman.envoy.read import read_file
+
+    pieces = [piece for path in args.files for piece in read_file(path)]
+    report = check(collect(pieces), config, options)
+    if args.format == "json":
+        print(json.dumps(report.as_dict(args.strict)))
+    else:
+        print(render(report, args.strict), end="")
+    return report.exit_code(args.strict)
