@@ -106,9 +106,11 @@ class LuaScript:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     @classmethod
-    def of(cls, package: str, name: str) -> LuaScript:
-        """The script ``name`` in ``package`` (e.g. ``ferryman.algorithms.burst``)."""
-        return cls(_DEADLINE + resources.files(package).joinpath(name).read_text("utf-8"))
+    def of(cls, package: str, *names: str) -> LuaScript:
+        """The script made of the files ``names`` in ``package`` (e.g.
+        ``ferryman.algorithms.burst``), in order: shared functions first, the script last."""
+        files = resources.files(package)
+        return cls(_DEADLINE + "".join(files.joinpath(name).read_text("utf-8") for name in names))
 
 
 # An operator's reset: the keys of one counter, deleted together.

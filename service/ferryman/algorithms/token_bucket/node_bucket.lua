@@ -15,21 +15,7 @@ local now = ferryman_now(ARGV[1], 'us')
 local tokens, max_wait = tonumber(ARGV[2]), tonumber(ARGV[3]) * 1000.0
 local size, fill_rate, max_debt = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
-local stored, next_free
-local saved = redis.call('GET', KEYS[1])
-if saved then
-  local sep = string.find(saved, ' ', 1, true)
-  stored = math.min(tonumber(string.sub(saved, 1, sep - 1)), size)
-  next_free = tonumber(string.sub(saved, sep + 1))
-else
-  stored, next_free = size, now
-end
-if now > next_free then
-  if fill_rate > 0 then
-    stored = math.min(size, stored + (now - next_free) * fill_rate / 1e6)
-  end
-  next_free = now
-end
+local stored, next_free = bucket_refilled(redis.call('GET', KEYS[1]), size, fill_rate, now)
 local function answer(status, wait)
   return {status, wait, string.format('%.17g', stored), string.format('%.17g', next_free - now)}
 end

@@ -48,7 +48,7 @@ class RedisTokenBucketStore:
         self, connection: RedisConnection, *, prefix: str = "", clock: Clock | None = None
     ) -> None:
         self._connection = connection
-        self._script = LuaScript.of(__package__ or "", "token_bucket.lua")
+        self._script = LuaScript.of(__package__ or "", "bucket.lua", "token_bucket.lua")
         self._peek = LuaScript.of(__package__ or "", "bucket_peek.lua")
         self._prefix = prefix
         self._clock = clock
@@ -133,7 +133,7 @@ class RedisNodeBuckets:
 
     def __init__(self, connection: RedisConnection, server_time: bool = True) -> None:
         self._connection = connection
-        self._script = LuaScript.of(__package__ or "", "node_bucket.lua")
+        self._script = LuaScript.of(__package__ or "", "bucket.lua", "node_bucket.lua")
         connection.scripts.append(self._script)
         self._server_time = server_time
         self.recent: Recent[str] = Recent()

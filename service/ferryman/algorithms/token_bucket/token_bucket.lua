@@ -50,21 +50,7 @@ if tokens > max_tokens then
   return {TOO_MANY_TOKENS, 0, created, unpack(removed)}
 end
 
-local stored, next_free
-local saved = redis.call('HGET', KEYS[1], name)
-if saved then
-  local sep = string.find(saved, ' ', 1, true)
-  stored = math.min(tonumber(string.sub(saved, 1, sep - 1)), size)
-  next_free = tonumber(string.sub(saved, sep + 1))
-else
-  stored, next_free = size, now
-end
-if now > next_free then
-  if fill_rate > 0 then
-    stored = math.min(size, stored + (now - next_free) * fill_rate / 1e6)
-  end
-  next_free = now
-end
+local stored, next_free = bucket_refilled(redis.call('HGET', KEYS[1], name), size, fill_rate, now)
 local wait = next_free - now
 if wait > max_wait then
   return {TIMEOUT, 0, created, unpack(removed)}
