@@ -238,6 +238,18 @@ def _seconds(value: float, field: str, *, positive: bool = False) -> float:
     return float(value)
 
 
+def _copies(
+    domain: str, descriptor: DescriptorLike, copies: int, min_copies: int | None
+) -> tuple[str, Entries, int, int]:
+    """A request for copies, checked: its domain, entries, copies and the fewest accepted."""
+    entries = normalize_descriptor(descriptor)
+    copies = _count(copies, "copies", 1)
+    least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
+    if least > copies:
+        raise RequestError("min_copies", f"{least} is more than copies ({copies})")
+    return _domain(domain), entries, copies, least
+
+
 def _session_gone(error: grpc.RpcError) -> bool:
     """The service does not know the session (it ended there, or this is another server)."""
     code = error.code() if callable(getattr(error, "code", None)) else None
@@ -369,14 +381,8 @@ class ClientCore:
         min_copies: int | None,
         max_wait: float,
     ) -> Flow[RateResult]:
-        domain = _domain(domain)
-        entries = normalize_descriptor(descriptor)
-        copies = _count(copies, "copies", 1)
-        least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
-        if least > copies:
-            raise RequestError("min_copies", f"{least} is more than copies ({copies})")
-        if not (isinstance(max_wait, int | float) and math.isfinite(max_wait) and max_wait >= 0):
-            raise RequestError("max_wait", f"expected seconds >= 0, got {max_wait!r}")
+        domain, entries, copies, least = _copies(domain, descriptor, copies, min_copies)
+        max_wait = _seconds(max_wait, "max_wait")
         schedule = RetrySchedule(max_wait, draw=self._draw)
         attempts = 0
         context: RateContext | None = None
@@ -495,12 +501,7 @@ class ClientCore:
         min_copies: int | None,
         max_wait: float,
     ) -> Flow[HoldState]:
-        domain = _domain(domain)
-        entries = normalize_descriptor(descriptor)
-        copies = _count(copies, "copies", 1)
-        least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
-        if least > copies:
-            raise RequestError("min_copies", f"{least} is more than copies ({copies})")
+        domain, entries, copies, least = _copies(domain, descriptor, copies, min_copies)
         max_wait = _seconds(max_wait, "max_wait")
         request = _protocol.reserve_request(domain, entries, copies, least)
         schedule = RetrySchedule(max_wait, draw=self._draw)
