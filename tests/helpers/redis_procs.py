@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from helpers.needs import missing
 from helpers.ports import free_cluster_port, free_port
@@ -109,9 +110,14 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 class RedisCluster:
-    """Three redis-server masters joined into a cluster (no replicas)."""
+    """A Redis Cluster of real redis-servers: ``masters`` masters (three by default) with
+    ``replicas`` replicas each, failing a silent node over after ``node_timeout_ms``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self, workdir: Path, *, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000
+    ) -> None:
+        self.masters = masters
+        self.replicas = replicas
         self.nodes = [
             RedisProcess(
                 workdir / f"node{i}",
@@ -121,37 +127,70 @@ class RedisCluster:
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "2000",
+                str(node_timeout_ms),
             )
-            for i in range(3)
+            for i in range(masters * (1 + replicas))
         ]
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        seeds = self.nodes[: self.masters]
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in seeds)
 
     def start(self) -> RedisCluster:
         for node in self.nodes:
             node.start()
         cli = require_binary("redis-cli")
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        replicas = str(self.replicas)
         subprocess.run(
-            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", replicas, "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             timeout=60,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        self.wait_ok()
+        # A replica that has not synced yet will not be promoted.
+        end = time.monotonic() + 30
+        while not all(self._synced(node) for node in self.nodes):
+            if time.monotonic() > end:
+                raise RuntimeError("redis cluster replicas did not sync")
+            time.sleep(0.05)
+        return self
+
+    @staticmethod
+    def _synced(node: RedisProcess) -> bool:
+        with node.client() as client:
+            info = client.info("replication")
+        return bool(info.get("role") != "slave" or info.get("master_link_status") == "up")
+
+    def wait_ok(self, timeout: float = 30) -> None:
+        """Until every live node says the cluster is ok."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            live = [n for n in self.nodes if n.proc is not None]
             infos = []
-            for node in self.nodes:
-                with node.client() as client:
+            for node in live:
+                with node.client() as client, contextlib.suppress(redis.RedisError):
                     infos.append(client.execute_command("CLUSTER", "INFO"))
-            if all(b"cluster_state:ok" in info for info in infos):
-                return self
-            time.sleep(0.1)
+            if len(infos) == len(live) and all(b"cluster_state:ok" in i for i in infos):
+                return
+            time.sleep(0.05)
         raise RuntimeError("redis cluster did not become ready")
+
+    def master_of(self, key: str) -> RedisProcess:
+        """The live master that serves ``key``'s slot now."""
+        slot = key_slot(key.encode())
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with node.client() as client, contextlib.suppress(redis.RedisError):
+                for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                    if start <= slot <= end:
+                        port = int(master[1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"no master for slot {slot}")
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -12,7 +12,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -22,8 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import redis
-from redis.crc import key_slot
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -33,8 +30,8 @@ from ferryman.connections.redis import RedisConnection
 from ferryman.server.app import Service
 from ferryman.settings import Settings
 
-from helpers.ports import free_cluster_port, free_port
-from helpers.redis_procs import RedisProcess, require_binary
+from helpers.ports import free_port
+from helpers.redis_procs import RedisCluster, RedisProcess
 from helpers.server import rls_stub
 
 T = TypeVar("T")
@@ -498,86 +495,6 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.01)
 
 
-class ReplicatedCluster:
-    """Three masters with one replica each (six redis-servers), quick to fail over."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.nodes = [
-            RedisProcess(
-                workdir / f"node{i}",
-                free_cluster_port(),
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "1000",
-            )
-            for i in range(6)
-        ]
-
-    @property
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:3])
-
-    def start(self) -> ReplicatedCluster:
-        for node in self.nodes:
-            node.start()
-        cli = require_binary("redis-cli")
-        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        subprocess.run(
-            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "1", "--cluster-yes"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=60,
-        )
-        self.wait_ok()
-        # A replica that has not synced yet will not be promoted.
-        end = time.monotonic() + 30
-        while not all(self._synced(node) for node in self.nodes):
-            if time.monotonic() > end:
-                raise RuntimeError("redis cluster replicas did not sync")
-            time.sleep(0.05)
-        return self
-
-    @staticmethod
-    def _synced(node: RedisProcess) -> bool:
-        with node.client() as client:
-            info = client.info("replication")
-        return bool(info.get("role") != "slave" or info.get("master_link_status") == "up")
-
-    def wait_ok(self, timeout: float = 30) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            live = [n for n in self.nodes if n.proc is not None]
-            infos = []
-            for node in live:
-                with node.client() as client, contextlib.suppress(redis.RedisError):
-                    infos.append(client.execute_command("CLUSTER", "INFO"))
-            if len(infos) == len(live) and all(b"cluster_state:ok" in i for i in infos):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis cluster did not become ready")
-
-    def master_of(self, key: str) -> RedisProcess:
-        """The live master that serves ``key``'s slot now."""
-        slot = key_slot(key.encode())
-        for node in self.nodes:
-            if node.proc is None:
-                continue
-            with node.client() as client, contextlib.suppress(redis.RedisError):
-                for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
-                    if start <= slot <= end:
-                        port = int(master[1])
-                        return next(n for n in self.nodes if n.port == port)
-        raise RuntimeError(f"no master for slot {slot}")
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-
 def run_cluster_kill(
     workdir: Path,
     *,
@@ -588,7 +505,7 @@ def run_cluster_kill(
 ) -> Report:
     """Steady load on one key of a replicated Cluster; its master is killed; load goes on
     until the replica has taken over and for ``settle`` seconds more."""
-    cluster = ReplicatedCluster(workdir / "cluster").start()
+    cluster = RedisCluster(workdir / "cluster", replicas=1, node_timeout_ms=1000).start()
     backend = RedisBackend(parse_backend_url(cluster.url, timeout=redis_timeout))
     connection = backend.connection
     report = Report("cluster master kill", 0.0)
