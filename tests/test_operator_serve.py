@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ import pytest
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 
 from helpers.ports import free_port
+from helpers.serve_process import ServeProcess
 from helpers.server import descriptor, rls_stub, wait_for
 
 CONFIG = """
@@ -30,78 +29,20 @@ descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 5}
 """
-SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)")
 
 
-class Serve:
-    """A `ferryman serve` process on free ports; its stderr is collected line by line."""
+class Serve(ServeProcess):
+    """A `ferryman serve` process on free ports, with the service's own defaults, started
+    and ready (when it logs at a level that hides the start line: when /status answers)."""
 
     def __init__(
         self, cwd: Path, *args: str, env: dict[str, str] | None = None, debug_port: int = 0
     ) -> None:
-        full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
-        if "PYTHONPATH" in os.environ:
-            full["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        full.update(env or {})
-        ports = ["--grpc-port", "0", "--http-port", "0", "--debug-port", str(debug_port)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ferryman", "serve", *args, *ports],
-            cwd=cwd,
-            env=full,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if debug_port:  # a level that hides the start line: ready when /status answers
-            self.debug_port = debug_port
+        super().__init__(cwd, env or {}, *args, debug_port=debug_port, defaults=False)
+        if debug_port:
             wait_for("/status", self.status, timeout=30, ignoring=(OSError,))
         else:
-            wait_for("ferryman serving", self._ports, timeout=30)
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    def _ports(self) -> bool:
-        if self.proc.poll() is not None:
-            self._reader.join(5)
-            raise AssertionError("ferryman serve exited:\n" + "\n".join(self.lines))
-        for line in list(self.lines):
-            match = SERVING.search(line)
-            if match:
-                self.grpc_port, self.http_port, self.debug_port = map(int, match.groups())
-                return True
-        return False
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def status(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.debug_port}/status"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            loaded: dict[str, Any] = json.loads(reply.read())
-        return loaded
-
-    def stop(self) -> int:
-        """SIGTERM, then the exit status (all of stderr has been read by then)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(30)
-        self._reader.join(10)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._reader.join(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+            self.wait_serving()
 
 
 @pytest.fixture

@@ -3,13 +3,16 @@ without waiting, its stderr collected line by line, its ports read from the star
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from helpers.server import wait_for
 
@@ -17,19 +20,25 @@ SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)"
 
 
 class ServeProcess:
-    """``python -m ferryman serve`` on free ports with ``env`` added to a minimal one."""
+    """``python -m ferryman serve`` on free ports (the debug port ``debug_port`` if given)
+    with ``env`` added to a minimal environment; ``defaults`` adds USE_STATSD=false and
+    LOG_LEVEL=info to it (without them, the service's own defaults hold)."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], *args: str) -> None:
-        full = {
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "USE_STATSD": "false",
-            "LOG_LEVEL": "info",
-        }
+    def __init__(
+        self,
+        cwd: Path,
+        env: dict[str, str],
+        *args: str,
+        debug_port: int = 0,
+        defaults: bool = True,
+    ) -> None:
+        full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
+        if defaults:
+            full.update(USE_STATSD="false", LOG_LEVEL="info")
         if "PYTHONPATH" in os.environ:
             full["PYTHONPATH"] = os.environ["PYTHONPATH"]
         full.update(env)
-        ports = ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
+        ports = ["--grpc-port", "0", "--http-port", "0", "--debug-port", str(debug_port)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ferryman", "serve", *args, *ports],
             cwd=cwd,
@@ -39,7 +48,8 @@ class ServeProcess:
             text=True,
         )
         self.lines: list[str] = []
-        self.grpc_port = 0
+        self.grpc_port = self.http_port = 0
+        self.debug_port = debug_port
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -56,7 +66,7 @@ class ServeProcess:
         """Whether the start line has been logged (fails if the process has exited)."""
         match = SERVING.search(self.text)
         if match:
-            self.grpc_port = int(match.group(1))
+            self.grpc_port, self.http_port, self.debug_port = map(int, match.groups())
             return True
         if self.proc.poll() is not None:
             self._reader.join(5)
@@ -65,6 +75,13 @@ class ServeProcess:
 
     def wait_serving(self, timeout: float = 30) -> None:
         wait_for("ferryman serving", self.serving, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        """The debug port's /status."""
+        url = f"http://127.0.0.1:{self.debug_port}/status"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            loaded: dict[str, Any] = json.loads(reply.read())
+        return loaded
 
     def wait_exit(self, timeout: float = 30) -> int:
         code = self.proc.wait(timeout)
