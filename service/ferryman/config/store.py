@@ -525,14 +525,13 @@ class FileStore:
     def _write_files(self, before: Mapping[str, str], after: Mapping[str, str]) -> None:
         """Every temporary file is written first, then all are renamed: a write that
         fails leaves every document as it was."""
-        changes = [
-            (name, after.get(name), self._path(name))
-            for name in sorted(set(before) | set(after))
-            if before.get(name) != after.get(name)
-        ]
+        changes: list[tuple[str, str | None, Path]] = []
         staged: list[tuple[str, Path]] = []
         name, renaming = "", False
         try:
+            for name in sorted(set(before) | set(after)):
+                if before.get(name) != after.get(name):
+                    changes.append((name, after.get(name), self._path(name)))
             for name, text, path in changes:
                 if text is None:
                     continue
