@@ -646,9 +646,10 @@ def test_an_invalid_version_in_redis_is_not_put_in_force_and_a_bad_entry_is_surv
 
     def put_version(number: int, web_yaml: str) -> None:
         meta = {"version": number, "author": "elsewhere", "time": 0.0, "summary": "x"}
-        fields = {"meta": json.dumps(meta), **{f"d:{n}": t for n, t in docs.items()}}
+        fields = {"meta": json.dumps(meta), **{f"d:{n}": str(t) for n, t in docs.items()}}
         fields["d:web.yaml"] = web_yaml
-        client.hset(f"{tag}:v:{number}", mapping=fields)
+        for name, value in fields.items():
+            client.hset(f"{tag}:v:{number}", name, value)
         client.set(f"{tag}:current", number)
         client.publish(f"{tag}:changes", number)
 

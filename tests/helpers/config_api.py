@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ class Served:
         return self.api("PUT", f"/config/{name}", text, headers={"If-Match": f'"{version}"'})
 
     def put_many(
-        self, documents: dict[str, str | None], version: int | str
+        self, documents: Mapping[str, str | None], version: int | str
     ) -> tuple[int, dict[str, str], Any]:
         """PUT /api/v1/config: every document (None: deleted) as one version."""
         body = json.dumps({"documents": documents})
