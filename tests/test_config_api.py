@@ -5,7 +5,9 @@ concurrent writers, /status, and the `ferryman config` command."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -16,8 +18,16 @@ from typing import Any
 
 import pytest
 
+from ferryman.config.reloader import ConfigHolder
+from ferryman.config.store import MAX_DIFF_LINES, ConfigVersions, RedisStore, Version
+from ferryman.connections.redis import RedisConnection
+from ferryman.connections.redis_target import parse_backend_url
+from ferryman.errors import StaleVersionError
+from ferryman.stats import Stats
+
 from helpers.config_api import READ, TOKENS, WRITE, Served
 from helpers.configmap import configmap_volume
+from helpers.ports import listeners
 from helpers.redis_procs import RedisProcess
 from helpers.server import wait_for
 
@@ -221,10 +231,10 @@ def test_a_counter_reset_on_memory_lets_the_descriptor_in_again(served: Served) 
     event = served.api("GET", "/history")[2]["history"][0]
     assert event["kind"] == "reset" and event["author"] == "alice"
     assert event["event"]["descriptor"] == [["user", "reset-1"]]
-    status, _, body = served.api(
-        "POST", "/counters/reset", json.dumps({"domain": "web", "descriptor": [{"key": "x"}]})
-    )
-    assert status == 404
+    assert reset(served, {"domain": "web", "descriptor": [{"key": "x", "value": "y"}]})[0] == 404
+    for value in ({}, {"value": None}, {"value": 5}):
+        status, body = reset(served, {"domain": "web", "descriptor": [{"key": "user", **value}]})
+        assert status == 400 and body["error"].startswith("descriptor[0].value:"), body
 
 
 def test_a_file_edit_is_a_version_too(served: Served) -> None:
@@ -344,14 +354,15 @@ def test_two_replicas_on_one_redis_share_versions(
         assert a.version() == b.version() == 1  # one seed, not two
         status, _, body = a.put("web.yaml", web(2), 1)
         assert status == 200 and body["version"] == 2
-        wait_for("replica b on version 2", lambda: b.version() == 2, timeout=2)
+        wait_for("replica b on version 2", lambda: b.version() == 2)
         assert limit_of(b, "shared") == 2  # counted in the shared Redis
         assert a.hit("web", ("user", "shared")) == 429
         request = {"domain": "web", "descriptor": [{"key": "user", "value": "shared"}]}
         status, _, body = b.api("POST", "/counters/reset", json.dumps(request))
         assert status == 200 and body["held"] is True
         assert a.hit("web", ("user", "shared")) == 200
-        assert b.put("web.yaml", web(9), 1)[0] == 412
+        status, _, body = b.put("web.yaml", web(9), 1)
+        assert status == 412 and body["current"] == 2
         b.stop()
         c = replica()
         try:
@@ -428,7 +439,9 @@ def test_the_files_store_keeps_the_last_config_history_entries(tmp_path: Path) -
             assert server.put("web.yaml", web(20 + i), base + i)[0] == 200
         history = server.api("GET", "/history")[2]["history"]
         assert [e["version"] for e in history] == [base + 4, base + 3, base + 2]
-        kept = sorted(p.name[:8] for p in (tmp_path / "config" / ".ferryman-history").iterdir())
+        kept = sorted(
+            p.name[:8] for p in (tmp_path / "config" / ".ferryman-history").glob("*.json")
+        )
         assert kept == [f"{v:08d}" for v in (base + 2, base + 3, base + 4)]
         assert server.api("GET", f"/history/{base + 1}")[0] == 404
         newest = server.api("GET", f"/history/{base + 4}")
@@ -473,3 +486,224 @@ def test_status_reports_the_config_api_version_beside_the_loads(served: Served) 
     config = served.status()["config"]
     assert config["store_version"] == base + 1 == served.version()
     assert config["version"] == loads + 1
+
+
+def test_a_write_of_several_documents_is_one_version(served: Served) -> None:
+    """PUT /api/v1/config: two documents that are valid only together (domains swapped
+    between files) are one version; a stale If-Match changes nothing; null deletes."""
+    base = served.version()
+    one, two = "domain: one\ndescriptors: []\n", "domain: two\ndescriptors: []\n"
+    status, _, body = served.put_many({"x/a.yaml": one, "x/b.yaml": two}, base)
+    assert status == 200 and body["version"] == base + 1, body
+    assert body["changed"] == ["x/a.yaml", "x/b.yaml"]
+    assert served.put("x/a.yaml", two, base + 1)[0] == 400  # alone: 'two' twice
+    status, _, body = served.put_many({"x/a.yaml": two, "x/b.yaml": one}, base + 1)
+    assert status == 200 and body["version"] == base + 2, body
+    assert (served.config / "x" / "a.yaml").read_text() == two
+    status, _, body = served.put_many({"x/a.yaml": None}, base + 1)
+    assert status == 412 and body["current"] == base + 2
+    status, _, body = served.put_many({"x/a.yaml": None, "x/b.yaml": None}, base + 2)
+    assert status == 200 and body["summary"] == "deleted x/a.yaml, deleted x/b.yaml"
+    assert not (served.config / "x" / "a.yaml").exists()
+    assert served.put_many({}, base + 3)[0] == 400
+    assert served.put_many({"x/a.yaml": None}, base + 3)[0] == 404
+
+
+def test_names_outside_the_directory_or_through_a_link_or_a_file_are_refused(
+    served: Served, tmp_path: Path
+) -> None:
+    """'..', absolute and percent-encoded names, a symbolic link to a directory outside,
+    and a name below a document are refused with 400 naming `name`; nothing is written."""
+    base = served.version()
+    for path in ("../x.yaml", "/abs.yaml", "%2e%2e%2fx.yaml", "a/%2E%2E/%2e%2e/x.yaml"):
+        status, _, body = served.api(
+            "PUT", f"/config/{path}", web(1), headers={"If-Match": f'"{base}"'}
+        )
+        assert status == 400 and body["error"].startswith("name:"), (path, body)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = served.config / "shared"
+    os.symlink(outside, link)
+    try:
+        lone = "domain: lone\ndescriptors: []\n"
+        status, _, body = served.put("shared/x.yaml", lone, base)
+        assert status == 400 and "symbolic link" in body["error"], body
+        status, _, body = served.put_many({"shared/x.yaml": lone}, base)
+        assert status == 400 and body["error"].startswith("name:")
+    finally:
+        link.unlink()
+    assert list(outside.iterdir()) == []
+    status, _, body = served.put("web.yaml/b.yaml", web(1), base)
+    assert status == 400 and "inside 'web.yaml'" in body["error"], body
+    assert served.version() == base
+
+
+def test_a_write_the_disk_refuses_is_an_error_and_changes_no_document(served: Served) -> None:
+    """A file that cannot be made (a name too long for the file system) answers 500 with
+    the reason, as JSON; of two documents written together, neither is written."""
+    base = served.version()
+    long = "n" * 300 + ".yaml"
+    docs = {"other.yaml": "domain: o1\ndescriptors: []\n", long: "domain: o2\ndescriptors: []\n"}
+    status, _, body = served.put_many(docs, base)
+    assert status == 500 and "cannot write" in body["error"], body
+    assert "no document was changed" in body["error"]
+    assert not (served.config / "other.yaml").exists()
+    assert [p.name for p in served.config.iterdir() if p.name.endswith(".tmp")] == []
+    assert served.version() == base
+
+
+def test_a_long_document_is_left_out_of_the_diff_saying_so(served: Served) -> None:
+    """/validate and /diff do not diff a document longer than the cap: the answer names
+    it and the diff says why."""
+    big = "domain: big\ndescriptors: []\n" + "# a line\n" * MAX_DIFF_LINES
+    status, _, body = served.api("POST", "/validate", json.dumps({"documents": {"big.yaml": big}}))
+    assert status == 200 and body["valid"] is True
+    assert body["diff_capped"] == ["big.yaml"]
+    assert f"big.yaml: not diffed, longer than {MAX_DIFF_LINES} lines" in body["diff"]
+    base = served.version()
+    assert served.put("big.yaml", big, base)[0] == 200
+    status, headers, diff = served.api("GET", f"/diff?from={base}&to={base + 1}")
+    assert status == 200 and headers["X-Diff-Capped"] == "big.yaml"
+    assert b"not diffed" in diff
+    assert served.api("DELETE", "/config/big.yaml", headers={"If-Match": f'"{base + 1}"'})[0] == 200
+
+
+def test_writes_from_another_site_or_in_a_form_type_are_refused(served: Served) -> None:
+    """A JSON body needs Content-Type application/json (415 otherwise); a write whose
+    Sec-Fetch-Site or Origin names another site is 403; the page's own origin may write."""
+    base = served.version()
+    rollback = json.dumps({"version": base})
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        status, _, body = served.api("POST", "/rollback", rollback, headers={"Content-Type": kind})
+        assert status == 415 and "application/json" in body["error"], kind
+    status, _, body = served.api(
+        "POST", "/rollback", rollback, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert status == 403 and "another site" in body["error"]
+    assert (
+        served.api("POST", "/rollback", rollback, headers={"Sec-Fetch-Site": "same-site"})[0] == 403
+    )
+    for origin in ("http://evil.example", "null", f"http://127.0.0.1:{served.http}"):
+        status, _, body = served.api(
+            "PUT", "/config/web.yaml", web(3), headers={"If-Match": f'"{base}"', "Origin": origin}
+        )
+        assert status == 403, origin
+    assert served.version() == base
+    own = {"If-Match": f'"{base}"', "Origin": f"http://127.0.0.1:{served.debug}"}
+    assert served.api("PUT", "/config/web.yaml", web(3), headers=own)[0] == 200
+    same = {"Sec-Fetch-Site": "same-origin", "Origin": "http://elsewhere"}
+    assert served.api("POST", "/rollback", rollback, headers=same)[0] == 200
+
+
+def test_tokens_are_matched_whole(served: Served) -> None:
+    """A token's prefix, or the token with more after it, is not the token."""
+    assert served.api("GET", "/config", token=WRITE[:-1])[0] == 401
+    assert served.api("GET", "/config", token=WRITE + "x")[0] == 401
+    assert served.api("GET", "/config", token=WRITE)[0] == 200
+
+
+def test_workers_on_one_directory_write_one_version_per_if_match(
+    redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """--workers 2 on a files store: 20 writes with one If-Match land once, the rest are
+    412 naming the new version, whichever worker answers; both workers then report it."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "web.yaml").write_text(web(3))
+    (tmp_path / "tokens").write_text(TOKENS)
+    env = {"ADMIN_TOKENS_FILE": str(tmp_path / "tokens")}
+    args = ["--backend", redis_server.url, "--workers", "2"]
+    server = Served(tmp_path / "config", tmp_path, env, args).start()
+    try:
+        wait_for("both workers on the debug port", lambda: listeners(server.debug) == 2)
+        wait_for("both workers answering", lambda: server.api("GET", "/config")[0] == 200)
+        base = server.version()
+        answers = [server.put("web.yaml", web(100 + i), base) for i in range(20)]
+        landed = [body for status, _, body in answers if status == 200]
+        assert len(landed) == 1, [(s, b) for s, _, b in answers]
+        assert all(b["current"] == base + 1 for s, _, b in answers if s != 200)
+        assert {server.version() for _ in range(10)} == {base + 1}
+        history = server.api("GET", "/history")[2]["history"]
+        assert [e["version"] for e in history] == list(range(base + 1, 0, -1))
+    finally:
+        server.stop()
+
+
+@pytest.mark.redis
+def test_an_invalid_version_in_redis_is_not_put_in_force_and_a_bad_entry_is_survived(
+    redis_served: Served, redis_server: RedisProcess
+) -> None:
+    """A version another replica left in Redis that this one finds invalid: the version
+    in force, its ETag and /status stay; GET /config reports it as `rejected`; a write on
+    it lands. A `current` key that is not a number is counted and the follower goes on."""
+    server = redis_served
+    base = server.version()
+    tag = "{" + server.env["CACHE_KEY_PREFIX"] + "ferryman_config}"
+    docs = server.api("GET", f"/history/{base}")[2]["documents"]
+    client = redis_server.client()
+
+    def put_version(number: int, web_yaml: str) -> None:
+        meta = {"version": number, "author": "elsewhere", "time": 0.0, "summary": "x"}
+        fields = {"meta": json.dumps(meta), **{f"d:{n}": str(t) for n, t in docs.items()}}
+        fields["d:web.yaml"] = web_yaml
+        for name, value in fields.items():
+            client.hset(f"{tag}:v:{number}", name, value)
+        client.set(f"{tag}:current", number)
+        client.publish(f"{tag}:changes", number)
+
+    try:
+        put_version(base + 1, BAD)
+        wait_for("the bad version seen", lambda: server.api("GET", "/config")[2]["rejected"])
+        status, headers, body = server.api("GET", "/config")
+        assert body["version"] == base and headers["ETag"] == f'"{base}"'
+        assert body["rejected"]["version"] == base + 1 and "minite" in body["rejected"]["error"]
+        assert server.status()["config"]["store_version"] == base
+        status, _, body = server.put("web.yaml", web(5), base)
+        assert status == 412 and body["current"] == base + 1
+        status, _, body = server.put("web.yaml", web(5), base + 1)
+        assert status == 200 and body["version"] == base + 2
+        assert server.api("GET", "/config")[2]["rejected"] is None
+        assert limit_of(server, "redis-good") == 5
+
+        def follow_errors() -> int:
+            text = server.request("GET", "/stats")[2].decode()
+            counts = [line.rsplit(" ", 1) for line in text.splitlines()]
+            return sum(int(n) for name, n in counts if "config_api.follow_errors" in name)
+
+        client.set(f"{tag}:current", "not-a-number")
+        wait_for("the bad entry counted", lambda: follow_errors() > 0)
+        docs["web.yaml"] = web(6)
+        put_version(base + 3, web(6))
+        wait_for("the next version in force", lambda: server.version() == base + 3)
+        assert limit_of(server, "redis-after") == 6
+    finally:
+        client.close()
+
+
+@pytest.mark.redis
+def test_a_stale_write_on_redis_catches_up_before_answering(redis_server: RedisProcess) -> None:
+    """Two replicas' ConfigVersions on one Redis, b not yet following a's write: b's write
+    on the new version lands, and a 412 names the real latest, which b then has."""
+
+    async def run() -> None:
+        conn = RedisConnection(parse_backend_url(redis_server.url))
+        await conn.start()
+        prefix = f"stale{random.randrange(1 << 30)}_"
+        a_store, b_store = RedisStore(conn, 10, prefix), RedisStore(conn, 10, prefix)
+        a = ConfigVersions(a_store, ConfigHolder(), Stats())
+        b = ConfigVersions(b_store, ConfigHolder(), Stats())
+        try:
+            await a_store.commit({"web.yaml": web(1)}, 0, Version(1, "seed", 0, "seed"))
+            assert (await b.follow()) is not None
+            await a.change("web.yaml", web(2), 1, "alice")
+            await a.change("web.yaml", web(3), 2, "alice")
+            with pytest.raises(StaleVersionError) as stale:
+                await b.change("web.yaml", web(4), 1, "bob")
+            assert stale.value.current == 3 and b_store.current().version.number == 3
+            assert (await b.change("web.yaml", web(4), 3, "bob")).number == 4
+            with pytest.raises(StaleVersionError) as stale:  # the compare-and-set refuses
+                await a.change("web.yaml", web(5), 3, "alice")
+            assert stale.value.current == 4 and a_store.current().version.number == 4
+        finally:
+            await conn.close()
+
+    asyncio.run(run())

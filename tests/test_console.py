@@ -13,9 +13,9 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets, MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Recent
-from ferryman.algorithms.token_bucket.standing import BucketTable
 from ferryman.clock import ManualClock
 from ferryman.server.console import Console
+from ferryman.server.console.buckets import BucketTable
 from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.stats import CALL, Stats
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ports import free_port
+from helpers.ports import free_port, listeners
 from helpers.redis_procs import RedisProcess
 from helpers.server import wait_for
 
@@ -37,17 +37,6 @@ def children(pid: int) -> set[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             out.add(int(entry.name))
     return out
-
-
-def listeners(port: int) -> int:
-    """Sockets listening on ``port`` (IPv4 and IPv6), from /proc/net."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                count += 1
-    return count
 
 
 def ask(port: int, value: str) -> int:

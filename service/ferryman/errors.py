@@ -8,6 +8,7 @@ Every exception derives from :class:`FerrymanError`::
     ├── EnvoyFileError         an Envoy or Istio file given to `ferryman envoy` cannot be read
     ├── RequestError           a request is malformed (maps to gRPC INVALID_ARGUMENT)
     │   ├── PreconditionRequiredError ...or is a config write without If-Match
+    │   ├── UnsupportedMediaTypeError ...or sends a body in a content type not accepted
     │   ├── NotFoundError          ...or names a domain or descriptor that is not configured
     │   ├── HoldError              ...or releases/transfers more copies than it holds
     │   └── SessionError           ...or names no session open on this server
@@ -16,6 +17,8 @@ Every exception derives from :class:`FerrymanError`::
     │   └── LeaseLostError        ...or freed this server's holds after its lease lapsed
     ├── StaleVersionError      a config write was based on a version no longer the latest
     ├── ReadOnlyError          the config store refuses writes (a ConfigMap, say), and why
+    ├── StoreError             the config store cannot write (a disk error) or holds a
+    │                          malformed entry
     ├── AuthenticationError    a config API call has no valid bearer token
     │   └── PermissionDeniedError ...or its token may read but not write
     ├── ServiceUnavailableError the client got no answer from the ferryman service
@@ -58,6 +61,8 @@ __all__ = [
     "SessionError",
     "SettingsError",
     "StaleVersionError",
+    "StoreError",
+    "UnsupportedMediaTypeError",
     "status_of",
 ]
 
@@ -132,6 +137,10 @@ class PreconditionRequiredError(RequestError):
     """A config write names no version to write on (If-Match)."""
 
 
+class UnsupportedMediaTypeError(RequestError):
+    """A request body's Content-Type is not one the endpoint accepts."""
+
+
 class StaleVersionError(FerrymanError):
     """A config write was based on a version that is no longer the latest; nothing changed."""
 
@@ -144,6 +153,11 @@ class StaleVersionError(FerrymanError):
 
 class ReadOnlyError(FerrymanError):
     """The config store refuses writes; the message says why."""
+
+
+class StoreError(FerrymanError):
+    """The config store failed: a file could not be written, or Redis holds an entry that
+    cannot be read. Nothing was changed unless the message says otherwise."""
 
 
 class AuthenticationError(FerrymanError):
@@ -234,7 +248,9 @@ STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
         SessionError: ErrorStatus("FAILED_PRECONDITION", 409, _CLIENT),
         PreconditionRequiredError: ErrorStatus("FAILED_PRECONDITION", 428, _CLIENT),
         StaleVersionError: ErrorStatus("ABORTED", 412, _CLIENT),
+        UnsupportedMediaTypeError: ErrorStatus("INVALID_ARGUMENT", 415, _CLIENT),
         ReadOnlyError: ErrorStatus("FAILED_PRECONDITION", 409, _CLIENT),
+        StoreError: ErrorStatus("INTERNAL", 500, _CLIENT),
         AuthenticationError: ErrorStatus("UNAUTHENTICATED", 401, _CLIENT),
         PermissionDeniedError: ErrorStatus("PERMISSION_DENIED", 403, _CLIENT),
         BackendError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +93,25 @@ class Served:
         token: str = WRITE,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], Any]:
-        """A config API call with ``token``: the status, headers and the JSON (or text)."""
+        """A config API call with ``token``: the status, headers and the JSON (or text). A
+        body goes as JSON on POST and as YAML on PUT unless ``headers`` say otherwise."""
         sent = {"Authorization": f"Bearer {token}", **(headers or {})}
+        if body is not None and not any(k.lower() == "content-type" for k in sent):
+            sent["Content-Type"] = "application/json" if method == "POST" else "application/yaml"
         status, got, raw = self.request(method, "/api/v1" + path, body, sent)
         kind = got.get("Content-Type", "")
         return status, got, json.loads(raw) if kind.startswith("application/json") else raw
 
     def put(self, name: str, text: str, version: int | str) -> tuple[int, dict[str, str], Any]:
         return self.api("PUT", f"/config/{name}", text, headers={"If-Match": f'"{version}"'})
+
+    def put_many(
+        self, documents: Mapping[str, str | None], version: int | str
+    ) -> tuple[int, dict[str, str], Any]:
+        """PUT /api/v1/config: every document (None: deleted) as one version."""
+        body = json.dumps({"documents": documents})
+        headers = {"If-Match": f'"{version}"', "Content-Type": "application/json"}
+        return self.api("PUT", "/config", body, headers=headers)
 
     def version(self) -> int:
         return int(self.api("GET", "/config")[2]["version"])

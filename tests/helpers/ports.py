@@ -6,6 +6,7 @@ import contextlib
 import random
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -14,6 +15,18 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def listeners(port: int) -> int:
+    """Sockets listening on ``port`` (IPv4 and IPv6), from /proc/net: one per process
+    sharing it (workers)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
 
 
 def refused_port() -> int:

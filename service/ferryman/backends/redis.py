@@ -53,6 +53,11 @@ class RedisBackend:
     def writes(self) -> int:
         return self.connection.writes
 
+    @property
+    def main_connection(self) -> RedisConnection:
+        """The connection that holds everything but routed counters (the config store)."""
+        return self.connection
+
     def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
         # Decided on Redis time, unless this backend is driven by the caller's clock.
         return RedisTokenBucketStore(
@@ -86,6 +91,11 @@ class RoutedBackend:
         self.copies = main.copies
         self.buckets = main.buckets
         self.sliding = main.sliding
+
+    @property
+    def main_connection(self) -> RedisConnection:
+        """The connection that holds everything but per-second counters."""
+        return self.main.connection
 
     def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
         return self.main.quota_store(prefix, clock)

@@ -675,6 +675,50 @@ class RedisConnection:
         self.answered()
         return reply
 
+    @property
+    def can_subscribe(self) -> bool:
+        """Whether :meth:`subscribe` works here: a single Redis (a Sentinel or Cluster
+        deployment's subscribers poll instead)."""
+        return self.target.kind == "single"
+
+    async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        """The messages published on ``channel``, as they come, on a connection of their
+        own (a subscribed connection can send nothing else); BackendError when it fails."""
+        if not self.can_subscribe:
+            raise BackendError(
+                f"redis {self.target.describe()}: no pub/sub on a {self.target.kind}"
+            )
+        t = self.target
+        common: dict[str, Any] = {
+            "username": t.username,
+            "password": t.password,
+            "db": t.db,
+            "socket_connect_timeout": t.timeout,
+        }
+        if t.unix_path:
+            client = aioredis.Redis(unix_socket_path=t.unix_path, **common)
+        else:
+            host, port = t.addresses[0]
+            client = aioredis.Redis(host=host, port=port, ssl=t.tls, **common, **t.ssl_options())
+        try:
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message.get("data")
+                        yield data if isinstance(data, bytes) else str(data).encode()
+            except (rex.RedisError, OSError) as exc:
+                raise BackendError(
+                    f"redis {t.describe()}: subscription to {channel}: {exc}"
+                ) from exc
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
     async def mget(self, keys: list[str]) -> list[int]:
         """The current value of each counter (0 when absent), without changing any."""
         if self.breaker_open:

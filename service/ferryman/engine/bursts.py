@@ -39,9 +39,14 @@ class BurstLimiter:
     ) -> BurstRequest:
         """The store's request for ``copies`` hits (at least ``min_copies``) of a tenant."""
         assert rule.burst is not None
-        node = f"{self.opts.cache_key_prefix}ferryman_burst_{rule.stats_key}"
-        tenant = "_".join(v for _, v in entries)
+        node, tenant = self.key(self.opts.cache_key_prefix, rule, entries)
         return BurstRequest(node, tenant, rule.burst, copies, min_copies)
+
+    @staticmethod
+    def key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> tuple[str, str]:
+        """The tiers' node key (``prefix``: the cache key prefix) and the tenant (the
+        request's values)."""
+        return f"{prefix}ferryman_burst_{rule.stats_key}", "_".join(v for _, v in entries)
 
     def count(
         self, key: str, labels: tuple[str, ...], hits: int, outcome: BurstOutcome, shadow: bool

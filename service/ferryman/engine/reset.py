@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
-from ferryman.algorithms.fixed_window.model import CounterOp, window_start
-from ferryman.algorithms.token_bucket.model import BucketStore
-from ferryman.algorithms.token_bucket.standing import quota_label
+from ferryman.algorithms.fixed_window.model import CounterOp
+from ferryman.algorithms.token_bucket.model import BucketStore, quota_label
 from ferryman.backends.base import Backend
 from ferryman.config.model import Config
 from ferryman.config.quota import NAME
 from ferryman.engine.buckets import BucketLimiter
+from ferryman.engine.bursts import BurstLimiter
 from ferryman.engine.matcher import cache_key, walk
 from ferryman.engine.model import EngineOptions
 from ferryman.engine.policy import (
@@ -28,6 +28,7 @@ from ferryman.engine.policy import (
 )
 from ferryman.engine.sliding import SlidingLimiter
 from ferryman.engine.validate import check_descriptor
+from ferryman.engine.windows import WindowLimiter
 from ferryman.errors import NotFoundError, RequestError
 
 __all__ = ["ResetResult", "reset_counters", "reset_quota_bucket"]
@@ -73,8 +74,8 @@ async def reset_counters(
     policy = policies(config, options).get(rule)
     if isinstance(policy, Plain | Window):
         seconds = policy.limit.unit.seconds if policy.limit.unit is not None else 1
-        start = window_start(now, seconds)
-        key = cache_key(options.cache_key_prefix, domain, entries, path) + str(start)
+        base = cache_key(options.cache_key_prefix, domain, entries, path)
+        key, start = WindowLimiter.key(base, seconds, now)
         op = CounterOp(key, 0, policy.limit.requests_per_unit, start + seconds, seconds)
         held = await backend.windows.reset([op])
         if local_cache is not None:
@@ -82,8 +83,7 @@ async def reset_counters(
         return ResetResult("fixed_window", rule.stats_key, key, held > 0)
     if isinstance(policy, BurstNode):
         assert rule.burst is not None
-        node = f"{options.cache_key_prefix}ferryman_burst_{rule.stats_key}"
-        tenant = "_".join(v for _, v in entries)
+        node, tenant = BurstLimiter.key(options.cache_key_prefix, rule, entries)
         held = await backend.bursts.reset(node, tenant, len(rule.burst.tiers))
         return ResetResult("burst_tiers", rule.stats_key, f"{node} {tenant}", held > 0)
     if isinstance(policy, BucketNode):

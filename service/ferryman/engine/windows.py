@@ -120,12 +120,17 @@ class WindowLimiter:
             item, cache_key(self.opts.cache_key_prefix, domain, entries, None), now
         )
 
+    @staticmethod
+    def key(base: str, seconds: int, now: float) -> tuple[str, int]:
+        """The counter of the window ``now`` falls in, for a descriptor's ``base`` key
+        (``cache_key``): its key and the window's start."""
+        start = window_start(now, seconds)
+        return base + str(start), start
+
     def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
         seconds = item.seconds
-        start = window_start(now, seconds)
-        item.op = CounterOp(
-            base + str(start), item.hits, item.limit.requests_per_unit, start + seconds, seconds
-        )
+        key, start = self.key(base, seconds, now)
+        item.op = CounterOp(key, item.hits, item.limit.requests_per_unit, start + seconds, seconds)
         local = self.local
         if local is not None:
             if item.hits < 0:

@@ -19,7 +19,6 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman.algorithms.token_bucket.standing import BucketTable
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -33,6 +32,7 @@ from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.config_api import ConfigApi
 from ferryman.server.console import Console, LatencyRecorder
+from ferryman.server.console.buckets import BucketTable
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
 from ferryman.server.holds import HoldManager

@@ -1,11 +1,18 @@
 """The config API on the debug port (``/api/v1/...``): read, write and delete documents on
 a version (ETag / If-Match), the history, diffs, rollback and counter resets, for bearer
-tokens of ``ADMIN_TOKENS_FILE``. Without a token file it answers 404 (off)."""
+tokens of ``ADMIN_TOKENS_FILE``. Without a token file it answers 404 (off).
+
+A browser sends client certificates by itself, so a write must show it was not sent by
+another site's page: a JSON body says ``Content-Type: application/json`` (a form cannot),
+and a request whose ``Sec-Fetch-Site`` or ``Origin`` names another site is refused. PUT and
+DELETE (with the If-Match they need) cannot be sent across sites without a CORS preflight,
+which this server never grants."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -14,10 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.backends.base import Backend
+from ferryman.backends.redis import RedisBackend, RoutedBackend
 from ferryman.clock import Clock
 from ferryman.config.loader import read_directory
 from ferryman.config.reloader import ConfigHolder, Reloader
@@ -30,8 +38,8 @@ from ferryman.config.store import (
     Version,
     check_name,
     config_problem_dict,
+    diff_documents,
     relative_documents,
-    unified_diff,
 )
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.reset import ResetResult, reset_counters, reset_quota_bucket
@@ -45,6 +53,7 @@ from ferryman.errors import (
     RequestError,
     SettingsError,
     StaleVersionError,
+    UnsupportedMediaTypeError,
     status_of,
 )
 from ferryman.server.http import HttpRequest, HttpResponse
@@ -61,6 +70,7 @@ CERT = "cert:"  # a token file entry naming a client certificate's SAN
 WRITES = "ratelimit.service.config_api.writes"
 REFUSED = "ratelimit.service.config_api.refused"
 RESETS = "ratelimit.service.config_api.counter_resets"
+FOLLOW_ERRORS = "ratelimit.service.config_api.follow_errors"
 # How often a replica on the Redis store checks the latest version (pub/sub wakes it sooner).
 FOLLOW_INTERVAL = 1.0
 
@@ -80,12 +90,12 @@ class TokenFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
-        self._tokens: dict[str, Caller] = {}
+        self._tokens: list[tuple[bytes, Caller]] = []
         self._certs: dict[str, Caller] = {}
         self.present = False
 
     def refresh(self) -> bool:
-        """Read the file again if it changed; whether it exists."""
+        """Read the file again if it changed (one ``stat``); whether it exists."""
         self._read()
         return self.present
 
@@ -93,12 +103,12 @@ class TokenFile:
         try:
             st = os.stat(self.path)
         except OSError:
-            self._stamp, self._tokens, self.present = None, {}, False
+            self._stamp, self._tokens, self._certs, self.present = None, [], {}, False
             return
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return
-        tokens: dict[str, Caller] = {}
+        tokens: list[tuple[bytes, Caller]] = []
         certs: dict[str, Caller] = {}
         try:
             text = self.path.read_text("utf-8")
@@ -120,7 +130,7 @@ class TokenFile:
             if words[0].startswith(CERT):
                 certs[words[0].removeprefix(CERT)] = Caller(words[1], words[2])
             else:
-                tokens[words[0]] = Caller(words[1], words[2])
+                tokens.append((words[0].encode(), Caller(words[1], words[2])))
         self._stamp, self._tokens, self._certs = stamp, tokens, certs
         self.present = True
         log.info(
@@ -131,10 +141,11 @@ class TokenFile:
         )
 
     def check(self, authorization: str, peercert: Mapping[str, Any] | None = None) -> Caller | None:
-        """The caller of an ``Authorization: Bearer <token>`` header; without the header,
-        of a verified client certificate (``peercert``, as ``getpeercert()`` gives it) by
-        its first listed subject alternative name. None if not known."""
-        self._read()
+        """The caller of an ``Authorization: Bearer <token>`` header, compared with every
+        token of the file in constant time; without the header, the caller of a verified
+        client certificate (``peercert``, as ``getpeercert()`` gives it): the entry of the
+        first of its subject alternative names that the file lists. None if not known. Uses
+        the file as last read (:meth:`refresh`)."""
         if not authorization.strip():
             for _kind, value in (peercert or {}).get("subjectAltName", ()):
                 caller = self._certs.get(str(value))
@@ -144,7 +155,12 @@ class TokenFile:
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
-        return self._tokens.get(token.strip())
+        given = token.strip().encode()
+        found: Caller | None = None
+        for known, caller in self._tokens:  # every one, so the time tells nothing
+            if hmac.compare_digest(known, given):
+                found = caller
+        return found
 
 
 def _json(status: int, data: object, headers: Mapping[str, str] | None = None) -> HttpResponse:
@@ -178,6 +194,42 @@ def _if_match(request: HttpRequest) -> int:
         return int(text)
     except ValueError:
         return -1  # matches no version: answered 412 with the current one
+
+
+def _same_site(request: HttpRequest) -> None:
+    """PermissionDeniedError when the browser says the request comes from another site's
+    page (``Sec-Fetch-Site``, which a page cannot set; else ``Origin`` against ``Host``).
+    Clients that are not browsers send neither."""
+    fetch_site = request.headers.get("sec-fetch-site", "").strip().lower()
+    if fetch_site:
+        if fetch_site not in ("same-origin", "none"):
+            raise PermissionDeniedError(
+                f"a request from another site's page (Sec-Fetch-Site: {fetch_site}) is refused"
+            )
+        return
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    host = request.headers.get("host", "").strip().lower()
+    if origin.strip().lower() == "null" or urlsplit(origin.strip()).netloc.lower() != host:
+        raise PermissionDeniedError(
+            f"a request from another origin ({origin}) is refused: this API serves its own "
+            "pages and clients that are not browsers"
+        )
+
+
+def _changes(body: Mapping[str, Any]) -> dict[str, str | None]:
+    """``{"documents": {name: text|null}}``: each name checked, each value text or null."""
+    documents = body.get("documents")
+    if not isinstance(documents, dict) or not documents:
+        raise RequestError("documents", "give an object of document name -> text (or null)")
+    changes: dict[str, str | None] = {}
+    for name, text in documents.items():
+        check_name(name)
+        if text is not None and not isinstance(text, str):
+            raise RequestError(f"documents.{name}", "expected text or null")
+        changes[name] = text
+    return changes
 
 
 class ConfigApi:
@@ -216,15 +268,14 @@ class ConfigApi:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         if settings.config_store == "redis":
-            connection = getattr(backend, "connection", None) or getattr(
-                getattr(backend, "main", None), "connection", None
-            )
-            if connection is None:
+            if not isinstance(backend, RedisBackend | RoutedBackend):
                 raise SettingsError(
                     "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
                     f"set BACKEND_TYPE=redis (the backend is {backend.name})"
                 )
-            self.store = RedisStore(connection, settings.config_history, settings.cache_key_prefix)
+            self.store = RedisStore(
+                backend.main_connection, settings.config_history, settings.cache_key_prefix
+            )
             self.versions = ConfigVersions(
                 self.store, holder, stats, merge_domains=settings.merge_domain_config
             )
@@ -295,15 +346,7 @@ class ConfigApi:
         async with versions.lock:
             if await store.latest() == 0:
                 await self._seed(store)
-            snap = await store.follow()
-            if snap is None:
-                return
-            try:
-                config = await asyncio.to_thread(versions.validate, snap.documents)
-            except ConfigError as exc:
-                log.error("config version %d in Redis is invalid: %s", snap.version.number, exc)
-                return
-            versions.put_in_force(config, snap.version)
+            await versions.follow()
 
     async def _seed(self, store: RedisStore) -> None:
         """Redis holds no version yet: this replica's directory becomes version 1."""
@@ -328,7 +371,10 @@ class ConfigApi:
             self._wake.clear()
             try:
                 await self._follow_once()
-            except FerrymanError as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis down, or an entry it holds that cannot be read
+                self._stats.inc(FOLLOW_ERRORS)
                 if time.monotonic() >= quiet_until:  # once a minute, not every second
                     log.warning("config store: cannot read the latest version: %s", exc)
                     quiet_until = time.monotonic() + 60
@@ -336,41 +382,16 @@ class ConfigApi:
     async def _subscribe(self) -> None:
         """Wake the follower when any replica publishes a new version (a single Redis; a
         Sentinel or Cluster deployment relies on the poll)."""
-        import redis.asyncio as aioredis
-
         store = self.store
         assert isinstance(store, RedisStore)
-        target = store._conn.target
-        if target.kind not in ("single", ""):
+        if not store.connection.can_subscribe:
             return
         while True:
-            client: Any = None
             try:
-                common: dict[str, Any] = {
-                    "username": target.username,
-                    "password": target.password,
-                    "db": target.db,
-                    "socket_connect_timeout": target.timeout,
-                }
-                if target.unix_path:
-                    client = aioredis.Redis(unix_socket_path=target.unix_path, **common)
-                else:
-                    host, port = target.addresses[0]
-                    common.update(target.ssl_options())
-                    client = aioredis.Redis(host=host, port=port, ssl=target.tls, **common)
-                pubsub = client.pubsub()
-                await pubsub.subscribe(store.channel)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.debug("config store: subscription failed: %s", exc)
-            finally:
-                if client is not None:
-                    with contextlib.suppress(Exception):
-                        await client.aclose()
+                async for _ in store.connection.subscribe(store.channel):
+                    self._wake.set()
+            except FerrymanError as exc:
+                log.debug("config store: %s", exc)
             await asyncio.sleep(FOLLOW_INTERVAL)
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -378,6 +399,7 @@ class ConfigApi:
     def routes(self) -> dict[tuple[str, str], Any]:
         return {
             ("GET", f"{PREFIX}/config"): self._guard(self._config, "read"),
+            ("PUT", f"{PREFIX}/config"): self._guard(self._put_many, "write"),
             ("GET", f"{PREFIX}/config/*"): self._guard(self._get, "read"),
             ("PUT", f"{PREFIX}/config/*"): self._guard(self._put, "write"),
             ("DELETE", f"{PREFIX}/config/*"): self._guard(self._delete, "write"),
@@ -397,6 +419,8 @@ class ConfigApi:
                     404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
                 )
             try:
+                if request.method not in ("GET", "HEAD"):
+                    _same_site(request)
                 caller = tokens.check(request.headers.get("authorization", ""), request.peercert)
                 if caller is None:
                     raise AuthenticationError("send Authorization: Bearer <a token of the file>")
@@ -419,13 +443,21 @@ class ConfigApi:
         assert self.store is not None and self.versions is not None
         return self.store, self.versions
 
+    async def _fresh(self) -> tuple[ConfigStore, ConfigVersions]:
+        """The store, its view read again (another worker may have written)."""
+        store, versions = self._ready()
+        await store.refresh()
+        return store, versions
+
     async def _config(self, request: HttpRequest, caller: Caller) -> HttpResponse:
-        store, _ = self._ready()
+        store, versions = await self._fresh()
         snap = store.current()
+        rejected = versions.rejected
         data = {
             **snap.version.as_dict(),
             "store": store.kind,
             "read_only": store.read_only,
+            "rejected": None if rejected is None else rejected.as_dict(),
             "documents": [
                 {"name": n, "size": len(t.encode())} for n, t in sorted(snap.documents.items())
             ],
@@ -434,7 +466,7 @@ class ConfigApi:
         return _json(200, data, _etag(snap.version.number))
 
     async def _get(self, request: HttpRequest, caller: Caller) -> HttpResponse:
-        store, _ = self._ready()
+        store, _ = await self._fresh()
         name = check_name(self._name(request, f"{PREFIX}/config/"))
         snap = store.current()
         if name not in snap.documents:
@@ -461,6 +493,16 @@ class ConfigApi:
         version = await versions.change(name, self._text(request), base, caller.user, summary)
         return _json(200, version.as_dict(), _etag(version.number))
 
+    async def _put_many(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        """``{"documents": {name: text|null}}`` with If-Match: every named document
+        written (or deleted, null) as one version."""
+        _, versions = self._ready()
+        base = _if_match(request)
+        changes = _changes(self._body(request))
+        summary = parse_qs(request.query).get("summary", [""])[0]
+        version = await versions.apply(changes, base, caller.user, summary)
+        return _json(200, version.as_dict(), _etag(version.number))
+
     async def _delete(self, request: HttpRequest, caller: Caller) -> HttpResponse:
         _, versions = self._ready()
         name = check_name(self._name(request, f"{PREFIX}/config/"))
@@ -472,36 +514,36 @@ class ConfigApi:
     async def _validate(self, request: HttpRequest, caller: Caller) -> HttpResponse:
         """``{"documents": {name: text|null}}`` over the current version: the problems the
         write would meet, and the diff, changing nothing (the console and ``apply``)."""
-        store, versions = self._ready()
-        body = self._body(request)
-        changes = body.get("documents")
-        if not isinstance(changes, dict):
-            raise RequestError("documents", "give an object of document name -> text (or null)")
+        store, versions = await self._fresh()
+        changes = _changes(self._body(request))
         snap = store.current()
         docs = dict(snap.documents)
         for name, text in changes.items():
-            check_name(name)
             if text is None:
                 docs.pop(name, None)
-            elif isinstance(text, str):
-                docs[name] = text
             else:
-                raise RequestError(f"documents.{name}", "expected text or null")
-        problems: list[dict[str, Any]] = []
-        try:
-            await asyncio.to_thread(versions.validate, docs)
-        except ConfigError as exc:
-            problems = [config_problem_dict(p) for p in exc.problems]
+                docs[name] = text
+
+        def check() -> tuple[list[dict[str, Any]], str, list[str]]:
+            problems: list[dict[str, Any]] = []
+            try:
+                versions.validate(docs)
+            except ConfigError as exc:
+                problems = [config_problem_dict(p) for p in exc.problems]
+            return (problems, *diff_documents(snap.documents, docs))
+
+        problems, diff, capped = await asyncio.to_thread(check)
         data = {
             "version": snap.version.number,
             "valid": not problems,
             "problems": problems,
-            "diff": unified_diff(snap.documents, docs),
+            "diff": diff,
+            "diff_capped": capped,
         }
         return _json(200, data, _etag(snap.version.number))
 
     async def _history(self, request: HttpRequest, caller: Caller) -> HttpResponse:
-        store, _ = self._ready()
+        store, _ = await self._fresh()
         entries = await store.history()
         return _json(
             200,
@@ -517,23 +559,30 @@ class ConfigApi:
         return await store.snapshot(number)
 
     async def _version(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        await self._fresh()
         snap = await self._snapshot(self._name(request, f"{PREFIX}/history/"), "version")
         data = {**snap.version.as_dict(), "documents": dict(snap.documents)}
         return _json(200, data)
 
     async def _diff(self, request: HttpRequest, caller: Caller) -> HttpResponse:
         params = parse_qs(request.query)
-        store, _ = self._ready()
+        store, _ = await self._fresh()
         current = str(store.current().version.number)
         a = await self._snapshot(params.get("from", [current])[0], "from")
         b = await self._snapshot(params.get("to", [current])[0], "to")
-        diff = unified_diff(
-            a.documents, b.documents, f"v{a.version.number}", f"v{b.version.number}"
+        diff, capped = await asyncio.to_thread(
+            diff_documents, a.documents, b.documents, f"v{a.version.number}", f"v{b.version.number}"
         )
-        return HttpResponse(200, diff.encode(), "text/x-diff; charset=utf-8")
+        headers = {"X-Diff-Capped": ", ".join(capped)} if capped else {}
+        return HttpResponse(200, diff.encode(), "text/x-diff; charset=utf-8", headers)
 
     @staticmethod
     def _body(request: HttpRequest) -> dict[str, Any]:
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != "application/json":
+            raise UnsupportedMediaTypeError(
+                "Content-Type", f"send the body as application/json (not {kind or 'none'!r})"
+            )
         try:
             body = json.loads(request.body or b"{}")
         except (ValueError, UnicodeDecodeError) as exc:
@@ -589,7 +638,9 @@ class ConfigApi:
         for i, item in enumerate(raw):
             if not isinstance(item, dict) or not isinstance(item.get("key"), str):
                 raise RequestError(f"descriptor[{i}]", 'expected {"key": .., "value": ..}')
-            entries.append((item["key"], str(item.get("value", ""))))
+            if not isinstance(item.get("value"), str):
+                raise RequestError(f"descriptor[{i}].value", "expected a string")
+            entries.append((item["key"], item["value"]))
         engine = self._engine
         result = await reset_counters(
             self._backend,

@@ -37,6 +37,7 @@ __all__ = [
     "TakeResult",
     "decide",
     "decide_node",
+    "quota_label",
     "refilled",
 ]
 
@@ -286,3 +287,10 @@ class NodeBucketStore(Protocol):
     async def reset(self, key: str) -> int:
         """Forget the bucket at ``key``: it is full again (an operator's reset); 1 if held."""
         ...
+
+
+def quota_label(ref: BucketRef) -> str:
+    """``namespace/bucket`` as the quota service names it."""
+    namespace = "(global)" if ref.namespace == GLOBAL_NAMESPACE else ref.namespace
+    name = "(default)" if ref.name == DEFAULT_BUCKET else ref.name
+    return f"{namespace}/{name}"

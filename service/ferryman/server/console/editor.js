@@ -103,7 +103,7 @@
   async function save() {
     const name = $("editor-doc").value;
     const got = await api("PUT", `/config/${encodeURIComponent(name)}`, $("editor-text").value,
-      { "If-Match": `"${ed.version}"` });
+      { "If-Match": `"${ed.version}"`, "Content-Type": "application/yaml" });
     const result = $("editor-result");
     if (got.status === 200) {
       result.textContent = `saved: version ${got.data.version}`;

@@ -1,4 +1,4 @@
-"""The token buckets as they stand, for the console: the buckets each store took from
+"""The console's panel of token buckets as they stand: the buckets each store took from
 lately (it remembers the last few hundred), read now without taking anything, the
 emptiest first. A bucket in debt shows negative tokens and the wait its debt makes."""
 
@@ -8,27 +8,18 @@ import asyncio
 from typing import Any
 
 from ferryman.algorithms.token_bucket.model import (
-    DEFAULT_BUCKET,
-    GLOBAL_NAMESPACE,
-    BucketRef,
     BucketSpec,
     BucketStore,
     NodeBucketStore,
     Standing,
+    quota_label,
 )
 from ferryman.clock import Clock
 
-__all__ = ["COLUMNS", "TOP", "BucketTable", "node_label", "quota_label"]
+__all__ = ["COLUMNS", "TOP", "BucketTable", "node_label"]
 
 TOP = 20  # rows shown
 COLUMNS = ["bucket", "kind", "tokens", "capacity", "fill rate /s", "debt wait ms"]
-
-
-def quota_label(ref: BucketRef) -> str:
-    """``namespace/bucket`` as the quota service names it."""
-    namespace = "(global)" if ref.namespace == GLOBAL_NAMESPACE else ref.namespace
-    name = "(default)" if ref.name == DEFAULT_BUCKET else ref.name
-    return f"{namespace}/{name}"
 
 
 def node_label(key: str) -> str:
