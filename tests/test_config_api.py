@@ -307,7 +307,24 @@ def test_the_cli_shows_the_diff_first_and_writes_only_with_yes(
     bad.write_text(BAD)
     refused = cli("apply", str(bad), "--yes")
     assert refused.returncode == 1 and "web.yaml:4:" in refused.stdout
-    assert "version" in cli("history").stdout
+    # Several files are one version: two documents that trade their domains are valid as a
+    # set, though neither is alone (a domain would be defined twice in between).
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "web.yaml").write_text(web(14).replace("domain: web", "domain: swap"))
+    (pair / "swap.yaml").write_text(web(15))
+    two = cli("apply", str(pair / "web.yaml"), str(pair / "swap.yaml"), "--yes")
+    assert two.returncode == 0 and f"version {base + 2}" in two.stdout, two.stdout + two.stderr
+    assert served.version() == base + 2
+    assert limit_of(served, "cli-pair") == 15
+    (pair / "back").mkdir()
+    (pair / "back" / "swap.yaml").write_text(web(14).replace("domain: web", "domain: swap"))
+    back = cli("apply", str(new), str(pair / "back" / "swap.yaml"), "--yes")
+    assert back.returncode == 0 and f"version {base + 3}" in back.stdout
+    assert limit_of(served, "cli-back") == 13
+    swapped = cli("apply", str(new), str(pair / "web.yaml"), "--name", "x", "--yes")
+    assert swapped.returncode == 2 and "--name goes with one FILE" in swapped.stderr
+    assert "added swap.yaml, changed web.yaml [swap.yaml, web.yaml]" in cli("history").stdout
     reset = cli("reset-counter", "--domain", "web", "--descriptor", "user=cli")
     assert reset.returncode == 0 and "web.user" in reset.stdout
     bucket = cli("reset-counter", "--namespace", "pay", "--bucket", "refunds")

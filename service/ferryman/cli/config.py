@@ -163,17 +163,15 @@ def _apply(client: _Client, args: argparse.Namespace) -> int:
         if not _confirm(args, f"write {len(docs)} document(s) on version {base}?"):
             return 1
         try:
-            version = base
-            for name, text in docs.items():
-                query = "?" + urlencode({"summary": args.summary}) if args.summary else ""
-                _, _, body = client.call(
-                    "PUT",
-                    f"/api/v1/config/{quote(name)}{query}",
-                    text.encode(),
-                    {"If-Match": f'"{version}"'},
-                )
-                version = int(json.loads(body)["version"])
-                print(f"wrote {name}: version {version}")
+            # Every document in one version: the set that was validated is the set in force.
+            query = "?" + urlencode({"summary": args.summary}) if args.summary else ""
+            _, _, body = client.call(
+                "PUT",
+                f"/api/v1/config{query}",
+                json.dumps({"documents": docs}).encode(),
+                {"If-Match": f'"{base}"', "Content-Type": "application/json"},
+            )
+            print(f"wrote {', '.join(docs)}: version {int(json.loads(body)['version'])}")
             return 0
         except ApiError as exc:
             if exc.status != 412:
