@@ -64,10 +64,8 @@ def page(server: ServeProcess, *params: tuple[str, str]) -> tuple[int, dict[str,
 def command(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     """``ferryman explain --envoy FRONT --envoy SIDECAR ARGS --format json``, in this process."""
     capsys.readouterr()
-    code = main(
-        ["explain", "--envoy", FRONT, "--envoy", SIDECAR, "--config", DESCRIPTORS, *args]
-        + ["--format", "json"]
-    )
+    files = ["--envoy", FRONT, "--envoy", SIDECAR, "--config", DESCRIPTORS]
+    code = main(["explain", *files, *args, "--format", "json"])
     out = capsys.readouterr().out
     assert code in (0, 1), out
     answer: dict[str, Any] = json.loads(out)
@@ -127,6 +125,7 @@ def test_a_route_is_answered_as_the_command_answers_it(
 
 
 def _remote(answer: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any]
     [found] = [
         d["explain"]
         for e in answer["entries"]
