@@ -361,6 +361,7 @@ class Service:
             self.backend,
             self.clock,
             directory=str(settings.config_dir),
+            envoy_files=settings.envoy_config_files,
             help_text=DEBUG_HELP,
         )
         self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
