@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
+ROOT = Path(__file__).resolve().parents[1]
+FRONT = str(ROOT / "envoy" / "front-proxy.yaml")
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = (
@@ -315,4 +317,40 @@ def test_the_explain_form_answers(
     assert "5 per minute" in smooth and "now: 1 counted (estimate), 4 left" in smooth
     unknown = ask("nowhere", "user=bob")
     assert "'nowhere' is not configured" in unknown
+    assert errors(browser) == []
+
+
+def test_the_envoy_route_picker_shows_what_a_route_sends(
+    page: WebDriver, make_server: ServerFactory
+) -> None:
+    """Without Envoy files the route picker stays hidden; with the shipped front proxy and
+    descriptors it lists the routes, and a route shows each descriptor Envoy sends and what
+    it reaches (a header given: the walk and the count)."""
+    browser = page
+    open_console(browser, make_server())
+    assert not browser.find_element("id", "envoy-form").is_displayed()
+    server = make_server(config_dir=ROOT / "descriptors", envoy_config_files=(FRONT,))
+    open_console(browser, server)
+    wait_for("the route picker", lambda: browser.find_element("id", "envoy-form").is_displayed())
+    routes = script(browser, "return [...document.getElementById('envoy-route').options]"
+                    ".map((o) => o.value)")  # fmt: skip
+    assert "/api/" in routes and "/burst/simple" in routes
+
+    def ask(route: str, headers: str) -> str:
+        script(browser, "document.getElementById('envoy-route').value = arguments[0]", route)
+        field = browser.find_element("id", "envoy-headers")
+        field.clear()
+        field.send_keys(headers)
+        script(browser, "document.getElementById('envoy-result').replaceChildren()")
+        browser.find_element("id", "envoy-submit").click()
+        wait_for("the answer", lambda: text(browser, "envoy-result"))
+        return text(browser, "envoy-result")
+
+    simple = ask("/burst/simple", "")
+    assert "route /burst/simple → domain cookbook" in simple
+    assert "simple_user=<header x-user-id>" in simple and "burst tiers" in simple
+    assert "not sent at all when header x-user-id missing" in simple
+    api = ask("/api/", ":path=/api/v1")
+    assert "generic_key=slow-path: exact" in api and "10 per second" in api
+    assert "now: 0 counted, 10 left" in api
     assert errors(browser) == []

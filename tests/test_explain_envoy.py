@@ -228,12 +228,14 @@ def test_an_optional_header_sends_two_descriptors_and_a_miss_fails(
 
 
 def test_bad_uses_are_refused_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    """--envoy with --target or --descriptor, a header not NAME=VALUE, and explain with
-    neither --envoy nor --domain: exit 2 with a message."""
+    """--envoy with --target or --descriptor, a header not NAME=VALUE, a client address that
+    is not an IP address, and explain with neither --envoy nor --domain: exit 2 with a
+    message."""
     cases = [
         (["--envoy", FRONT, "--target", "127.0.0.1:1"], "--target"),
         (["--envoy", FRONT, "--descriptor", "a=b"], "--descriptor"),
         (["--envoy", FRONT, "--config", DESCRIPTORS, "--header", "novalue"], "--header"),
+        (["--envoy", FRONT, "--config", DESCRIPTORS, "--remote-address", "x"], "--remote-address"),
         (["--config", DESCRIPTORS], "--domain"),
     ]
     for args, named in cases:

@@ -102,13 +102,61 @@ def test_pure_parts_import_without_grpc_or_the_client() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_only_the_command_line_imports_the_envoy_tools() -> None:
-    """``ferryman.envoy`` (and envoy-data-plane, an optional extra) stays out of the service."""
+def _envoy_import_sites(path: Path) -> list[str]:
+    """The functions of a module that import ``ferryman.envoy`` ("" for the module level)."""
+    sites: list[str] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, child.name)
+                continue
+            names: list[str] = []
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [child.module] + [f"{child.module}.{a.name}" for a in child.names]
+            elif isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            if any(n == "ferryman.envoy" or n.startswith("ferryman.envoy.") for n in names):
+                sites.append(function)
+            visit(child, function)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return sites
+
+
+def test_envoy_import_sites_are_found_at_any_depth(tmp_path: Path) -> None:
+    """The checker itself: a module-level import, one in a function, one under a branch."""
+    source = (
+        "import ferryman.envoy.read\n"
+        "def f():\n    if x:\n        from ferryman.envoy.routes import Routes\n"
+        "def g():\n    from ferryman import envoy\n    import ferryman.engine\n"
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert _envoy_import_sites(path) == ["", "f", "g"]
+
+
+def test_only_the_command_line_and_one_server_function_import_the_envoy_tools() -> None:
+    """``ferryman.envoy`` (and envoy-data-plane, an optional extra) stays out of the service:
+    the command line uses it; in the server, only the function that reads ENVOY_CONFIG_FILES
+    at start, and only when the setting is given. Importing the server loads none of it."""
     edges = import_graph()
-    assert [part for part, targets in edges.items() if "envoy" in targets] == ["cli"]
+    assert sorted(part for part, targets in edges.items() if "envoy" in targets) == [
+        "cli",
+        "server",
+    ]
+    sites = {
+        str(path.relative_to(PACKAGE)): found
+        for path in (PACKAGE / "server").rglob("*.py")
+        if (found := _envoy_import_sites(path))
+    }
+    assert list(sites) == ["server/envoy_routes.py"], sites
+    assert set(sites["server/envoy_routes.py"]) == {"read_routes"}, sites
     code = (
         "import sys\n"
         "import ferryman.cli, ferryman.server.app\n"
+        "from ferryman.server.envoy_routes import read_routes\n"
+        "assert read_routes(()) is None\n"
         "names = ('envoy_data_plane', 'ferryman.envoy')\n"
         "assert not [m for m in sys.modules if m.startswith(names)]\n"
     )

@@ -460,6 +460,10 @@ class Settings:
     admin_tokens_file: str = ""
     config_history: int = 100
 
+    # Envoy or Istio files whose routes the debug port explains (/explain/envoy): read at
+    # start; they need the ferryman[envoy] extra.
+    envoy_config_files: tuple[str, ...] = ()
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); raises SettingsError."""
@@ -748,6 +752,9 @@ class Settings:
             config_store=config_store,
             admin_tokens_file=env.get("ADMIN_TOKENS_FILE", d.admin_tokens_file),
             config_history=_int(env, "CONFIG_HISTORY", d.config_history, minimum=1),
+            envoy_config_files=tuple(
+                f.strip() for f in env.get("ENVOY_CONFIG_FILES", "").split(",") if f.strip()
+            ),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

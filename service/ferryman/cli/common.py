@@ -21,7 +21,6 @@ __all__ = [
     "RAW",
     "descriptor_arg",
     "load_config",
-    "needs_envoy_data_plane",
     "port",
     "require_directory",
 ]
@@ -78,13 +77,3 @@ def load_config(directory: Path | None) -> tuple[Config, EngineOptions]:
         merge_domains=settings.merge_domain_config,
     )
     return config, engine_options(settings)
-
-
-def needs_envoy_data_plane() -> None:
-    """Raise SettingsError unless the optional envoy-data-plane package is installed."""
-    try:
-        import envoy_data_plane  # noqa: F401
-    except ImportError:
-        raise SettingsError(
-            "ferryman envoy needs the envoy-data-plane package: pip install ferryman[envoy]"
-        ) from None

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ferryman.cli.common import RAW, load_config, needs_envoy_data_plane, port
+from ferryman.cli.common import RAW, load_config, port
 
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
@@ -96,6 +96,8 @@ def _add_generate(actions: Subcommands, parents: list[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    from ferryman.envoy import needs_envoy_data_plane
+
     needs_envoy_data_plane()
     config, options = load_config(args.config)
     if args.envoy_command == "generate":

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from ferryman.cli.common import RAW, descriptor_arg, load_config, needs_envoy_data_plane
+from ferryman.cli.common import RAW, descriptor_arg, load_config
 from ferryman.errors import SettingsError
 from ferryman.settings import split_address
 
@@ -117,15 +117,20 @@ def _explain_envoy(args: argparse.Namespace) -> int:
             "explain --envoy reads its descriptors from the Envoy files and the tree from "
             "--config: --target and --descriptor do not go with it"
         )
+    from ferryman.envoy import needs_envoy_data_plane
+
     needs_envoy_data_plane()
-    from ferryman.envoy.actions import collect
-    from ferryman.envoy.read import read_file
-    from ferryman.envoy.routes import Request, explain_routes, parse_values, render
+    from ferryman.envoy.routes import Routes, render
 
     config, options = load_config(args.config)
-    request = Request(parse_values(args.header, "--header"), args.remote_address)
-    pieces = [piece for path in args.envoy for piece in read_file(path)]
-    answer = explain_routes(collect(pieces), config, options, request, args.route, args.domain)
+    answer = Routes.read(args.envoy).explain(
+        config,
+        options,
+        route=args.route,
+        domain=args.domain or "",
+        headers=args.header,
+        remote_address=args.remote_address,
+    )
     if args.format == "json":
         print(json.dumps(answer))
     else:

@@ -26,6 +26,7 @@ log = logging.getLogger("ferryman")
 EXAMPLES = """examples:
   ferryman serve                                  # descriptors/ here, memory backend
   ferryman serve --config /etc/ratelimit --backend redis://cache:6379
+  ferryman serve --envoy envoy/front-proxy.yaml   # the debug page explains its routes
   LOG_FORMAT=json LOG_LEVEL=warn ferryman serve   # the reference's variables work too"""
 
 
@@ -74,6 +75,14 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         "--parent",
         metavar="HOST:PORT",
         help="lease capacity from this doorman.Capacity server (DOORMAN_PARENT)",
+    )
+    serve.add_argument(
+        "--envoy",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="an Envoy or Istio file whose routes the debug page explains (repeatable; "
+        "ENVOY_CONFIG_FILES, comma-separated; needs ferryman[envoy])",
     )
     serve.add_argument(
         "--log-level",
@@ -135,6 +144,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         changes["doorman_parent"] = args.parent
     if args.health_requires_backend:
         changes["health_requires_backend"] = True
+    if args.envoy:
+        changes["envoy_config_files"] = tuple(str(path) for path in args.envoy)
     for flag, name in (
         ("grpc_port", "grpc_port"),
         ("http_port", "port"),
@@ -165,6 +176,8 @@ def _supervise(args: argparse.Namespace, settings: Settings) -> int:
         argv += ["--backend", args.backend]
     if settings.fail_open:
         argv.append("--fail-open")
+    for path in args.envoy or ():
+        argv += ["--envoy", str(path)]
     argv += ["--log-level", settings.log_level, "--log-format", settings.log_format]
     log.info(
         "%d workers on grpc :%d, http :%d, debug :%d",

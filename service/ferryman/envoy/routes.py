@@ -2,25 +2,32 @@
 ``rate_limits`` entry Envoy applies to a route, the descriptors it sends, each value either
 given (a request header, the client address) or left variable, walked down the domain's
 tree: a descriptor whose values are all known is explained as ``ferryman explain`` does; one
-with a variable entry lists the rules it can reach and for which values."""
+with a variable entry lists the rules it can reach and for which values.
+
+The files are read once (``Routes.read``); the answer is computed on each question, against
+the configuration given, so that the debug port's ``/explain/envoy`` answers as the command
+does, against the configuration in force."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ferryman.config.model import Config
-from ferryman.engine.explain import describe_rule, explain, rule_text
+from ferryman.engine.explain import Explanation, describe_rule, explain, rule_text
 from ferryman.engine.explain import render as render_explained
 from ferryman.engine.model import EngineOptions
 from ferryman.engine.policy import policies
-from ferryman.envoy.actions import Entry, Inventory, Part
+from ferryman.envoy.actions import Entry, Inventory, Part, collect
 from ferryman.envoy.check import sequences, walk
+from ferryman.envoy.read import read_file
 from ferryman.errors import SettingsError
 
-__all__ = ["Request", "explain_routes", "parse_values", "render"]
+__all__ = ["Request", "Routes", "explain_routes", "parse_values", "render"]
 
 
 class Request:
@@ -73,6 +80,8 @@ def _descriptor(
     parts: tuple[Part, ...],
     request: Request,
     table: dict[Any, Any],
+    now: float,
+    explained: list[Explanation],
 ) -> dict[str, Any]:
     known = tuple(
         part if part.value is not None else replace(part, value=request.value(part))
@@ -85,9 +94,9 @@ def _descriptor(
     variable = [p for p in known if p.value is None]
     if not variable:
         entries = [(p.key, str(p.value)) for p in known]
-        shown["explain"] = explain(config, domain, [entries], options, time.time()).as_dict()[
-            "descriptors"
-        ][0]
+        answer = explain(config, domain, [entries], options, now)
+        explained.append(answer)  # the same dict: counts added to it later show here
+        shown["explain"] = answer.descriptors[0]
         return shown
     root = config.domains[domain].root
     reaches, stops = [], []
@@ -114,10 +123,16 @@ def explain_routes(
     request: Request,
     route: str = "",
     domain: str = "",
+    now: float | None = None,
+    explained: list[Explanation] | None = None,
 ) -> dict[str, Any]:
     """Every entry sent for ``route`` (every route when empty), optionally only those sent
-    to ``domain``: the descriptors each sends and what each reaches."""
+    to ``domain``: the descriptors each sends and what each reaches. Each descriptor whose
+    values are all known is explained at ``now`` (default: the time now); its Explanation
+    is appended to ``explained``, for reading its counter into the answer."""
     table = policies(config, options)
+    now = time.time() if now is None else now
+    explained = [] if explained is None else explained
     out: list[dict[str, Any]] = []
     for entry in inventory.entries:
         if not _selected(entry, route):
@@ -145,7 +160,7 @@ def explain_routes(
                 shown["error"] = "; ".join(p.problem for p in entry.parts if p.problem)
                 continue
             for parts in sequences(entry.parts):
-                d = _descriptor(config, options, name, parts, request, table)
+                d = _descriptor(config, options, name, parts, request, table, now, explained)
                 left_out = [p.source for p in entry.parts if p.optional and p not in parts]
                 if left_out:
                     d["absent"] = left_out
@@ -159,6 +174,57 @@ def explain_routes(
                 shown["descriptors"].append(d)
     known = sorted({r for e in inventory.entries for r in e.routes})
     return {"route": route or None, "known_routes": known, "entries": out}
+
+
+class Routes:
+    """The rate limit filters and ``rate_limits`` entries of a set of Envoy or Istio
+    files, read once; explained against whatever configuration is given."""
+
+    def __init__(self, files: Sequence[str], inventory: Inventory) -> None:
+        self.files = list(files)
+        self.inventory = inventory
+
+    @classmethod
+    def read(cls, paths: Sequence[Path]) -> Routes:
+        """Read the files (EnvoyFileError naming the file and the field otherwise)."""
+        pieces = [piece for path in paths for piece in read_file(path)]
+        return cls([str(p) for p in paths], collect(pieces))
+
+    def listing(self) -> dict[str, Any]:
+        """The files, the routes and the virtual hosts one can ask about."""
+        entries = self.inventory.entries
+        return {
+            "files": self.files,
+            "routes": sorted({r for e in entries for r in e.routes}),
+            "virtual_hosts": sorted({e.vhost for e in entries if e.vhost}),
+        }
+
+    def explain(
+        self,
+        config: Config,
+        options: EngineOptions,
+        *,
+        route: str = "",
+        domain: str = "",
+        headers: Sequence[str] = (),
+        remote_address: str = "",
+        names: tuple[str, str] = ("--header", "--remote-address"),
+        now: float | None = None,
+        explained: list[Explanation] | None = None,
+    ) -> dict[str, Any]:
+        """``explain_routes`` for a request with ``headers`` (``NAME=VALUE`` items) from
+        ``remote_address``; a bad one is a SettingsError naming its option in ``names``."""
+        if remote_address:
+            try:
+                ipaddress.ip_address(remote_address)
+            except ValueError:
+                raise SettingsError(
+                    f"{names[1]}: {remote_address!r} is not an IP address"
+                ) from None
+        request = Request(parse_values(headers, names[0]), remote_address)
+        return explain_routes(
+            self.inventory, config, options, request, route, domain, now, explained
+        )
 
 
 def render(answer: dict[str, Any]) -> str:

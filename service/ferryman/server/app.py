@@ -35,6 +35,7 @@ from ferryman.server.console import Console, LatencyRecorder
 from ferryman.server.console.buckets import BucketTable
 from ferryman.server.decoding import GuardedServer
 from ferryman.server.edge import Edge, Method
+from ferryman.server.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.server.holds import HoldManager
 from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
 from ferryman.server.leased import LeasedResources
@@ -93,6 +94,8 @@ DEBUG_HELP = (
     "/rlconfig: the limits in force\n/stats: counters\n"
     "/status: configuration, backend and cache state (JSON)\n"
     "/explain?domain=D&descriptor=k=v[,k=v...]: why a request is limited (JSON)\n"
+    "/explain/envoy[?route=NAME&header=NAME=VALUE&remote_address=IP]: the routes of the "
+    "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
@@ -286,6 +289,9 @@ class Service:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        # The Envoy files to explain, read first (a bad one stops the start before anything
+        # runs), and only when given: reading them needs the ferryman[envoy] extra.
+        routes = read_routes(settings.envoy_config_files)
         self.clock = clock or SystemClock()
         self.stats = Stats(settings.metrics_max_series)
         self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
@@ -355,6 +361,7 @@ class Service:
             self.backend,
             self.clock,
             directory=str(settings.config_dir),
+            envoy_files=settings.envoy_config_files,
             help_text=DEBUG_HELP,
         )
         self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
@@ -370,6 +377,13 @@ class Service:
         self._grpc: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self.pages = Pages(self)
+        self.envoy_routes = EnvoyRoutes(
+            routes,
+            self.holder,
+            self.engine.options,
+            self.backend,
+            self.clock,
+        )
         self._http = HttpServer(
             {
                 ("GET", "/healthcheck"): self._healthcheck,
@@ -396,6 +410,7 @@ class Service:
                 ("GET", "/stats"): self.pages.stats_page,
                 ("GET", "/status"): self.pages.status_page,
                 ("GET", "/explain"): self.pages.explain,
+                ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
             },
             "debug",

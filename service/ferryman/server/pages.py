@@ -1,5 +1,6 @@
 """The pages of the HTTP and debug ports that read the service's state: /json (ShouldRateLimit
-as protojson), /rlconfig, /stats, /status, /explain, /capacity, and the Prometheus scrape."""
+as protojson), /rlconfig, /stats, /status, /explain, /capacity, and the Prometheus scrape
+(/explain/envoy is in ``envoy_routes``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ferryman.clock import Clock
 from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder
 from ferryman.engine import RateLimitEngine
-from ferryman.engine.explain import explain, parse_descriptor
+from ferryman.engine.explain import Explanation, explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService
@@ -133,15 +134,7 @@ class Pages:
                 raise RequestError("domain", "no rate limit configuration is loaded")
             now = self.service.clock.now()
             answer = explain(config, domain, requests, self.service.engine.options, now)
-            backend = self.service.backend
-            if answer.ops:
-                values = await backend.windows.peek(list(answer.ops.values()))
-                answer.add_counts(values, now)
-            for index, (key, spec) in answer.buckets.items():
-                answer.add_bucket(index, spec, await backend.buckets.peek(key, spec, now))
-            for index, read in answer.sliding.items():
-                result = await backend.sliding.peek(read.key, read.limit, read.seconds, now)
-                answer.add_sliding(index, read, result)
+            await read_now(self.service.backend, answer, now)
         except FerrymanError as exc:
             body = json.dumps({"error": str(exc)}) + "\n"
             return HttpResponse(status_of(exc).http, body.encode(), "application/json")
@@ -230,6 +223,19 @@ class Pages:
             body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
             body = mapping.render(self.service.stats) + body
         return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
+
+
+async def read_now(backend: Backend, answer: Explanation, now: float) -> None:
+    """Add to ``answer`` what its counters, token buckets and sliding windows hold now,
+    counting nothing."""
+    if answer.ops:
+        values = await backend.windows.peek(list(answer.ops.values()))
+        answer.add_counts(values, now)
+    for index, (key, spec) in answer.buckets.items():
+        answer.add_bucket(index, spec, await backend.buckets.peek(key, spec, now))
+    for index, read in answer.sliding.items():
+        result = await backend.sliding.peek(read.key, read.limit, read.seconds, now)
+        answer.add_sliding(index, read, result)
 
 
 def _iso(epoch: float) -> str:

@@ -3,8 +3,8 @@
 The page (``index.html``, ``console.js``, ``console.css`` beside this file, shipped as package
 data) is static and works offline; it polls JSON endpoints served here:
 
-- ``/console/config``: the configuration in force as trees, its version and load time, and
-  the last load error;
+- ``/console/config``: the configuration in force as trees, its version and load time, the
+  last load error, and the Envoy files whose routes ``/explain/envoy`` explains;
 - ``/console/data?since=T``: the samples taken after T (see :class:`Sampler`), the top
   over-limit series, and the held-resource state;
 - ``/console/tenant?domain=D&descriptor=k=v[,k=v...]``: one tenant's burst tiers now (the
@@ -137,6 +137,7 @@ class Console:
         clock: Clock,
         *,
         directory: str = "",
+        envoy_files: tuple[str, ...] = (),
         help_text: str = "",
         interval: float = 3.0,
     ) -> None:
@@ -147,6 +148,7 @@ class Console:
         self.backend = backend
         self.clock = clock
         self.directory = directory
+        self.envoy_files = envoy_files
         self.help_text = help_text
         self.sampler = Sampler(stats, latency, self._hold_gauges, interval=interval)
         self.panels: dict[str, Panel] = {}
@@ -205,6 +207,8 @@ class Console:
             "last_error": holder.last_error,
             "last_error_at": _iso_or_none(holder.last_error_at, bool(holder.last_error)),
             "domains": domains,
+            # The Envoy files /explain/envoy explains (ENVOY_CONFIG_FILES).
+            "envoy_files": list(self.envoy_files),
         }
 
     def holds_state(self) -> dict[str, Any]:

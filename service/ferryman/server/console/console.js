@@ -142,6 +142,9 @@
 
   function renderConfig(cfg) {
     state.config = cfg;
+    if ((cfg.envoy_files || []).length && $("envoy-form").hidden) {
+      envoyRoutes().catch((err) => $("envoy-result").replaceChildren(el("p", { class: "error" }, String(err.message || err))));
+    }
     $("config-version").textContent = `config v${cfg.version}, loaded ${when(cfg.loaded_at)}`;
     $("config-meta").textContent = `${cfg.domains.length} domain(s) from ${cfg.directory || "?"}`;
     const banner = $("config-error");
@@ -417,23 +420,10 @@
       const how = s.matched === "wildcard" ? `wildcard ${s.pattern}` : s.matched;
       return el("li", {}, `${s.key}=${s.value}: ${how} `, el("span", { class: "muted source" }, s.source));
     });
-    const rule = d.rule;
-    let ruleText = null;
-    if (rule) {
-      const numbers = rule.kind === "fixed_window" || rule.kind === "sliding_window"
-        ? `${rule.requests_per_unit} per ${rule.unit}`
-        : rule.kind === "token_bucket" ? `size ${rule.size}, ${rule.fill_rate} per second`
-        : rule.kind === "burst_tiers" ? rule.tiers : rule.kind === "copies" ? rule.copies : "";
-      ruleText = el("p", {}, "rule: ", el("span", { class: `badge kind-${rule.kind}` }, rule.kind.replace("_", " ")),
-        ` ${numbers}`, rule.name ? ` (name ${rule.name})` : "",
-        rule.shadow_mode ? el("span", { class: "badge flag" }, "shadow") : null,
-        rule.quota_mode ? el("span", { class: "badge flag" }, "quota") : null,
-        " ", el("span", { class: "muted source" }, `${rule.stats_key} at ${rule.source}`));
-    }
     return el("div", { class: "explained", "data-explain": "descriptor" },
       el("h3", {}, `descriptor[${index}] ${entries}`),
       steps.length ? el("ol", {}, ...steps) : null,
-      ruleText,
+      d.rule ? el("p", {}, "rule: ", ...ruleParts(d.rule)) : null,
       d.counter_key ? el("p", {}, "counter: ", el("code", {}, d.counter_key)) : null,
       "count" in d ? el("p", { "data-explain": "count" },
         `now: ${d.count} counted, ${d.remaining} left, window resets in ${d.reset_after}s`) : null,
@@ -443,6 +433,61 @@
       "estimate" in d ? el("p", { "data-explain": "count" },
         `now: ${d.estimate} counted (estimate), ${d.remaining} left, window ends in ${d.reset_after}s`) : null,
       d.outcome ? el("p", { class: "outcome" }, d.outcome) : null);
+  }
+
+  function ruleParts(rule) {
+    const numbers = rule.kind === "fixed_window" || rule.kind === "sliding_window"
+      ? `${rule.requests_per_unit} per ${rule.unit}`
+      : rule.kind === "token_bucket" ? `size ${rule.size}, ${rule.fill_rate} per second`
+      : rule.kind === "burst_tiers" ? rule.tiers : rule.kind === "copies" ? rule.copies : "";
+    return [el("span", { class: `badge kind-${rule.kind}` }, rule.kind.replace("_", " ")),
+      ` ${numbers}`, rule.name ? ` (name ${rule.name})` : "",
+      rule.shadow_mode ? el("span", { class: "badge flag" }, "shadow") : null,
+      rule.quota_mode ? el("span", { class: "badge flag" }, "quota") : null,
+      " ", el("span", { class: "muted source" }, `${rule.stats_key} at ${rule.source}`)];
+  }
+
+  // ---------------------------------------------------------------- an Envoy route
+
+  // Shown when the server was given Envoy files (/console/config names them).
+  async function envoyRoutes() {
+    const listing = await getJSON("/explain/envoy");
+    $("envoy-route").replaceChildren(...listing.routes.map((r) => el("option", { value: r }, r)));
+    $("envoy-form").hidden = false;
+  }
+
+  async function explainRoute(event) {
+    if (event) event.preventDefault();
+    const query = new URLSearchParams({ route: $("envoy-route").value });
+    for (const line of $("envoy-headers").value.split("\n").map((s) => s.trim()).filter(Boolean)) {
+      query.append("header", line);
+    }
+    if ($("envoy-address").value.trim()) query.set("remote_address", $("envoy-address").value.trim());
+    const out = $("envoy-result");
+    try {
+      out.replaceChildren(...(await getJSON(`/explain/envoy?${query}`)).entries.map(envoyEntry));
+    } catch (err) {
+      out.replaceChildren(el("p", { class: "error", "data-explain": "error" }, String(err.message || err)));
+    }
+  }
+
+  function envoyEntry(e) {
+    const descriptors = e.descriptors.map((d, i) => {
+      const node = d.explain ? explained(d.explain, i) : el("div", { class: "explained", "data-explain": "descriptor" },
+        el("h3", {}, `descriptor[${i}] ` + d.entries.map(([k, v, s]) => `${k}=${v === null ? `<${s}>` : v}`).join(",")),
+        el("ul", {},
+          ...d.reaches.map((r) => el("li", {}, ...ruleParts(r), r.only_when.length ? ` when ${r.only_when.join(", ")}` : "")),
+          ...d.stops.map((s) => el("li", { class: "error" }, s.no_limit ? `${s.no_limit}: no limit there`
+            : `stops at level ${s.level}: no (${s.key}, ${s.value}); the tree has: ${s.expected.join(", ") || "nothing"}`))));
+      node.querySelector("h3").after(...[...d.conditions.map((w) => `not sent when ${w}`),
+        ...(d.dropped_when || []).map((w) => `not sent at all when ${w}`),
+        ...(d.absent ? [`when absent: ${d.absent.join(", ")}`] : [])].map((t) => el("p", { class: "muted" }, t)));
+      return node;
+    });
+    return el("div", { class: "explained", "data-envoy": "entry" },
+      el("h3", {}, `route ${e.routes.join(", ") || "(every route)"} → domain ${e.domain}`),
+      el("p", { class: "muted" }, `sends [${e.sends}]`, el("span", { class: "source" }, ` ${e.file}: ${e.where}`)),
+      e.error ? el("p", { class: "error" }, e.error) : null, ...descriptors);
   }
 
   // ---------------------------------------------------------------- a tenant's tiers
@@ -488,6 +533,8 @@
   });
 
   $("explain-form").addEventListener("submit", explain);
+  $("envoy-form").addEventListener("submit", explainRoute);
+  $("envoy-route").addEventListener("change", () => explainRoute());
   refresh();
   window.setInterval(refresh, REFRESH_MS);
 })();
