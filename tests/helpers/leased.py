@@ -109,7 +109,8 @@ if __name__ == "__main__":
 
 class Driver:
     """A thread sending ShouldRateLimit to ``address`` at ``rate`` per second, counting the
-    OK answers of each wall-clock second and keeping the last answer."""
+    OK answers of each wall-clock second (those sent and answered within it) and keeping
+    the last answer."""
 
     def __init__(self, address: str, domain: str, entries: list[tuple[str, str]], rate: float):
         import grpc
@@ -122,6 +123,7 @@ class Driver:
         self.sent: Counter[int] = Counter()
         self.last: rls_pb2.RateLimitResponse | None = None
         self.errors = 0
+        self.straddled = 0
         self._channel = grpc.insecure_channel(address)
         self._stub = rls_pb2_grpc.RateLimitServiceStub(self._channel)  # type: ignore[no-untyped-call]
         descriptor = ratelimit_pb2.RateLimitDescriptor(
@@ -150,7 +152,11 @@ class Driver:
                 continue
             self.sent[second] += 1
             self.last = reply
-            if reply.overall_code == self._ok_code:
+            if int(time.time()) != second:
+                # Answered in the next second: the server may have decided in either, so
+                # the answer is counted in neither.
+                self.straddled += 1
+            elif reply.overall_code == self._ok_code:
                 self.ok[second] += 1
 
     def stop(self) -> None:
