@@ -8,7 +8,7 @@ fixed,burst,copies --half-rate`` for Redis and ``--workers 1,2`` for the workers
                                     [--scenario fixed|burst|request[,...]]
                                     [--env NAME=VALUE ...] [--pin] [--load auto|h2load|python]
                                     [--clients N] [--streams M] [--requests R] [--half-rate]
-                                    [--workers 1,2]
+                                    [--workers 1,2] [--in-process]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -41,6 +41,8 @@ processes of one connection each, or the Python client's open loop), and compare
 p99 latencies. ``--workers 1,2`` starts one
 ferryman per count (``serve --workers N``; more than one needs Redis) and compares them.
 The targets (share of the ceiling, own CPU per request, p99) are printed at the end.
+``--in-process`` measures only ferryman's own work: the RLS servicer called in a loop on
+2,000 distinct requests on the memory backend, no gRPC and no other process.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
@@ -490,6 +492,49 @@ def client_main(args: argparse.Namespace) -> int:
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+# --------------------------------------------------------------------------- in process
+
+
+async def in_process(counts: Sequence[int], seed: int, rounds: int = 7) -> list[str]:
+    """Ferryman's own work per request without gRPC: the RLS servicer called in a loop on
+    2,000 distinct requests (memory backend, the benchmark's config), each answer serialized
+    as gRPC would; CPU per request (min/median of ``rounds``), one line per count."""
+    from ferryman.backends.memory import MemoryBackend
+    from ferryman.clock import SystemClock
+    from ferryman.config.loader import load_sources
+    from ferryman.config.reloader import ConfigHolder
+    from ferryman.engine import RateLimitEngine
+    from ferryman.server.rls import RateLimitServicer
+    from ferryman.stats import Stats
+
+    lines = []
+    for n in counts:
+        clock = SystemClock()
+        holder = ConfigHolder(config=load_sources([("bench.yaml", CONFIG_YAML)]))
+        engine = RateLimitEngine(holder, MemoryBackend(clock), clock, Stats())
+        call = RateLimitServicer(engine).ShouldRateLimit
+        requests = [
+            rls_pb2.RateLimitRequest.FromString(data)
+            for data in build_requests("fixed", n, 2000, seed)
+        ]
+        context: Any = None  # the servicer does not use it
+        for request in requests:  # warm: each request converted and matched once
+            (await call(request, context)).SerializeToString()
+        per: list[float] = []
+        for _ in range(rounds):
+            start = time.process_time()
+            for _ in range(3):
+                for request in requests:
+                    (await call(request, context)).SerializeToString()
+            per.append((time.process_time() - start) / (3 * len(requests)) * 1e6)
+        per.sort()
+        lines.append(
+            f"in process  {case_label('fixed', n):<15}cpu/req {per[0]:.1f}/"
+            f"{per[len(per) // 2]:.1f} us (min/median of {rounds})"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------- ceiling role
@@ -1315,6 +1360,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "one needs a shared backend such as redis), e.g. 1,2 (default 1)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the request values")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="only ferryman's own CPU per request: the servicer called in a loop, no gRPC",
+    )
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the ceiling runs")
@@ -1387,6 +1437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return client_main(args)
     if args.role == "ceiling":
         return ceiling_main(args)
+    if args.in_process:
+        counts = [int(n) for n in args.descriptors.split(",")]
+        print("\n".join(asyncio.run(in_process(counts, args.seed))))
+        return 0
     # SIGTERM unwinds like Ctrl-C, so the finally blocks end the children.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
