@@ -1107,7 +1107,8 @@ def orchestrate(args: argparse.Namespace) -> int:
 
         def run(server: Server, scenario: str, n: int, rate: float | None = None) -> Result:
             if use_h2load:
-                return run_h2load(procs, workdir, server, scenario, n, args, redis_pid, rate)
+                redis = None if server.name == "ceiling" else redis_pid
+                return run_h2load(procs, workdir, server, scenario, n, args, redis, rate)
             return run_client(procs, server, scenario, n, args, rate)
 
         try:
