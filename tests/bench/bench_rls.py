@@ -8,7 +8,7 @@ fixed,burst,copies --half-rate`` for Redis and ``--workers 1,2`` for the workers
                                     [--scenario fixed|burst|request[,...]]
                                     [--env NAME=VALUE ...] [--pin] [--load auto|h2load|python]
                                     [--clients N] [--streams M] [--requests R] [--half-rate]
-                                    [--workers 1,2]
+                                    [--workers 1,2] [--in-process]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -36,9 +36,13 @@ up); otherwise the Python client below. For every run the script reads from /pro
 time of the server (all its processes) and of redis-server, and prints it per request, with
 ferryman's own share (its CPU per request minus the ceiling's): CPU per request is the
 robust figure on a shared machine, where req/s swings. ``--half-rate`` then runs each case
-at half the ceiling's req/s and compares p99 latencies. ``--workers 1,2`` starts one
+at half the ceiling's req/s, paced (requests sent evenly, whatever the answers: several h2load
+processes of one connection each, or the Python client's open loop), and compares p50 and
+p99 latencies. ``--workers 1,2`` starts one
 ferryman per count (``serve --workers N``; more than one needs Redis) and compares them.
 The targets (share of the ceiling, own CPU per request, p99) are printed at the end.
+``--in-process`` measures only ferryman's own work: the RLS servicer called in a loop on
+2,000 distinct requests on the memory backend, no gRPC and no other process.
 
 Client and server share the machine's cores, so the numbers are for comparison between runs
 on the same machine, not absolute capacity. gRPC asyncio throughput swings from second to
@@ -180,11 +184,12 @@ class Result:
         return case_label(self.scenario, self.descriptors)
 
     def line(self) -> str:
-        shape = (
-            f"c={self.concurrency:<4}ch={self.channels}"
-            if self.load == "python"
-            else f"{self.channels}x{self.concurrency}"
-        )
+        if self.rate is not None:
+            shape = "paced"
+        elif self.load == "python":
+            shape = f"c={self.concurrency:<4}ch={self.channels}"
+        else:
+            shape = f"{self.channels}x{self.concurrency}"
         text = (
             f"{self.target:<11} {self.label:<15}{shape:<9}"
             f"{self.rps:>7.0f} req/s  p50 {self.p50_ms:5.2f} ms  p99 {self.p99_ms:5.2f} ms"
@@ -320,7 +325,13 @@ async def run_load(
     seconds: float,
     seed: int,
     server_pid: int | None = None,
+    rate: float | None = None,
+    same: bool = False,
 ) -> dict[str, Any]:
+    """Closed loop (``concurrency`` workers, each sending its next call when the last one is
+    answered) or, with ``rate``, open loop: one call every 1/rate seconds whatever the answers,
+    so that latency is the server's at that load and not the queue of a burst. ``same``
+    sends one request over and over, as h2load does."""
     method = LIMITER_METHOD if scenario == "request" else METHOD
     parse: Callable[[bytes], Any] = (
         limiter_pb2.RateResponse.FromString
@@ -328,7 +339,7 @@ async def run_load(
         else rls_pb2.RateLimitResponse.FromString
     )
     is_ok: Callable[[Any], bool] = _granted if scenario == "request" else _rls_ok
-    pool = build_requests(scenario, descriptors, POOL, seed)
+    pool = build_requests(scenario, descriptors, 1 if same else POOL, seed)
     # A local subchannel pool gives each channel its own TCP connection.
     opened = [
         grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -352,7 +363,7 @@ async def run_load(
 
         async def worker(index: int) -> None:
             call = calls[index % len(calls)]
-            position = (index * 7919) % POOL
+            position = (index * 7919) % len(pool)
             record = latencies.append
             clock = time.perf_counter_ns
             while True:
@@ -360,7 +371,7 @@ async def run_load(
                 if start >= measure_to:
                     return
                 request = pool[position]
-                position = (position + 1) % POOL
+                position = (position + 1) % len(pool)
                 try:
                     response = await call(request, timeout=10)
                 except grpc.aio.AioRpcError as exc:
@@ -377,6 +388,50 @@ async def run_load(
                     if not is_ok(response):
                         counts["not_ok"] += 1
 
+        async def one(call: Any, request: bytes) -> None:
+            """One call of the open loop, recorded like a worker's."""
+            start = clock()
+            try:
+                response = await call(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                if measure_from <= start < measure_to:
+                    counts["errors"] += 1
+                    if len(errors) < 5:
+                        errors.append(f"{exc.code().name}: {exc.details()}")
+                return
+            end = clock()
+            if measure_from <= start < measure_to:
+                latencies.append(end - start)
+                per_second[min(last_second, (start - measure_from) // 1_000_000_000)] += 1
+                if not is_ok(response):
+                    counts["not_ok"] += 1
+
+        async def paced(rate: float) -> None:
+            """Starts call i at begin + i/rate (the loop wakes about every millisecond and
+            starts every call then due), round robin over the channels, then waits for all."""
+            period = 1e9 / rate
+            running: set[asyncio.Task[None]] = set()
+            sent = 0
+            while True:
+                now = clock()
+                due = begin + int(sent * period)
+                if due >= measure_to:
+                    break
+                if due > now:
+                    await asyncio.sleep((due - now) / 1e9)
+                    continue
+                while due <= now and due < measure_to:
+                    task = asyncio.create_task(
+                        one(calls[sent % len(calls)], pool[sent % len(pool)])
+                    )
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    sent += 1
+                    due = begin + int(sent * period)
+            if running:
+                await asyncio.wait(running)
+
+        clock = time.perf_counter_ns
         cpu: dict[str, float] = {}
 
         async def sample_cpu() -> None:
@@ -393,7 +448,10 @@ async def run_load(
             if theirs is not None and after is not None:
                 cpu["server"] = (after - theirs) / seconds
 
-        await asyncio.gather(sample_cpu(), *(worker(i) for i in range(concurrency)))
+        if rate is not None:
+            await asyncio.gather(sample_cpu(), paced(rate))
+        else:
+            await asyncio.gather(sample_cpu(), *(worker(i) for i in range(concurrency)))
     finally:
         for ch in opened:
             await ch.close(None)
@@ -427,11 +485,56 @@ def client_main(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             seed=args.seed,
             server_pid=args.server_pid,
+            rate=args.rate,
+            same=args.same,
         )
     )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+# --------------------------------------------------------------------------- in process
+
+
+async def in_process(counts: Sequence[int], seed: int, rounds: int = 7) -> list[str]:
+    """Ferryman's own work per request without gRPC: the RLS servicer called in a loop on
+    2,000 distinct requests (memory backend, the benchmark's config), each answer serialized
+    as gRPC would; CPU per request (min/median of ``rounds``), one line per count."""
+    from ferryman.backends.memory import MemoryBackend
+    from ferryman.clock import SystemClock
+    from ferryman.config.loader import load_sources
+    from ferryman.config.reloader import ConfigHolder
+    from ferryman.engine import RateLimitEngine
+    from ferryman.server.rls import RateLimitServicer
+    from ferryman.stats import Stats
+
+    lines = []
+    for n in counts:
+        clock = SystemClock()
+        holder = ConfigHolder(config=load_sources([("bench.yaml", CONFIG_YAML)]))
+        engine = RateLimitEngine(holder, MemoryBackend(clock), clock, Stats())
+        call = RateLimitServicer(engine).ShouldRateLimit
+        requests = [
+            rls_pb2.RateLimitRequest.FromString(data)
+            for data in build_requests("fixed", n, 2000, seed)
+        ]
+        context: Any = None  # the servicer does not use it
+        for request in requests:  # warm: each request converted and matched once
+            (await call(request, context)).SerializeToString()
+        per: list[float] = []
+        for _ in range(rounds):
+            start = time.process_time()
+            for _ in range(3):
+                for request in requests:
+                    (await call(request, context)).SerializeToString()
+            per.append((time.process_time() - start) / (3 * len(requests)) * 1e6)
+        per.sort()
+        lines.append(
+            f"in process  {case_label('fixed', n):<15}cpu/req {per[0]:.1f}/"
+            f"{per[len(per) // 2]:.1f} us (min/median of {rounds})"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------- ceiling role
@@ -713,13 +816,21 @@ def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) 
 
 
 def run_client(
-    procs: Processes, server: Server, scenario: str, descriptors: int, args: argparse.Namespace
+    procs: Processes,
+    server: Server,
+    scenario: str,
+    descriptors: int,
+    args: argparse.Namespace,
+    rate: float | None = None,
 ) -> Result:
+    """One run of the Python client: closed loop, or open loop at ``rate`` req/s."""
     argv = [sys.executable, __file__, "--role", "client", "--scenario", scenario]
     argv += ["--target", f"127.0.0.1:{server.grpc_port}", "--descriptors", str(descriptors)]
     argv += ["--concurrency", str(args.concurrency), "--channels", str(args.channels)]
     argv += ["--warmup", str(args.warmup), "--seconds", str(args.seconds)]
     argv += ["--seed", str(args.seed), "--server-pid", str(server.process.pid)]
+    if rate is not None:
+        argv += ["--rate", str(rate), "--seconds", str(args.rate_seconds)]
     _, client_cpus = cpu_split(args.pin)
     child = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cpus=client_cpus)
     try:
@@ -736,7 +847,8 @@ def run_client(
         descriptors=descriptors,
         concurrency=args.concurrency,
         channels=args.channels,
-        seconds=args.seconds,
+        seconds=args.seconds if rate is None else args.rate_seconds,
+        rate=rate,
         **json.loads(out),
     )
 
@@ -746,6 +858,9 @@ def run_client(
 
 H2LOAD_DONE = re.compile(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s")
 H2LOAD_COUNTS = re.compile(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded")
+H2LOAD_TICK = 0.010  # seconds between the sends of a connection paced by h2load's --rps
+PACER_RPS = 100  # req/s of each h2load process of a paced run: one request per tick
+PACERS_MAX = 48
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -808,53 +923,82 @@ def run_h2load(
     redis_pid: int | None,
     rate: float | None = None,
 ) -> Result:
-    """One h2load run (a warm-up first) of ``--requests`` requests, all the same message; at
-    ``rate`` req/s in all when given. CPU per request is read from /proc around it."""
+    """One h2load run (a warm-up first) of ``--requests`` requests, all the same message.
+    CPU per request is read from /proc around it.
+
+    With ``rate`` (req/s in all), the run is paced instead: h2load's ``--rps`` sends each
+    connection's due requests together every 10 ms, whose bursts would queue at the server and
+    be measured as its latency. So the rate is shared by several h2load processes of one
+    connection each, about one request per tick each, started a fraction of the tick apart:
+    requests then arrive about evenly."""
     method = LIMITER_METHOD if scenario == "request" else METHOD
     message = build_requests(scenario, descriptors, 1, args.seed)[0]
     body = workdir / f"{scenario}-{descriptors}.grpc"
     body.write_bytes(grpc_frame(message))
     ok = answer_ok(server.grpc_port, scenario, message)
-    log = workdir / "h2load.log"
-    argv = ["h2load", "-t", "1", "-c", str(args.clients), "-m", str(args.streams)]
-    argv += ["-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers"]
     _, client_cpus = cpu_split(args.pin)
+    url = f"http://127.0.0.1:{server.grpc_port}{method}"
+    pacers = 1 if rate is None else min(PACERS_MAX, max(1, round(rate / PACER_RPS)))
 
-    def h2load(requests: int, extra: Sequence[str]) -> str:
-        child = procs.start(
-            [*argv, "-n", str(requests), *extra, f"http://127.0.0.1:{server.grpc_port}{method}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cpus=client_cpus,
-        )
-        try:
-            out, _ = child.communicate(timeout=START_TIMEOUT + requests / 100)
-        finally:
-            procs.stop(child)
-        text: str = out.decode(errors="replace")
-        if child.returncode != 0 or H2LOAD_DONE.search(text) is None:
-            raise RuntimeError(f"h2load failed ({child.returncode}):\n{text[-2000:]}")
-        return text
+    def h2load(requests: int, logs: Sequence[Path] = ()) -> list[str]:
+        """Runs h2load (``pacers`` processes when paced) to the end; their outputs."""
+        children = []
+        for index in range(pacers):
+            argv = ["h2load", "-t", "1", "-d", str(body)]
+            argv += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+            if rate is None:
+                argv += ["-c", str(args.clients), "-m", str(args.streams), "-n", str(requests)]
+            else:
+                share = rate / pacers
+                argv += ["-c", "1", "-m", str(args.streams), f"--rps={max(1, round(share))}"]
+                argv += ["-n", str(max(1, round(requests / pacers)))]
+                time.sleep(H2LOAD_TICK / pacers)  # spreads the processes' ticks
+            if logs:
+                logs[index].unlink(missing_ok=True)  # h2load appends
+                argv.append(f"--log-file={logs[index]}")
+            children.append(
+                procs.start(
+                    [*argv, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cpus=client_cpus
+                )
+            )
+        texts = []
+        for child in children:
+            try:
+                out, _ = child.communicate(timeout=START_TIMEOUT + requests / 100)
+            finally:
+                procs.stop(child)
+            text: str = out.decode(errors="replace")
+            if child.returncode != 0 or H2LOAD_DONE.search(text) is None:
+                raise RuntimeError(f"h2load failed ({child.returncode}):\n{text[-2000:]}")
+            texts.append(text)
+        return texts
 
-    pace: list[str] = []
-    requests = args.requests
-    if rate is not None:
-        pace = [f"--rps={max(1, round(rate / args.clients))}"]
-        requests = max(args.clients, round(rate * args.rate_seconds))
-    h2load(max(args.clients * args.streams, args.requests // 5), pace)  # warm-up
+    requests = args.requests if rate is None else round(rate * args.rate_seconds)
+    h2load(max(args.clients * args.streams, requests // 5))  # warm-up
+    logs = [workdir / f"h2load-{index}.log" for index in range(pacers)]
     pid = server.process.pid
     cpu0, redis0 = tree_cpu_seconds(pid), None if redis_pid is None else cpu_seconds(redis_pid)
     client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    text = h2load(requests, [*pace, f"--log-file={log}"])
+    texts = h2load(requests, logs)
     client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu1, redis1 = tree_cpu_seconds(pid), None if redis_pid is None else cpu_seconds(redis_pid)
-    done = H2LOAD_DONE.search(text)
-    counts = H2LOAD_COUNTS.search(text)
-    assert done is not None and counts is not None, text
-    elapsed = float(done[1]) / (1000 if done[2] == "ms" else 1)
-    total, finished, succeeded = int(counts[1]), int(counts[2]), int(counts[3])
+    elapsed, rps, total, finished, succeeded = 0.0, 0.0, 0, 0, 0
+    for text in texts:
+        done = H2LOAD_DONE.search(text)
+        counts = H2LOAD_COUNTS.search(text)
+        assert done is not None and counts is not None, text
+        elapsed = max(elapsed, float(done[1]) / (1000 if done[2] == "ms" else 1))
+        rps += float(done[3])
+        total, finished, succeeded = (
+            total + int(counts[1]),
+            finished + int(counts[2]),
+            succeeded + int(counts[3]),
+        )
     latencies = sorted(
-        int(line.split("\t")[2]) * 1000 for line in log.read_text().splitlines() if line
+        int(line.split("\t")[2]) * 1000
+        for log in logs
+        for line in log.read_text().splitlines()
+        if line
     )
     client = (client1.ru_utime + client1.ru_stime - client0.ru_utime - client0.ru_stime) / elapsed
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
@@ -865,12 +1009,12 @@ def run_h2load(
         scenario=scenario,
         descriptors=descriptors,
         concurrency=args.streams,
-        channels=args.clients,
+        channels=args.clients if rate is None else pacers,
         seconds=elapsed,
         requests=succeeded,
         errors=total - succeeded,
         not_ok=0 if ok else succeeded,
-        rps=float(done[3]),
+        rps=rps,
         p50_ms=percentile(latencies, 0.50),
         p90_ms=percentile(latencies, 0.90),
         p99_ms=percentile(latencies, 0.99),
@@ -963,8 +1107,9 @@ def orchestrate(args: argparse.Namespace) -> int:
 
         def run(server: Server, scenario: str, n: int, rate: float | None = None) -> Result:
             if use_h2load:
-                return run_h2load(procs, workdir, server, scenario, n, args, redis_pid, rate)
-            return run_client(procs, server, scenario, n, args)
+                redis = None if server.name == "ceiling" else redis_pid
+                return run_h2load(procs, workdir, server, scenario, n, args, redis, rate)
+            return run_client(procs, server, scenario, n, args, rate)
 
         try:
             servers: list[Server] = []
@@ -1003,7 +1148,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                         )
                         result = run(server, scenario, n)
                         runs.setdefault((server.name, scenario, n), []).append(result)
-            if args.half_rate and use_h2load and not args.no_ceiling:
+            if args.half_rate and not args.no_ceiling:
                 ceilings = {
                     key[1:]: pick_median(group)
                     for key, group in runs.items()
@@ -1116,8 +1261,9 @@ def target_checks(
             continue
         gap = r.p99_ms - top.p99_ms
         out.append(
-            f"{r.target} {r.label} at {top.rate or 0:.0f} req/s: p99 {r.p99_ms:.2f} ms vs "
-            f"ceiling {top.p99_ms:.2f} ms ({gap:+.2f} ms, within 1 ms): {verdict(gap <= 1.0)}"
+            f"{r.target} {r.label} at {top.rate or 0:.0f} req/s: p50 {r.p50_ms:.2f} ms vs "
+            f"{top.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms vs ceiling {top.p99_ms:.2f} ms "
+            f"({gap:+.2f} ms, within 1 ms): {verdict(gap <= 1.0)}"
         )
     workers = {r.target: r for r in results if r.scenario == "fixed" and r.descriptors == 1}
     one = workers.get(backend_label(args.backend))
@@ -1203,7 +1349,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--half-rate",
         action="store_true",
-        help="h2load: then run each case at half the ceiling's req/s and compare p99",
+        help="then run each case paced at half the ceiling's req/s and compare p50/p99",
     )
     parser.add_argument(
         "--rate-seconds", type=float, default=4.0, help="length of a --half-rate run (default 4)"
@@ -1215,6 +1361,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "one needs a shared backend such as redis), e.g. 1,2 (default 1)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the request values")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="only ferryman's own CPU per request: the servicer called in a loop, no gRPC",
+    )
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the ceiling runs")
@@ -1233,6 +1384,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--same", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "client":
         args.descriptors = int(args.descriptors)
@@ -1285,6 +1438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return client_main(args)
     if args.role == "ceiling":
         return ceiling_main(args)
+    if args.in_process:
+        counts = [int(n) for n in args.descriptors.split(",")]
+        print("\n".join(asyncio.run(in_process(counts, args.seed))))
+        return 0
     # SIGTERM unwinds like Ctrl-C, so the finally blocks end the children.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

@@ -181,11 +181,13 @@ class RateLimitEngine:
             return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
         tally = Tally()
         statuses = plan.statuses
-        self.windows.answer(plan.windows, results, now, statuses, tally)
+        if plan.windows:
+            self.windows.answer(plan.windows, results, now, statuses, tally)
         for h, status in zip(plan.holds, held, strict=True):
             statuses[h.index] = status
             tally.add(status.code is Code.OVER_LIMIT, h.quota, h.rule.metadata, h.index)
-        self.bursts.answer(plan.bursts, outcomes, statuses, tally)
+        if plan.bursts:
+            self.bursts.answer(plan.bursts, outcomes, statuses, tally)
         if plan.buckets:
             self.buckets.answer(plan.buckets, takes, statuses, tally)
         if plan.sliding:
@@ -361,6 +363,14 @@ class RateLimitEngine:
             # A descriptor known to be over (local cache) blocks the request: as with one
             # found over in the store, the others are read, not incremented.
             ops = [replace(op, hits=0) if op.hits > 0 else op for op in ops]
+        if not (plan.bursts or plan.holds or plan.buckets or plan.sliding):
+            # The common request: fixed windows only, one store call (or none).
+            if not ops:
+                return [], [], [], [], []
+            results: list[CounterResult] = await self._timed(
+                "fixed_window", len(ops), backend.windows.apply(ops, stop_when_over=stop)
+            )
+            return results, [], [], [], []
         calls: list[Awaitable[Any]] = []
         if ops:
             calls.append(
@@ -399,7 +409,7 @@ class RateLimitEngine:
                 if isinstance(reply, BaseException):
                     raise reply
         first = 1 if ops else 0
-        results: list[CounterResult] = replies[0] if ops else []
+        results = replies[0] if ops else []
         outcomes: list[BurstOutcome] = replies[first : first + len(plan.bursts)]
         start = first + len(plan.bursts)
         held: list[Status] = replies[start : start + len(plan.holds)]
