@@ -124,8 +124,10 @@ class ParentClient(TemplateSource):
         while True:
             self._wake.clear()
             try:
+                answered = self.exchanges
                 wait = await self.exchange()
-                self.last_error = ""
+                if self.exchanges != answered:  # the parent answered (not: nothing to ask)
+                    self.last_error = ""
             except grpc.aio.AioRpcError as exc:
                 self.last_error = f"{exc.code().name}: {exc.details()}"
                 log.warning("capacity: parent %s: %s", self._target, self.last_error)
