@@ -3,17 +3,14 @@ against a real server process with the config API on."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from helpers.browser import chromium
 from helpers.config_api import TOKENS, WRITE, Served
-from helpers.needs import missing
 from helpers.server import wait_for
 
 if TYPE_CHECKING:
@@ -21,8 +18,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 WEB = (
     "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
 )
@@ -30,27 +25,8 @@ WEB = (
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service as DriverService
-    except ImportError:
-        missing("selenium is not installed (pip install -e '.[test]')")
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        if not (os.access(binary, os.X_OK) or shutil.which(Path(binary).name)):
-            missing(f"{binary} is not installed (apt-get install chromium chromium-driver)")
-    profile = tempfile.mkdtemp(prefix="ferryman-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM if os.access(CHROMIUM, os.X_OK) else "chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver_path = CHROMEDRIVER if os.access(CHROMEDRIVER, os.X_OK) else shutil.which("chromedriver")
-    driver = webdriver.Chrome(service=DriverService(driver_path), options=options)
-    driver.set_page_load_timeout(20)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_a_bad_edit_shows_its_line_and_a_good_one_saves(browser: WebDriver, tmp_path: Path) -> None:

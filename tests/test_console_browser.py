@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,8 +14,8 @@ import ferryman
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2
 
+from helpers.browser import chromium
 from helpers.capacity import resources_yaml
-from helpers.needs import missing
 from helpers.server import ConfigDir, Server, ServerFactory, quota_stub, wait_for
 
 if TYPE_CHECKING:
@@ -26,19 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT = str(ROOT / "envoy" / "front-proxy.yaml")
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,1000",
-)
 # The elements that reach past the right edge of the screen.
 WIDER_THAN_SCREEN = """
 const width = document.documentElement.clientWidth;
@@ -86,28 +72,8 @@ namespaces:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
     """One headless chromium for the module, on a fresh profile."""
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service as DriverService
-    except ImportError:
-        missing("selenium is not installed (pip install -e '.[test]')")
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        if not (os.access(binary, os.X_OK) or shutil.which(Path(binary).name)):
-            missing(f"{binary} is not installed (apt-get install chromium chromium-driver)")
-    profile = tempfile.mkdtemp(prefix="ferryman-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM if os.access(CHROMIUM, os.X_OK) else "chromium"
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver_path = CHROMEDRIVER if os.access(CHROMEDRIVER, os.X_OK) else shutil.which("chromedriver")
-    driver = webdriver.Chrome(service=DriverService(driver_path), options=options)
-    driver.set_page_load_timeout(20)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
