@@ -1,21 +1,24 @@
 """ShouldRateLimit remembers each distinct request's conversion and matches (by its serialized
-bytes): the answers are those of a request worked out afresh, the memory is bounded in entries
-and in bytes, and a new configuration is matched anew."""
+bytes), and answers a request of plain fixed windows from counters compiled once: the answers
+and stats are those of a request worked out afresh (whatever the engine's switches), the memory
+is bounded in entries and in bytes, and a new configuration is matched anew."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, cast
+from typing import Any
+
+import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
-from ferryman.engine import RateLimitEngine
+from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.engine import PLANS
-from ferryman.server.rls import SEEN, SEEN_BYTES, RateLimitServicer
+from ferryman.server.rls import SEEN_BYTES, RateLimitServicer
 from ferryman.stats import Stats
 
 from helpers.server import EPOCH, descriptor
@@ -32,17 +35,41 @@ descriptors:
   - key: vip
     value: gold
     rate_limit: {unlimited: true}
+  - key: quiet
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: share
+    quota_mode: true
+    metadata: {team: payments}
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 10, name: big}
+  - key: bigger
+    rate_limit:
+      unit: hour
+      requests_per_unit: 20
+      replaces: [{name: big}]
 """
+
+#: Engine switches the compiled answers must agree with the fresh ones under.
+OPTIONS = {
+    "defaults": EngineOptions(),
+    "stop-when-over": EngineOptions(stop_when_over=True, near_limit_ratio=0.5),
+    "headers-metadata-shadow": EngineOptions(headers=True, dynamic_metadata=True, shadow_mode=True),
+    "quota-mode": EngineOptions(quota_mode=True),
+}
 
 Req = rls_pb2.RateLimitRequest
 NONE: Any = None  # the servicer does not use its context
 
 
-def servicer(config: str = CONFIG) -> tuple[RateLimitServicer, ConfigHolder, Stats, ManualClock]:
+def servicer(
+    config: str = CONFIG, options: EngineOptions | None = None
+) -> tuple[RateLimitServicer, ConfigHolder, Stats, ManualClock]:
     clock = ManualClock(EPOCH)
     holder = ConfigHolder(config=load_sources([("d.yaml", config)]))
     stats = Stats()
-    engine = RateLimitEngine(holder, MemoryBackend(clock), clock, stats)
+    engine = RateLimitEngine(holder, MemoryBackend(clock), clock, stats, options)
     return RateLimitServicer(engine), holder, stats, clock
 
 
@@ -51,48 +78,66 @@ def call(s: RateLimitServicer, request: Req) -> rls_pb2.RateLimitResponse:
 
 
 def random_request(rng: random.Random) -> Req:
-    users = [("user", f"u{rng.randrange(4)}")]
-    choices = [
-        users,
-        [("route", f"r{rng.randrange(2)}"), *users],
-        [("vip", rng.choice(["gold", "silver"]))],
-        [("nothing", "x")],
-    ]
-    picked = [descriptor(rng.choice(choices)) for _ in range(rng.randrange(1, 4))]
+    def user() -> tuple[str, str]:
+        return ("user", f"u{rng.randrange(4)}")
+
+    def pick() -> Any:
+        kind = rng.randrange(9)
+        if kind == 0:
+            return descriptor([("route", f"r{rng.randrange(2)}"), user()])
+        if kind == 1:
+            return descriptor([("vip", rng.choice(["gold", "silver"]))])
+        if kind == 2:
+            return descriptor([("nothing", "x")])
+        if kind == 3:
+            return descriptor([(rng.choice(["quiet", "share", "big", "bigger"]), "v")])
+        if kind == 4:
+            return descriptor([user()], hits=rng.choice([0, 1, 3]))
+        if kind == 5:
+            return descriptor([user()], hits=1, negative=True)
+        if kind == 6:
+            return descriptor([user()], limit=(2, rls_pb2.RateLimitResponse.RateLimit.MINUTE))
+        return descriptor([user()])
+
+    picked = [pick() for _ in range(rng.randrange(1, 4))]
     return Req(domain="d", descriptors=picked, hits_addend=rng.choice([0, 0, 1, 2]))
 
 
-def test_remembered_requests_are_answered_as_fresh_ones() -> None:
-    """The same random stream (repeats included) through ShouldRateLimit, which remembers,
-    and through respond, which works each request out afresh: equal answers and stats."""
-    remembering, _, stats_a, clock_a = servicer()
-    fresh, _, stats_b, clock_b = servicer()
+@pytest.mark.parametrize("name", OPTIONS)
+def test_remembered_requests_are_answered_as_fresh_ones(name: str) -> None:
+    """The same random stream (repeats included) through ShouldRateLimit, which remembers
+    (and compiles the requests of plain windows), and through respond, which works each
+    request out afresh: equal answers and stats, under each set of engine switches."""
+    remembering, _, stats_a, clock_a = servicer(options=OPTIONS[name])
+    fresh, _, stats_b, clock_b = servicer(options=OPTIONS[name])
+    kept = remembering._engine._prepared
     rng = random.Random(7)
-    repeats = 0
-    for step in range(600):
+    repeats = compiled = 0
+    for step in range(1500):
         request = random_request(rng)
-        repeats += request.SerializeToString() in cast(dict[bytes, Any], remembering._seen)
+        key = request.SerializeToString()
+        repeats += key in kept
         got = call(remembering, request)
+        compiled += kept[key].plain is not None if key in kept else 0
         want = asyncio.run(fresh.respond(request))
         assert got == want, f"step {step}: {request}"
-        if step % 50 == 49:
-            clock_a.advance(61.0)
-            clock_b.advance(61.0)
-    assert repeats > 200  # the stream did exercise remembered requests
+        if step % 40 == 39:
+            clock_a.advance(rng.choice([1.0, 61.0]))
+            clock_b.advance(clock_a.now() - clock_b.now())
+    assert repeats > 300  # the stream did exercise remembered requests
+    assert 200 < compiled < 1400  # and compiled ones, beside others
     assert stats_a.snapshot() == stats_b.snapshot()
 
 
 def test_memory_is_bounded_in_entries_and_bytes() -> None:
     s, _, _, _ = servicer()
-    for i in range(SEEN + 500):
+    for i in range(PLANS + 500):
         call(s, Req(domain="d", descriptors=[descriptor([("user", f"u{i}")])]))
-    assert len(s._seen) == SEEN
-    assert len(s._engine._plans) == PLANS
+    assert len(s._engine._prepared) == PLANS
     large = Req(domain="d", descriptors=[descriptor([("user", "x" * (SEEN_BYTES + 1))])])
     answer = call(s, large)
     assert answer.overall_code == rls_pb2.RateLimitResponse.OK
-    assert large.SerializeToString() not in s._seen
-    assert large.SerializeToString() not in s._engine._plans
+    assert large.SerializeToString() not in s._engine._prepared
 
 
 def test_a_new_configuration_is_matched_anew() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -49,11 +49,11 @@ from ferryman.engine.policy import (
 )
 from ferryman.engine.sliding import SlidingItem, SlidingLimiter
 from ferryman.engine.validate import check_request
-from ferryman.engine.windows import WindowItem, WindowLimiter
+from ferryman.engine.windows import PlainCounter, WindowItem, WindowLimiter
 from ferryman.errors import BackendError, RequestError
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, REQUEST_CALL, Stats
 
-__all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine"]
+__all__ = ["ALGORITHMS", "BackendTimer", "RateLimitEngine", "Request"]
 
 T = TypeVar("T")
 
@@ -73,6 +73,22 @@ class BackendTimer(Protocol):
     """Times and traces one backend call (telemetry); ``algorithm`` names the store."""
 
     def __call__(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]: ...
+
+
+# What a request asks, as the server edge converts it: domain, descriptors, hits_addend.
+Request = tuple[str, Sequence[DescriptorRequest], int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A request as kept for the next one with the same bytes: what it asks, each
+    descriptor's match, and the compiled counters when it is all plain windows."""
+
+    domain: str
+    descriptors: Sequence[DescriptorRequest]
+    hits_addend: int
+    matches: list[Match]
+    plain: tuple[PlainCounter, ...] | None
 
 
 @dataclass(slots=True)
@@ -134,39 +150,71 @@ class RateLimitEngine:
         self.leased = LeasedLimiter(stats)
         self._policies: dict[Rule, Policy] = {}
         self._policies_of: Config | None = None
-        self._plans: OrderedDict[Hashable, list[Match]] = OrderedDict()
+        self._prepared: OrderedDict[Hashable, _Prepared] = OrderedDict()
 
     # -- ShouldRateLimit --------------------------------------------------------------------
 
     async def should_rate_limit(
-        self,
-        domain: str,
-        descriptors: Sequence[DescriptorRequest],
-        hits_addend: int = 0,
-        *,
-        key: Hashable | None = None,
+        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int = 0
     ) -> Decision:
-        """The decision on one request. ``key``, when given, stands for the whole request
-        (its serialized bytes): the request's validation and its descriptors' matches are
-        then kept under it for the next request with the same key."""
+        """The decision on one request; RequestError names a malformed field."""
         config = self._config()
-        plans = self._plans
-        matches = plans.get(key) if key is not None else None
-        if matches is None:
+        check_request(domain, descriptors)
+        dom = config.domains.get(domain)
+        if dom is None:
+            return self._not_found(domain, descriptors, hits_addend)
+        return await self._decide(domain, descriptors, hits_addend, self._match(dom, descriptors))
+
+    async def should_rate_limit_kept(
+        self, key: Hashable, convert: Callable[[], Request]
+    ) -> Decision:
+        """The decision on the request ``convert()`` gives (domain, descriptors, hits_addend),
+        as :meth:`should_rate_limit` makes it, for a request that ``key`` stands for (its
+        serialized bytes): the request's conversion, validation and matches, and for a
+        request of plain fixed windows its counters, are kept under ``key`` (the last
+        ``PLANS`` keys, all dropped when the config changes) and reused for the next
+        request with the same key."""
+        config = self._config()
+        kept = self._prepared
+        prepared = kept.get(key)
+        if prepared is None:
+            domain, descriptors, hits_addend = convert()
             check_request(domain, descriptors)
             dom = config.domains.get(domain)
             if dom is None:
-                self._stats.rule(domain, "domain_not_found", 1, (domain,))
-                return self._decision(
-                    domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
-                )
+                return self._not_found(domain, descriptors, hits_addend)
             matches = self._match(dom, descriptors)
-            if key is not None:
-                plans[key] = matches
-                if len(plans) > PLANS:
-                    plans.popitem(last=False)
+            request_hits = hits_addend or 1
+            hits = [
+                (request_hits if d.hits is None else d.hits) * (-1 if d.negative else 1)
+                for d in descriptors
+            ]
+            plain = self.windows.compile(matches, hits)
+            prepared = kept[key] = _Prepared(domain, descriptors, hits_addend, matches, plain)
+            if len(kept) > PLANS:
+                kept.popitem(last=False)
         else:
-            plans.move_to_end(key)
+            kept.move_to_end(key)
+        if prepared.plain is not None:
+            return await self._plain(prepared, prepared.plain)
+        return await self._decide(
+            prepared.domain, prepared.descriptors, prepared.hits_addend, prepared.matches
+        )
+
+    def _not_found(
+        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int
+    ) -> Decision:
+        self._stats.rule(domain, "domain_not_found", 1, (domain,))
+        return self._decision(domain, descriptors, hits_addend, [None] * len(descriptors), Tally())
+
+    async def _decide(
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorRequest],
+        hits_addend: int,
+        matches: Sequence[Match],
+    ) -> Decision:
+        """The decision on a matched request: planned, one backend call, answered."""
         request_hits = hits_addend or 1
         now = self._clock.now()
         plan = self._plan(domain, matches, descriptors, request_hits, now)
@@ -174,11 +222,8 @@ class RateLimitEngine:
             plan.drop_replaced()
         try:
             results, outcomes, held, takes, slid = await self._ask_backend(plan, now)
-        except BackendError:
-            if not self.options.fail_open:
-                raise
-            self._stats.inc(f"{CALL}.degraded")
-            return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+        except BackendError as error:
+            return self._degraded(error, descriptors)
         tally = Tally()
         statuses = plan.statuses
         if plan.windows:
@@ -196,6 +241,28 @@ class RateLimitEngine:
             self.leased.answer(plan.leased, now, statuses, tally)
         return self._decision(domain, descriptors, hits_addend, statuses, tally)
 
+    async def _plain(self, request: _Prepared, counters: tuple[PlainCounter, ...]) -> Decision:
+        """A request of plain windows only, compiled: one store call, no plan."""
+        now = self._clock.now()
+        windows = self.windows
+        ops = windows.plain_ops(counters, now)
+        apply = self._backend.windows.apply(ops, stop_when_over=self.options.stop_when_over)
+        try:
+            results = await self._timed("fixed_window", len(ops), apply)
+        except BackendError as error:
+            return self._degraded(error, request.descriptors)
+        statuses, tally = windows.plain_answer(counters, results, now)
+        return self._decision(
+            request.domain, request.descriptors, request.hits_addend, statuses, tally
+        )
+
+    def _degraded(self, error: BackendError, descriptors: Sequence[DescriptorRequest]) -> Decision:
+        """The answer when the backend failed: OK and counted with FAIL_OPEN, else ``error``."""
+        if not self.options.fail_open:
+            raise error
+        self._stats.inc(f"{CALL}.degraded")
+        return Decision(Code.OK, tuple(Status(Code.OK) for _ in descriptors))
+
     def _config(self) -> Config:
         config = self._source.config
         if config is None:
@@ -203,7 +270,7 @@ class RateLimitEngine:
         if config is not self._policies_of:
             self._policies = policies(config, self.options)
             self._policies_of = config
-            self._plans.clear()
+            self._prepared.clear()
         return config
 
     def _match(self, dom: Domain, descriptors: Sequence[DescriptorRequest]) -> list[Match]:

@@ -3,6 +3,7 @@ stats from the store's result (the reference's arithmetic, local over-limit cach
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,8 @@ from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.algorithms.fixed_window.model import (
     CounterOp,
     CounterResult,
-    classify,
     reset_after,
+    split,
     window_start,
 )
 from ferryman.config.model import RateLimit, Rule
@@ -21,7 +22,7 @@ from ferryman.engine.model import Code, EngineOptions, Status, Tally
 from ferryman.engine.policy import Plain, Window
 from ferryman.stats import LOCAL_CACHE_HITS, Stats
 
-__all__ = ["WindowItem", "WindowLimiter"]
+__all__ = ["PlainCounter", "WindowItem", "WindowLimiter"]
 
 
 @dataclass(slots=True)
@@ -40,6 +41,19 @@ class WindowItem:
     op: CounterOp | None = None
     cached: bool = False  # over its limit per the local cache: not sent to the store
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainCounter:
+    """One descriptor of a request that is all plain windows, worked out once for every
+    request with the same bytes: all but the window the request falls in."""
+
+    index: int
+    policy: Plain
+    base: str  # the counter key without its window
+    hits: int
+    near: int  # the count past which hits are near the limit
+    row: tuple[str, tuple[str, ...]]  # the stats' key and path
 
 
 class WindowLimiter:
@@ -139,6 +153,79 @@ class WindowLimiter:
                 item.cached = True
         return item
 
+    def compile(
+        self, matches: Sequence[tuple[Any, str]], hits: Sequence[int]
+    ) -> tuple[PlainCounter, ...] | None:
+        """The counters of a request whose descriptors (``matches``, each with its own
+        ``hits``) are all plain windows that add hits, replace no other rule and skip no
+        local cache: such a request is answered by :meth:`plain_ops` and
+        :meth:`plain_answer` alone. None for any other request."""
+        if self.local is not None or not matches:
+            return None
+        ratio = self.opts.near_limit_ratio
+        out = []
+        for i, (policy, base) in enumerate(matches):
+            if not isinstance(policy, Plain) or policy.limit.replaces or hits[i] <= 0:
+                return None
+            near = math.floor(policy.limit.requests_per_unit * ratio)
+            row = (policy.stats_key, policy.stats_path)
+            out.append(PlainCounter(i, policy, base, hits[i], near, row))
+        return tuple(out)
+
+    @staticmethod
+    def plain_ops(counters: Sequence[PlainCounter], now: float) -> list[CounterOp]:
+        """The store's ops for ``counters`` at ``now``."""
+        ops = []
+        for c in counters:
+            seconds = c.policy.seconds
+            start = window_start(now, seconds)
+            ops.append(
+                CounterOp(
+                    c.base + str(start),
+                    c.hits,
+                    c.policy.limit.requests_per_unit,
+                    start + seconds,
+                    seconds,
+                )
+            )
+        return ops
+
+    def plain_answer(
+        self, counters: Sequence[PlainCounter], results: Sequence[CounterResult], now: float
+    ) -> tuple[list[Status | None], Tally]:
+        """Statuses, stats and tally of a compiled request, as :meth:`answer` gives them
+        for the same counters."""
+        statuses: list[Status | None] = []
+        tally = Tally()
+        rows = []
+        for c, result in zip(counters, results, strict=True):
+            p = c.policy
+            limit = p.limit
+            rpu = limit.requests_per_unit
+            after = result.after
+            hits = c.hits
+            over, counts = split(hits, rpu, c.near, after - result.applied, after)
+            rows.append((*c.row, counts))
+            if over and p.shadow:
+                self.stats.rule(p.stats_key, "shadow_mode", hits, p.stats_path)
+                over = False
+                remaining = 0
+            else:
+                remaining = 0 if over else rpu - after
+            seconds = p.seconds
+            statuses.append(
+                Status(
+                    Code.OVER_LIMIT if over else Code.OK,
+                    limit,
+                    remaining,
+                    reset_after(now, seconds),
+                    p.quota,
+                )
+            )
+            tally.add(over, p.quota, p.metadata, c.index)
+        self.stats.rule_counts(rows)
+        return statuses, tally
+
     def answer(
         self,
         items: Sequence[WindowItem],
@@ -173,8 +260,9 @@ class WindowLimiter:
                     remaining = max(0, rpu - after)
                     statuses[item.index] = Status(Code.OK, limit, remaining, reset, item.quota)
                     continue
-                over, delta = classify(hits, rpu, after - result.applied, after, ratio)
-                counts.append((key, labels, (hits, delta.within, delta.near, delta.over)))
+                threshold = math.floor(rpu * ratio)
+                over, split_counts = split(hits, rpu, threshold, after - result.applied, after)
+                counts.append((key, labels, split_counts))
                 if over and local is not None and item.op is not None:
                     local.add(item.op.key, item.op.expires_at)
             if over and item.shadow:

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from ferryman.engine import DescriptorRequest, RateLimitEngine
+from ferryman.engine import RateLimitEngine
 from ferryman.server.convert import decision_to_proto, request_from_proto
 from ferryman.server.edge import Method
 from ferryman.stats import CALL
 
-__all__ = ["METHODS", "SEEN", "SEEN_BYTES", "RateLimitServicer"]
+__all__ = ["METHODS", "SEEN_BYTES", "RateLimitServicer"]
 
-#: Distinct requests whose conversion is kept, and the largest request kept (in serialized
-#: bytes; Envoy's are a few hundred): at most about 4 MiB in all, whatever the callers send.
-SEEN = 4096
+#: The largest request whose conversion the engine keeps (in serialized bytes; Envoy's are
+#: a few hundred): with the engine's PLANS, a few MiB in all, whatever the callers send.
 SEEN_BYTES = 1024
-
-Converted = tuple[str, list[DescriptorRequest], int]
 
 _CODE_NAMES = {
     value.number: value.name
@@ -46,9 +42,6 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
 
     def __init__(self, engine: RateLimitEngine) -> None:
         self._engine = engine
-        # A request's serialized bytes -> its converted form: most requests repeat one seen
-        # shortly before (least recently used dropped first).
-        self._seen: OrderedDict[bytes, Converted] = OrderedDict()
 
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -56,17 +49,10 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
         key = request.SerializeToString()
         if len(key) > SEEN_BYTES:  # a rare large request: converted and matched afresh
             return await self.respond(request)
-        seen = self._seen
-        converted = seen.get(key)
-        if converted is None:
-            converted = request_from_proto(request)  # RequestError: nothing is kept
-            seen[key] = converted
-            if len(seen) > SEEN:
-                seen.popitem(last=False)
-        else:
-            seen.move_to_end(key)
-        domain, descriptors, hits = converted
-        decision = await self._engine.should_rate_limit(domain, descriptors, hits, key=key)
+        # Most requests repeat one seen shortly before: the engine keeps its conversion.
+        decision = await self._engine.should_rate_limit_kept(
+            key, lambda: request_from_proto(request)
+        )
         return decision_to_proto(decision)
 
     async def respond(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:

@@ -98,15 +98,13 @@ class MemoryFixedWindows:
             self.report(REFUSED, 1)
         return False
 
-    def _store(self, op: CounterOp, value: int) -> None:
-        entry = self._counts.get(op.key)
-        if entry is None:
-            bucket = self._buckets.get(op.expires_at)
-            if bucket is None:
-                bucket = self._buckets[op.expires_at] = []
-                heapq.heappush(self._heap, op.expires_at)
-            bucket.append(op.key)
-        self._counts[op.key] = (value, op.expires_at, op.limit)
+    def _file(self, key: str, expires_at: int) -> None:
+        """Note a new counter under the end of its window, for the sweep."""
+        bucket = self._buckets.get(expires_at)
+        if bucket is None:
+            bucket = self._buckets[expires_at] = []
+            heapq.heappush(self._heap, expires_at)
+        bucket.append(key)
 
     async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
         return self.apply_now(ops, stop_when_over=stop_when_over)
@@ -115,32 +113,40 @@ class MemoryFixedWindows:
         """The synchronous core of :meth:`apply`."""
         with self._lock:
             now = self._clock.now()
-            self._sweep(now)
-            values: dict[str, int] = {}
-
-            def current(key: str) -> int:
-                return values[key] if key in values else self._current(key, now)
-
+            heap = self._heap
+            if heap and heap[0] <= now:
+                self._sweep(now)
+            counts = self._counts
+            values: dict[str, int] = {}  # counters this call has set, by key
             skip: set[int] = set()
             if stop_when_over:
-                over = over_limit(ops, [current(op.key) for op in ops])
+                over = over_limit(ops, [self._current(op.key, now) for op in ops])
                 if over:
                     skip = set(range(len(ops))) - over
             results: list[CounterResult] = []
             for i, op in enumerate(ops):
-                before = current(op.key)
-                if i in skip or op.hits == 0:
+                key = op.key
+                if key in values:
+                    before, new = values[key], False
+                else:
+                    entry = counts.get(key)
+                    if entry is None:
+                        before, new = 0, True
+                    else:
+                        before, new = (0 if entry[1] <= now else entry[0]), False
+                if op.hits == 0 or (skip and i in skip):
                     results.append(CounterResult(before, 0))
                     continue
-                new = op.key not in values and op.key not in self._counts
                 if op.hits > 0 and new and not self._admit(op):
                     # No room, and nothing safe to forget: over the limit, not counted.
                     results.append(CounterResult(op.limit + op.hits, 0))
                     continue
                 value = max(0, before + op.hits)
-                values[op.key] = value
+                values[key] = value
                 if value or not new:  # hits given back to no counter leave none behind
-                    self._store(op, value)
+                    if key not in counts:
+                        self._file(key, op.expires_at)
+                    counts[key] = (value, op.expires_at, op.limit)
                 results.append(CounterResult(value, value - before))
             return results
 

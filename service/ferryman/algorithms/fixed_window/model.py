@@ -16,6 +16,7 @@ __all__ = [
     "classify",
     "over_limit",
     "reset_after",
+    "split",
     "window_start",
 ]
 
@@ -102,12 +103,21 @@ def classify(
     ``before`` and ``after`` are the counter around this request's hits; the request is over
     the limit iff ``after > limit``.
     """
-    near_threshold = math.floor(limit * ratio)
+    over, counts = split(hits, limit, math.floor(limit * ratio), before, after)
+    return over, StatDelta(within=counts[1], near=counts[2], over=counts[3])
+
+
+def split(
+    hits: int, limit: int, near_threshold: int, before: int, after: int
+) -> tuple[bool, tuple[int, int, int, int]]:
+    """:func:`classify` with the near threshold (``floor(limit * ratio)``) given: whether
+    the request is over, and its hits as the fixed-window stats count them (total, within,
+    near, over: ``stats.FIXED_WINDOW_STATS``'s order)."""
     if after > limit:
         if before >= limit:
-            return True, StatDelta(over=hits)
-        return True, StatDelta(over=after - limit, near=limit - max(near_threshold, before))
+            return True, (hits, 0, 0, hits)
+        return True, (hits, 0, limit - max(near_threshold, before), after - limit)
     near = 0
     if after > near_threshold:
         near = hits if before >= near_threshold else after - near_threshold
-    return False, StatDelta(within=hits, near=near)
+    return False, (hits, hits, near, 0)
