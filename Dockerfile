@@ -48,6 +48,7 @@ RUN python -m pip install --no-cache-dir --no-deps \
       requests==2.34.2 \
       typing-extensions==4.16.0 \
       urllib3==2.7.0 \
+      uvloop==0.23.0 \
       watchdog==7.1.0 \
       /wheels/ferryman-0.1.0-py3-none-any.whl \
  && python -m pip check \

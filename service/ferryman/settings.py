@@ -19,6 +19,7 @@ from ferryman.logs import parse_level
 
 __all__ = [
     "ACCEPTED_IGNORED",
+    "EVENT_LOOPS",
     "Settings",
     "check_redis_url",
     "default_config_dir",
@@ -65,6 +66,8 @@ ACCEPTED_IGNORED = (
     "MEMCACHE_TLS_CACERT",
     "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
 )
+#: EVENT_LOOP's values (and ``serve --event-loop``'s), the default first.
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _RUNTIME_VARS = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
 
 
@@ -436,6 +439,8 @@ class Settings:
     grpc_keepalive_timeout: float = 5.0
     # Processes serving the same ports (SO_REUSEPORT); more than one needs a shared backend.
     workers: int = 1
+    # The event loop: uvloop when importable (auto), or insisted on, or asyncio's own.
+    event_loop: str = "auto"
 
     # Capacity leases (doorman.Capacity): a client is recomputed at most this often per
     # resource (0: always); the address replicas advertise as master (empty: the gRPC
@@ -572,6 +577,12 @@ class Settings:
         statsd_protocol = (env.get("STATSD_PROTOCOL", "") or d.statsd_protocol).lower()
         if statsd_protocol not in ("tcp", "udp"):
             raise SettingsError(f"STATSD_PROTOCOL={statsd_protocol!r} must be tcp or udp")
+        raw_loop = env.get("EVENT_LOOP", "")
+        event_loop = raw_loop.strip().lower() or d.event_loop
+        if event_loop not in EVENT_LOOPS:
+            raise SettingsError(
+                f"EVENT_LOOP={raw_loop!r} must be auto (uvloop when installed), uvloop or asyncio"
+            )
         # DISABLE_STATS, as the reference: no stats sink of any kind.
         disable_stats = _bool(env, "DISABLE_STATS", d.disable_stats)
         return cls(
@@ -733,6 +744,7 @@ class Settings:
                 env, "FERRYMAN_SHUTDOWN_GRACE", d.shutdown_grace_seconds
             ),
             workers=_int(env, "WORKERS", d.workers, minimum=1),
+            event_loop=event_loop,
             doorman_minimum_refresh_interval=_duration(
                 env, "DOORMAN_MINIMUM_REFRESH_INTERVAL", d.doorman_minimum_refresh_interval
             ),

@@ -14,7 +14,7 @@ from ferryman import logs
 from ferryman.cli.common import RAW, port, require_directory
 from ferryman.errors import SettingsError
 from ferryman.server.workers import WORKER_ENV
-from ferryman.settings import Settings, split_address
+from ferryman.settings import EVENT_LOOPS, Settings, split_address
 
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
@@ -85,6 +85,12 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         "ENVOY_CONFIG_FILES, comma-separated; needs ferryman[envoy])",
     )
     serve.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        help="auto: uvloop when installed, else asyncio's loop; uvloop: refuse to start "
+        "without it (EVENT_LOOP, default auto)",
+    )
+    serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warn", "error"),
         help="log level (LOG_LEVEL, default info)",
@@ -96,10 +102,14 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
 
 
 def run(args: argparse.Namespace) -> int:
+    from ferryman.server import event_loop
     from ferryman.server.app import Service
     from ferryman.server.app import run as serve
 
     settings = _settings(args)
+    # Resolved before anything starts, so that a missing uvloop refuses the start (and a
+    # supervisor refuses before it spawns workers, which would each refuse in turn).
+    loop_factory = event_loop.factory(settings.event_loop)
     logs.setup(settings.log_level, settings.log_format)
     if args.config is not None:
         origin = "the path given to --config"
@@ -124,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(Service(settings), stop)
 
-    asyncio.run(main())
+    # The one place the service's event loop is chosen.
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
     return 0
 
 
@@ -153,6 +165,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         ("log_level", "log_level"),
         ("log_format", "log_format"),
         ("workers", "workers"),
+        ("event_loop", "event_loop"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -179,6 +192,7 @@ def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     for path in args.envoy or ():
         argv += ["--envoy", str(path)]
     argv += ["--log-level", settings.log_level, "--log-format", settings.log_format]
+    argv += ["--event-loop", settings.event_loop]
     log.info(
         "%d workers on grpc :%d, http :%d, debug :%d",
         settings.workers,

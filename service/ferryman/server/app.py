@@ -29,6 +29,7 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.server import event_loop
 from ferryman.server.capacity import CapacityService, CapacityServicer
 from ferryman.server.config_api import ConfigApi
 from ferryman.server.console import Console, LatencyRecorder
@@ -543,7 +544,8 @@ class Service:
                 self._metrics, host, port, "PROMETHEUS_ADDR", context, shared
             )
         log.info(
-            "ferryman serving%s: grpc %s, http :%d, debug :%d%s, backend %s, config %s; %s",
+            "ferryman serving%s: grpc %s, http :%d, debug :%d%s, backend %s, config %s, "
+            "event loop %s; %s",
             "" if tls is None else " over TLS" + (" (mutual)" if tls.mutual else ""),
             f"unix:{s.grpc_uds}" if s.grpc_uds else f":{self.grpc_port}",
             self.http_port,
@@ -551,6 +553,7 @@ class Service:
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
             self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
+            event_loop.name(),
             "; ".join(
                 part
                 for part in (
