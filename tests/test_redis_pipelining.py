@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -182,14 +182,23 @@ class _Writes:
     def wrap(self, client: PipelinedRedis) -> None:
         channel = client._link
         assert channel is not None and channel.transport is not None
-        transport = channel.transport
-        write = transport.write
+        # The channel writes through a stand-in: uvloop's transports cannot be patched.
+        channel.transport = cast(asyncio.Transport, _CountedTransport(channel.transport, self))
 
-        def counted(data: Any) -> None:
-            self.sizes.append(bytes(data).count(b"*2\r\n$4\r\nECHO\r\n"))
-            write(data)
 
-        transport.write = counted  # type: ignore[method-assign]
+class _CountedTransport:
+    """A transport that counts the ECHO commands of each write, then writes."""
+
+    def __init__(self, transport: asyncio.Transport, writes: _Writes) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: Any) -> None:
+        self._writes.sizes.append(bytes(data).count(b"*2\r\n$4\r\nECHO\r\n"))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _pipelined(server: RedisProcess, **batching: Any) -> PipelinedRedis:
