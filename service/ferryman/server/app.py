@@ -375,6 +375,8 @@ class Service:
         self.http_port = 0
         self.debug_port = 0
         self.prometheus_port: int | None = None
+        # The loop start() ran on (uvloop or asyncio), for the start line and /status.
+        self.event_loop = ""
         self._grpc: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self.pages = Pages(self)
@@ -448,6 +450,7 @@ class Service:
 
     async def start(self) -> None:
         s = self.settings
+        self.event_loop = event_loop.name()
         # Ports first: a port in use is the commonest mistake, and it should be reported
         # before anything else starts (and before gRPC's own resolver logs about it).
         if s.workers == 1:  # workers share their ports: each may bind what another holds
@@ -553,7 +556,7 @@ class Service:
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
             self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
-            event_loop.name(),
+            self.event_loop,
             "; ".join(
                 part
                 for part in (

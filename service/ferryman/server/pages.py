@@ -22,7 +22,6 @@ from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import Explanation, explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
-from ferryman.server import event_loop
 from ferryman.server.capacity import CapacityService
 from ferryman.server.config_api import ConfigApi
 from ferryman.server.holds import HoldManager
@@ -52,6 +51,7 @@ class Service(Protocol):
     telemetry: Telemetry
     mapping: StatsdMapping | None
     tls: TlsFiles | None
+    event_loop: str
 
     def healthy(self) -> bool: ...
 
@@ -166,7 +166,7 @@ class Pages:
         store = self.service.config_api.store
         return {
             "healthy": self.service.healthy(),
-            "event_loop": event_loop.name(),
+            "event_loop": self.service.event_loop,
             "config": {
                 "version": holder.version,
                 # The config API's version (its history's number), not the count of loads.
