@@ -9,6 +9,7 @@ fixed,burst,copies --half-rate`` for Redis and ``--workers 1,2`` for the workers
                                     [--env NAME=VALUE ...] [--pin] [--load auto|h2load|python]
                                     [--clients N] [--streams M] [--requests R] [--half-rate]
                                     [--workers 1,2] [--in-process]
+                                    [--event-loop auto|uvloop|asyncio] [--reference-ceiling]
 
 The script starts ``ferryman serve`` on free loopback ports with a small descriptor config
 (a domain with bare-key rules whose limits are never reached), then drives it from a separate
@@ -51,6 +52,11 @@ second; ``--repeat 3`` interleaves the runs of the two servers and reports the m
 to compare Redis batching at a given ``--concurrency``. ``--pin`` pins the server (ferryman or the
 ceiling) to the first CPU and the client to the others, like a sidecar given one core
 (redis-server is not pinned).
+``--event-loop`` (default auto: uvloop when installed) is the loop of both ferryman
+(``EVENT_LOOP``) and the ceiling, so that the ceiling is the best on the same loop;
+``--reference-ceiling`` adds a ceiling on asyncio's own loop (``ceiling@asyncio``), for
+"ferryman on uvloop vs the do-nothing servicer on uvloop and on asyncio". The loop each server
+ran on (ferryman's from its /status, the ceiling's from its log) heads the results.
 This is a benchmark, not a test: pytest does not collect this directory.
 
 Internal roles (used by the script itself): ``--role client`` runs the load and prints JSON,
@@ -90,6 +96,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpe
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.errors import SettingsError
+from ferryman.server import event_loop
 
 from helpers.ports import free_port
 
@@ -106,6 +114,7 @@ PATHS = 20
 POOL = 16_384  # distinct pre-serialized requests per run
 START_TIMEOUT = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+REFERENCE = "ceiling@asyncio"  # --reference-ceiling: the do-nothing servicer on asyncio's loop
 
 CONFIG_YAML = f"""\
 # Written by tests/bench/bench_rls.py: bare-key rules, one counter per value, never over.
@@ -191,7 +200,7 @@ class Result:
         else:
             shape = f"{self.channels}x{self.concurrency}"
         text = (
-            f"{self.target:<11} {self.label:<15}{shape:<9}"
+            f"{self.target:<15} {self.label:<15}{shape:<9}"
             f"{self.rps:>7.0f} req/s  p50 {self.p50_ms:5.2f} ms  p99 {self.p99_ms:5.2f} ms"
         )
         if self.ratio_to_ceiling is not None:
@@ -590,7 +599,14 @@ async def serve_ceiling(port: int) -> None:
 
 
 def ceiling_main(args: argparse.Namespace) -> int:
-    asyncio.run(serve_ceiling(args.port))
+    """The ceiling on the loop ferryman runs on (--event-loop), which it names first."""
+
+    async def serve() -> None:
+        print(f"ceiling on {event_loop.name()}", flush=True)
+        await serve_ceiling(args.port)
+
+    with asyncio.Runner(loop_factory=event_loop.factory(args.event_loop)) as runner:
+        runner.run(serve())
     return 0
 
 
@@ -729,6 +745,11 @@ class Server:
     grpc_port: int
     log: Path
     debug_port: int | None = None
+    loop: str = "?"  # the event loop it reported
+
+
+def is_ceiling(name: str) -> bool:
+    return name in ("ceiling", REFERENCE)
 
 
 def cpu_split(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
@@ -802,17 +823,26 @@ def start_ferryman(
     url = f"http://127.0.0.1:{http_port}/healthcheck"
     wait_ready(child, lambda: http_ok(url) and port_open(grpc_port), "ferryman", log)
     name = backend_label(backend) + (f" x{workers}" if workers > 1 else "")
-    return Server(name, child, grpc_port, log, debug_port)
+    status = json.loads(http_text(f"http://127.0.0.1:{debug_port}/status"))
+    return Server(name, child, grpc_port, log, debug_port, str(status.get("event_loop", "?")))
 
 
-def start_ceiling(procs: Processes, workdir: Path, cpus: frozenset[int] | None) -> Server:
+def start_ceiling(
+    procs: Processes,
+    workdir: Path,
+    cpus: frozenset[int] | None,
+    loop: str,
+    name: str = "ceiling",
+) -> Server:
     port = free_port()
-    log = workdir / "ceiling.log"
+    log = workdir / f"{name}.log"
     argv = [sys.executable, __file__, "--role", "ceiling", "--port", str(port)]
+    argv += ["--event-loop", loop]
     with log.open("w") as out:
         child = procs.start(argv, stdout=out, stderr=subprocess.STDOUT, cpus=cpus)
-    wait_ready(child, lambda: port_open(port), "ceiling server", log)
-    return Server("ceiling", child, port, log)
+    wait_ready(child, lambda: port_open(port) and "ceiling on" in log.read_text(), name, log)
+    ran = re.search(r"ceiling on (\w+)", log.read_text())
+    return Server(name, child, port, log, loop=ran.group(1) if ran else "?")
 
 
 def run_client(
@@ -1095,6 +1125,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     problems: list[str] = []
     notes: list[str] = []
     redis_pid: int | None = None
+    loops: dict[str, str] = {}  # server name -> the event loop it ran on
 
     def progress(message: str) -> None:
         if not args.quiet:
@@ -1107,7 +1138,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
         def run(server: Server, scenario: str, n: int, rate: float | None = None) -> Result:
             if use_h2load:
-                redis = None if server.name == "ceiling" else redis_pid
+                redis = None if is_ceiling(server.name) else redis_pid
                 return run_h2load(procs, workdir, server, scenario, n, args, redis, rate)
             return run_client(procs, server, scenario, n, args, rate)
 
@@ -1132,7 +1163,11 @@ def orchestrate(args: argparse.Namespace) -> int:
                         )
                     )
             if not args.no_ceiling:
-                servers.append(start_ceiling(procs, workdir, server_cpus_for(1, args.pin)))
+                cpus = server_cpus_for(1, args.pin)
+                servers.append(start_ceiling(procs, workdir, cpus, args.event_loop))
+                if args.reference_ceiling and args.event_loop != "asyncio":
+                    servers.append(start_ceiling(procs, workdir, cpus, "asyncio", REFERENCE))
+            loops.update((server.name, server.loop) for server in servers)
             # Interleaved, so that a slow spell of the machine hits both sides alike.
             for round_ in range(args.repeat):
                 for scenario, n in cases:
@@ -1165,7 +1200,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                             result = run(server, scenario, n, rate)
                             half_runs.setdefault((server.name, scenario, n), []).append(result)
             for server in servers:
-                if server.name != "ceiling":
+                if not is_ceiling(server.name):
                     found, noted = ferryman_findings(server)
                     problems += found
                     notes += noted
@@ -1175,7 +1210,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     half = [pick_p99_median(group) for group in half_runs.values()]
 
     def order(r: Result) -> tuple[bool, str, int, int]:
-        return (r.target == "ceiling", r.target, SCENARIOS.index(r.scenario), r.descriptors)
+        return (is_ceiling(r.target), r.target, SCENARIOS.index(r.scenario), r.descriptors)
 
     results.sort(key=order)
     half.sort(key=order)
@@ -1194,6 +1229,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             "grpcio": _grpc_version(),
             "cpus": os.cpu_count(),
             "argv": sys.argv,
+            "event_loops": loops,
             "results": [asdict(r) for r in results],
             "half_rate": [asdict(r) for r in half],
             "targets": checks,
@@ -1203,6 +1239,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        print("event loops: " + ", ".join(f"{name} on {loop}" for name, loop in loops.items()))
         for r in results:
             print(r.line())
             for sample in r.error_samples:
@@ -1241,7 +1278,7 @@ def target_checks(
         return "met" if ok else "NOT met"
 
     for r in results:
-        if r.target == "ceiling" or r.ratio_to_ceiling is None:
+        if is_ceiling(r.target) or r.ratio_to_ceiling is None:
             continue
         redis = r.target.startswith(("redis", "rediss"))
         if r.scenario == "fixed":
@@ -1257,7 +1294,7 @@ def target_checks(
     tops = {(r.scenario, r.descriptors): r for r in half if r.target == "ceiling"}
     for r in half:
         top = tops.get((r.scenario, r.descriptors))
-        if r.target == "ceiling" or top is None:
+        if is_ceiling(r.target) or top is None:
             continue
         gap = r.p99_ms - top.p99_ms
         out.append(
@@ -1379,6 +1416,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(repeatable)",
     )
     parser.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="the event loop of ferryman (EVENT_LOOP) and of the ceiling; auto: uvloop when "
+        "installed (default)",
+    )
+    parser.add_argument(
+        "--reference-ceiling",
+        action="store_true",
+        help=f"also run the ceiling on asyncio's own loop ({REFERENCE}), for reference",
+    )
+    parser.add_argument(
         "--role", choices=["orchestrator", "client", "ceiling"], help=argparse.SUPPRESS
     )
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -1422,6 +1471,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--env {item!r}: use NAME=VALUE")
         extra_env[name] = value
     args.env = extra_env
+    if args.role in (None, "orchestrator"):
+        # One loop for ferryman and the ceiling, named (auto resolved) for both.
+        if "EVENT_LOOP" in extra_env:
+            parser.error("--env EVENT_LOOP: use --event-loop, which the ceiling follows too")
+        try:
+            args.event_loop = "asyncio" if event_loop.factory(args.event_loop) is None else "uvloop"
+        except SettingsError as exc:
+            parser.error(str(exc))
+        extra_env["EVENT_LOOP"] = args.event_loop
     if args.role != "client":
         try:
             counts = [int(n) for n in args.descriptors.split(",")]
