@@ -74,7 +74,7 @@ def servicer(
 
 
 def call(s: RateLimitServicer, request: Req) -> rls_pb2.RateLimitResponse:
-    return asyncio.run(s.ShouldRateLimit(request, NONE))
+    return rls_pb2.RateLimitResponse.FromString(asyncio.run(s.ShouldRateLimit(request, NONE)))
 
 
 def random_request(rng: random.Random) -> Req:

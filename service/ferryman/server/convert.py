@@ -13,7 +13,7 @@ from ferryman.config.model import RateLimit, Unit
 from ferryman.engine import Code, Decision, DescriptorRequest
 from ferryman.errors import RequestError
 
-__all__ = ["decision_to_proto", "request_from_proto"]
+__all__ = ["decision_to_proto", "encode_decision", "request_from_proto"]
 
 _UNITS = {u.value: u for u in Unit}
 _CODES: dict[Code, Any] = {c: rls_pb2.RateLimitResponse.Code.Value(c.name) for c in Code}
@@ -73,3 +73,81 @@ def decision_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
     if decision.metadata is not None:
         response.dynamic_metadata.CopyFrom(_struct(decision.metadata))
     return response
+
+
+# Wire tags (field number << 3 | wire type) of the RateLimitResponse fields encode_decision
+# writes: varints (0) and length-delimited messages (2).
+_OVERALL_CODE = b"\x08"  # RateLimitResponse.overall_code = 1
+_STATUS = b"\x12"  # RateLimitResponse.statuses = 2
+_CODE = b"\x08"  # DescriptorStatus.code = 1
+_CURRENT_LIMIT = b"\x12"  # DescriptorStatus.current_limit = 2
+_REMAINING = b"\x18"  # DescriptorStatus.limit_remaining = 3
+_RESET = b"\x22"  # DescriptorStatus.duration_until_reset = 4
+_SECONDS = b"\x08"  # Duration.seconds = 1
+_SMALL = [bytes((n,)) for n in range(0x80)]  # the varints of one byte
+
+#: Encoded current_limit messages, by the limit's id (the limit is kept beside it, so an id
+#: reused by another object after the first is freed does not match); cleared when full.
+_LIMITS: dict[int, tuple[RateLimit, bytes]] = {}
+_LIMITS_MAX = 4096
+
+
+def _varint(n: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
+    if n < 0x80:
+        return _SMALL[n]
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _limit_field(limit: RateLimit) -> bytes:
+    """DescriptorStatus.current_limit of ``limit``, tag and length included."""
+    kept = _LIMITS.get(id(limit))
+    if kept is not None and kept[0] is limit:
+        return kept[1]
+    message = rls_pb2.RateLimitResponse.RateLimit(
+        requests_per_unit=limit.requests_per_unit, name=limit.name
+    )
+    assert limit.unit is not None
+    message.unit = _LIMIT_UNITS[limit.unit]
+    body = message.SerializeToString()
+    field = _CURRENT_LIMIT + _varint(len(body)) + body
+    if len(_LIMITS) >= _LIMITS_MAX:
+        _LIMITS.clear()
+    _LIMITS[id(limit)] = (limit, field)
+    return field
+
+
+def encode_decision(decision: Decision) -> bytes:
+    """``decision_to_proto(decision).SerializeToString()``, the same bytes, written directly
+    for the answers that carry only codes and statuses (the others go through the message):
+    what the RLS edge sends, without a message object per answer."""
+    if decision.headers or decision.metadata is not None:
+        return decision_to_proto(decision).SerializeToString()
+    code = decision.code
+    out = [_OVERALL_CODE, _SMALL[code]] if code else []
+    for s in decision.statuses:
+        parts = [_CODE, _SMALL[s.code]] if s.code else []
+        limit = s.limit
+        if limit is not None and limit.unit is not None:
+            parts.append(_limit_field(limit))
+        if s.remaining:
+            parts += (_REMAINING, _varint(s.remaining))
+        reset = s.reset_after
+        if reset is not None:
+            if reset > 0:
+                seconds = _varint(reset)
+                parts += (_RESET, _SMALL[len(seconds) + 1], _SECONDS, seconds)
+            elif reset == 0:
+                parts += (_RESET, b"\x00")  # present, and empty
+            else:  # a negative int64: the message's encoder writes it
+                return decision_to_proto(decision).SerializeToString()
+        body = b"".join(parts)
+        out += (_STATUS, _varint(len(body)), body)
+    return b"".join(out)

@@ -6,7 +6,8 @@ reaches a small guard instead, which counts it, reports it through a ThrottledLo
 per interval, with a count) and answers INVALID_ARGUMENT. Decodable requests pay one class
 check, made by the edge's own wrapper where there is one (no coroutine of the guard's then).
 The same guard runs the peer check of mutual TLS (``authorize``), so that it covers every
-method of every service, health included.
+method of every service, health included. A method marked ``answers_encoded`` returns its
+response already serialized: its handler is registered without a serializer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -22,7 +23,14 @@ from google.protobuf.message import DecodeError
 from ferryman.logs import ThrottledLog
 from ferryman.stats import Stats
 
-__all__ = ["CHECKS_UNDECODABLE", "UNDECODABLE", "GuardedServer", "Undecodable"]
+__all__ = [
+    "ANSWERS_ENCODED",
+    "CHECKS_UNDECODABLE",
+    "UNDECODABLE",
+    "GuardedServer",
+    "Undecodable",
+    "answers_encoded",
+]
 
 log = logging.getLogger("ferryman.grpc")
 
@@ -47,6 +55,17 @@ class Undecodable:
 
 #: Set on a method behaviour that answers an Undecodable request itself (``Edge``).
 CHECKS_UNDECODABLE = "ferryman_checks_undecodable"
+#: Set on a method behaviour whose responses are serialized bytes (``answers_encoded``).
+ANSWERS_ENCODED = "ferryman_answers_encoded"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def answers_encoded(method: F) -> F:
+    """Marks a servicer method that returns its response serialized (bytes): gRPC then
+    sends them as they are. Wrappers of the method carry the mark on (``Edge``)."""
+    setattr(method, ANSWERS_ENCODED, True)
+    return method
 
 
 def _tolerant(
@@ -148,6 +167,8 @@ class GuardedServer:
             inner = getattr(handler, field)
             if inner is None:
                 continue
+            if getattr(inner, ANSWERS_ENCODED, False):
+                changes["response_serializer"] = None
             if authorize is None and getattr(inner, CHECKS_UNDECODABLE, False):
                 changes[field] = inner  # no coroutine of ours in between on the request path
             else:

@@ -19,7 +19,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
 from ferryman.errors import BackendError, FerrymanError, status_of
-from ferryman.server.decoding import CHECKS_UNDECODABLE, Undecodable
+from ferryman.server.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
 
@@ -116,6 +116,7 @@ class Edge:
                     await self._fail(error, counters, context)
 
             setattr(plain, CHECKS_UNDECODABLE, True)
+            setattr(plain, ANSWERS_ENCODED, getattr(fn, ANSWERS_ENCODED, False))
             return plain
 
         attributes = {"grpc_method": name}
@@ -138,6 +139,7 @@ class Edge:
                     latency.record(perf_counter() - start, attributes)
 
         setattr(observed, CHECKS_UNDECODABLE, True)
+        setattr(observed, ANSWERS_ENCODED, getattr(fn, ANSWERS_ENCODED, False))
         return observed
 
     async def _traced(

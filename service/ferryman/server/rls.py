@@ -9,7 +9,8 @@ import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.engine import RateLimitEngine
-from ferryman.server.convert import decision_to_proto, request_from_proto
+from ferryman.server.convert import decision_to_proto, encode_decision, request_from_proto
+from ferryman.server.decoding import answers_encoded
 from ferryman.server.edge import Method
 from ferryman.stats import CALL
 
@@ -29,8 +30,10 @@ def _request_attributes(request: rls_pb2.RateLimitRequest) -> Mapping[str, str |
     return {"ratelimit.domain": request.domain, "ratelimit.descriptors": len(request.descriptors)}
 
 
-def _response_attributes(response: rls_pb2.RateLimitResponse) -> Mapping[str, str | int]:
-    return {"ratelimit.code": _CODE_NAMES[response.overall_code]}
+def _response_attributes(response: bytes) -> Mapping[str, str | int]:
+    # The serialized response starts with its overall_code (field 1), unless it is UNKNOWN.
+    code = response[1] if response[:1] == b"\x08" else 0
+    return {"ratelimit.code": _CODE_NAMES[code]}
 
 
 #: What the edge records of each method.
@@ -43,17 +46,19 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     def __init__(self, engine: RateLimitEngine) -> None:
         self._engine = engine
 
+    @answers_encoded
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> rls_pb2.RateLimitResponse:
+    ) -> bytes:
+        """The serialized RateLimitResponse (sent as it is)."""
         key = request.SerializeToString()
+        engine = self._engine
         if len(key) > SEEN_BYTES:  # a rare large request: converted and matched afresh
-            return await self.respond(request)
-        # Most requests repeat one seen shortly before: the engine keeps its conversion.
-        decision = await self._engine.should_rate_limit_kept(
-            key, lambda: request_from_proto(request)
-        )
-        return decision_to_proto(decision)
+            decision = await engine.should_rate_limit(*request_from_proto(request))
+        else:
+            # Most requests repeat one seen shortly before: the engine keeps its conversion.
+            decision = await engine.should_rate_limit_kept(key, lambda: request_from_proto(request))
+        return encode_decision(decision)
 
     async def respond(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
         """The answer to one request, whichever port it came in on; raises FerrymanError."""
