@@ -209,20 +209,21 @@ def _pipelined(server: RedisProcess, **batching: Any) -> PipelinedRedis:
 def test_commands_of_one_loop_turn_go_out_in_one_write(redis_server: RedisProcess) -> None:
     """Without a window, everything queued in one event-loop turn is one write."""
 
-    async def scenario() -> tuple[list[int], list[bytes]]:
+    async def scenario() -> tuple[list[int], list[bytes], tuple[int, int]]:
         client = _pipelined(redis_server)
         try:
             await client.ping()
             writes = _Writes()
             writes.wrap(client)
             replies = await asyncio.gather(*(client.execute("ECHO", str(i)) for i in range(20)))
-            return writes.sizes, replies
+            return writes.sizes, replies, (client.writes, client.commands)
         finally:
             await client.aclose()
 
-    sizes, replies = asyncio.run(scenario())
+    sizes, replies, counted = asyncio.run(scenario())
     assert replies == [str(i).encode() for i in range(20)]
     assert sizes == [20]
+    assert counted == (2, 21)  # the ping's write, then the twenty in one (what /status shows)
 
 
 def test_a_busy_connection_waits_for_the_pipeline_window(redis_server: RedisProcess) -> None:

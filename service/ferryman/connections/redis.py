@@ -272,6 +272,12 @@ class RedisConnection:
         return sum(pipe.writes for pipe in self._pipes())
 
     @property
+    def commands(self) -> int:
+        """Commands sent so far by the pipelined connections (``commands / writes``: how
+        many a write carries)."""
+        return sum(pipe.commands for pipe in self._pipes())
+
+    @property
     def late(self) -> int:
         """Scripts that reached Redis after their deadline and changed nothing."""
         return sum(pipe.late for pipe in self._pipes())
@@ -447,6 +453,8 @@ class RedisConnection:
                 "probes": self.probes,
             },
             "connects": self.connects,
+            "writes": self.writes,
+            "commands": self.commands,
             "late_scripts": self.late,
             "transitions": sum(self.transitions.values()),
             "clock_offset_error_ms": round(self._offset_error * 1000, 3)

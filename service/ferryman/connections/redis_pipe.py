@@ -135,6 +135,7 @@ class _Channel(asyncio.Protocol):
         self.flush_scheduled = False
         self.timer: asyncio.TimerHandle | None = None
         self.writes = 0  # batches written
+        self.commands = 0  # commands written
         self.last_write = float("-inf")
         self.closed = False
         self.late = 0  # replies "LATE" to callers that had given up: scripts that did nothing
@@ -225,6 +226,7 @@ class _Channel(asyncio.Protocol):
             self.fail(rex.ConnectionError("connection closed"))
             return
         self.writes += 1
+        self.commands += len(data)
         try:
             transport.write(data[0] if len(data) == 1 else b"".join(data))
         except Exception as exc:
@@ -283,6 +285,7 @@ class PipelinedRedis:
         self._opening: asyncio.Task[_Channel] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._writes_before = 0  # batches written on connections since closed
+        self._commands_before = 0
         self._late_before = 0
         self.connects = 0  # connection attempts
         self._retry_at = 0.0  # monotonic: no connect attempt before, after a failed one
@@ -318,6 +321,7 @@ class PipelinedRedis:
         """Drop the connection in hand (closed or given up on), keeping its count of writes."""
         if self._link is not None:
             self._writes_before += self._link.writes
+            self._commands_before += self._link.commands
             self._late_before += self._link.late
             self._link = None
 
@@ -325,6 +329,11 @@ class PipelinedRedis:
     def writes(self) -> int:
         """Batches written so far (each is one round trip)."""
         return self._writes_before + (self._link.writes if self._link is not None else 0)
+
+    @property
+    def commands(self) -> int:
+        """Commands written so far."""
+        return self._commands_before + (self._link.commands if self._link is not None else 0)
 
     @property
     def late(self) -> int:
