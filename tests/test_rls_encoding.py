@@ -5,6 +5,7 @@ headers and metadata), and a server's answers must decode to what the decision s
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,3 +71,12 @@ def test_span_attributes_read_the_code_from_the_encoded_answer() -> None:
     for code in Code:
         answer = encode_decision(Decision(code, (Status(Code.OK),)))
         assert read(answer) == {"ratelimit.code": code.name}
+
+
+@pytest.mark.parametrize("remaining", [-1, -200, UINT32 + 1, 2**40])
+def test_a_count_out_of_range_is_refused_as_the_message_refuses_it(remaining: int) -> None:
+    decision = Decision(Code.OK, (Status(Code.OK, RateLimit(5, Unit.SECOND), remaining, 1),))
+    with pytest.raises(ValueError, match="out of range"):
+        decision_to_proto(decision).SerializeToString()
+    with pytest.raises(ValueError, match="out of range"):
+        encode_decision(decision)

@@ -185,10 +185,7 @@ class RateLimitEngine:
                 return self._not_found(domain, descriptors, hits_addend)
             matches = self._match(dom, descriptors)
             request_hits = hits_addend or 1
-            hits = [
-                (request_hits if d.hits is None else d.hits) * (-1 if d.negative else 1)
-                for d in descriptors
-            ]
+            hits = [d.hits_of(request_hits) for d in descriptors]
             plain = self.windows.compile(matches, hits)
             prepared = kept[key] = _Prepared(domain, descriptors, hits_addend, matches, plain)
             if len(kept) > PLANS:
@@ -305,9 +302,7 @@ class RateLimitEngine:
         """Each descriptor's item for its rule's store, or its status when none is needed."""
         plan = _Plan([None] * len(descriptors))
         for i, desc in enumerate(descriptors):
-            hits = request_hits if desc.hits is None else desc.hits
-            if desc.negative:
-                hits = -hits
+            hits = desc.hits_of(request_hits)
             entries = desc.entries
             policy, base = matches[i]
             if isinstance(policy, Plain):  # the common case first

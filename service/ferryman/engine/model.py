@@ -41,6 +41,12 @@ class DescriptorRequest:
     hits: int | None = None
     negative: bool = False
 
+    def hits_of(self, request_hits: int) -> int:
+        """The hits this descriptor adds (negative: gives back), the request's unless its own
+        are given."""
+        hits = request_hits if self.hits is None else self.hits
+        return -hits if self.negative else hits
+
 
 @dataclass(slots=True)
 class Status:

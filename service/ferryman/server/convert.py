@@ -85,15 +85,18 @@ _REMAINING = b"\x18"  # DescriptorStatus.limit_remaining = 3
 _RESET = b"\x22"  # DescriptorStatus.duration_until_reset = 4
 _SECONDS = b"\x08"  # Duration.seconds = 1
 _SMALL = [bytes((n,)) for n in range(0x80)]  # the varints of one byte
+_UINT32 = 2**32 - 1
 
-#: Encoded current_limit messages, by the limit's id (the limit is kept beside it, so an id
-#: reused by another object after the first is freed does not match); cleared when full.
+#: Encoded current_limit messages, by the limit's id (the entry holds the limit, so its id
+#: stays its own); cleared when full.
 _LIMITS: dict[int, tuple[RateLimit, bytes]] = {}
 _LIMITS_MAX = 4096
 
 
 def _varint(n: int) -> bytes:
     """A non-negative integer as a protobuf varint."""
+    if n < 0:
+        raise ValueError(f"no varint for {n}")
     if n < 0x80:
         return _SMALL[n]
     if n < 0x4000:
@@ -109,7 +112,7 @@ def _varint(n: int) -> bytes:
 def _limit_field(limit: RateLimit) -> bytes:
     """DescriptorStatus.current_limit of ``limit``, tag and length included."""
     kept = _LIMITS.get(id(limit))
-    if kept is not None and kept[0] is limit:
+    if kept is not None:
         return kept[1]
     message = rls_pb2.RateLimitResponse.RateLimit(
         requests_per_unit=limit.requests_per_unit, name=limit.name
@@ -137,8 +140,11 @@ def encode_decision(decision: Decision) -> bytes:
         limit = s.limit
         if limit is not None and limit.unit is not None:
             parts.append(_limit_field(limit))
-        if s.remaining:
-            parts += (_REMAINING, _varint(s.remaining))
+        remaining = s.remaining
+        if remaining:
+            if not 0 < remaining <= _UINT32:  # out of range: the message's encoder refuses it
+                return decision_to_proto(decision).SerializeToString()
+            parts += (_REMAINING, _varint(remaining))
         reset = s.reset_after
         if reset is not None:
             if reset > 0:

@@ -133,6 +133,8 @@ class GuardedServer:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {bad.error}")
 
     def _guard(self, method: str, handler: Any) -> Any:
+        if _answers_encoded(handler):
+            handler = handler._replace(response_serializer=None)
         if handler.request_deserializer is None:
             return handler
         authorize = self._authorize
@@ -163,12 +165,10 @@ class GuardedServer:
         changes: dict[str, Any] = {
             "request_deserializer": _tolerant(handler.request_deserializer, refuse)
         }
-        for field in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        for field in _BEHAVIOURS:
             inner = getattr(handler, field)
             if inner is None:
                 continue
-            if getattr(inner, ANSWERS_ENCODED, False):
-                changes["response_serializer"] = None
             if authorize is None and getattr(inner, CHECKS_UNDECODABLE, False):
                 changes[field] = inner  # no coroutine of ours in between on the request path
             else:
@@ -177,6 +177,13 @@ class GuardedServer:
 
 
 Prepare = Callable[[Any, Any], Awaitable[Any]]
+
+_BEHAVIOURS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+def _answers_encoded(handler: Any) -> bool:
+    """Whether the handler's behaviour returns serialized responses (``answers_encoded``)."""
+    return any(getattr(getattr(handler, f), ANSWERS_ENCODED, False) for f in _BEHAVIOURS)
 
 
 def _wrap(inner: Callable[..., Any], prepare: Prepare) -> Callable[..., Any]:

@@ -23,6 +23,8 @@ def factory(choice: str) -> LoopFactory | None:
     when ``uvloop`` is asked for and cannot be imported."""
     if choice == "asyncio":
         return None
+    if choice not in ("auto", "uvloop"):
+        raise SettingsError(f"EVENT_LOOP={choice!r}: give auto, uvloop or asyncio")
     try:
         import uvloop
     except ImportError as exc:
