@@ -99,6 +99,12 @@ class Proxy:
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool
     ) -> None:
+        # Chunks leave in the order they came, each at its own time: in ``slow`` mode
+        # ``delay`` after it came (latency, not a narrower pipe), otherwise at once but never
+        # before a delayed chunk ahead of it (TCP keeps order, whatever the mode changes).
+        due: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        sender = asyncio.create_task(_send(due, writer))
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 data = await reader.read(65536)
@@ -106,16 +112,12 @@ class Proxy:
                     return
                 while self.mode == "blackhole":
                     await self._released.wait()
-                if self.mode == "slow":
-                    # Each chunk leaves ``delay`` after it came (in order): latency, not a
-                    # narrower pipe.
-                    asyncio.get_running_loop().call_later(self.delay, _write, writer, data)
-                    continue
-                writer.write(data)
-                await writer.drain()
+                delay = self.delay if self.mode == "slow" else 0.0
+                due.put_nowait((loop.time() + delay, data))
         except (OSError, asyncio.IncompleteReadError):
             return
         finally:
+            sender.cancel()
             writer.transport.abort()
 
     async def _set(self, mode: str) -> None:
@@ -151,9 +153,18 @@ class Proxy:
         self.loop.close()
 
 
-def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    if not writer.transport.is_closing():
+async def _send(due: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter) -> None:
+    """Writes each queued chunk, in order, once its time has come."""
+    loop = asyncio.get_running_loop()
+    while True:
+        when, data = await due.get()
+        wait = when - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if writer.transport.is_closing():
+            return
         writer.write(data)
+        await writer.drain()
 
 
 class LogTrap(logging.Handler):
