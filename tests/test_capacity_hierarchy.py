@@ -78,10 +78,16 @@ def test_a_child_whose_root_is_gone_falls_back_to_safe_capacity(
     _converge(root, [(c, 1000.0) for c in clients], [50.0, 50.0])
     root.kill()
 
-    def safe_mode() -> bool:
-        return [c.ask({"fair": 1000})["fair"] for c in clients] == [5.0, 5.0]
+    seen: list[dict[str, float]] = []
 
-    wait_for("the child's clients in safe mode", safe_mode, timeout=60, interval=0.2)
+    def safe_mode() -> bool:
+        seen[:] = [c.ask({"fair": 1000}) for c in clients]
+        return [answer.get("fair") for answer in seen] == [5.0, 5.0]
+
+    try:
+        wait_for("the child's clients in safe mode", safe_mode, timeout=60, interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answers {seen}; child {child.capacity_page()}") from None
     # The lease may run out while the child's call to the dead root is still waiting for
     # its answer: the error it reports comes when that call fails.
     wait_for(
