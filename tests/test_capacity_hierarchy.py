@@ -76,6 +76,13 @@ def test_a_child_whose_root_is_gone_falls_back_to_safe_capacity(
     child = fleet.server("--parent", root.address)
     clients = [fleet.client(f"c{i}", child) for i in range(2)]
     _converge(root, [(c, 1000.0) for c in clients], [50.0, 50.0])
+
+    def root_knows_both() -> bool:
+        # The root names the safe capacity for the clients the child has told it of.
+        (resource,) = root.capacity_page()["resources"]
+        return [b["clients"] for c in resource["clients"] for b in c["bands"]] == [2]
+
+    wait_for("the root to know both of the child's clients", root_knows_both, timeout=30)
     root.kill()
 
     seen: list[dict[str, float]] = []
