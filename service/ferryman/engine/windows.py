@@ -178,15 +178,9 @@ class WindowLimiter:
         ops = []
         for c in counters:
             seconds = c.policy.seconds
-            start = window_start(now, seconds)
+            key, start = WindowLimiter.key(c.base, seconds, now)
             ops.append(
-                CounterOp(
-                    c.base + str(start),
-                    c.hits,
-                    c.policy.limit.requests_per_unit,
-                    start + seconds,
-                    seconds,
-                )
+                CounterOp(key, c.hits, c.policy.limit.requests_per_unit, start + seconds, seconds)
             )
         return ops
 
