@@ -161,14 +161,17 @@ class ParentClient(TemplateSource):
                 item.has.expiry_time = int(lease.expiry_time)
                 item.has.refresh_interval = int(lease.refresh_interval)
                 item.has.capacity = lease.capacity
-        for resource_id in [r for r, g in self._granted.items() if g.lease.expiry_time <= now]:
-            if resource_id not in state.resources:
-                del self._granted[resource_id]
         if not request.resource:
             return _RETRY
         stub = self._connect(self._target)
         reply = await stub.GetServerCapacity(request, timeout=_TIMEOUT)
         self.exchanges += 1
+        # The parent answers again: an expired grant nobody holds can go (the parent grants
+        # anew when asked). While it is out of reach, every grant stays: its template names
+        # the safe capacity that clients coming back get in the meantime.
+        for resource_id in [r for r, g in self._granted.items() if g.lease.expiry_time <= now]:
+            if resource_id not in state.resources:
+                del self._granted[resource_id]
         if not reply.response and reply.HasField("mastership"):
             master = reply.mastership.master_address
             log.warning("capacity: parent %s is not master; master: %r", self._target, master)
