@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ import pytest
 import redis
 
 from ferryman.algorithms.fixed_window.model import CounterOp
-from ferryman.connections.redis_pipe import PipelinedRedis, pack_command
+from ferryman.connections.redis_pipe import DeadlineError, PipelinedRedis, pack_command
 
 from helpers.redis_procs import RedisProcess
 from helpers.server import (
@@ -277,6 +278,76 @@ def test_pipeline_limit_writes_a_full_batch_before_the_window(
     elapsed, sizes = asyncio.run(scenario())
     assert sizes == [4, 4]
     assert elapsed < 5
+
+
+def _note_end(ended: dict[float, float], key: float, start: float, _: object) -> None:
+    ended.setdefault(key, time.monotonic() - start)
+
+
+def test_callers_deadlines_expire_in_their_order_and_keep_the_connection(
+    redis_server: RedisProcess,
+) -> None:
+    """Callers with deadlines of their own, queued behind a command that holds the
+    connection (BLPOP), get DeadlineError each at its own deadline, earliest first whatever
+    the order they were sent in; the connection stays open, and once the replies are in no
+    deadline is left waiting (one timer per connection, none left armed)."""
+    deadlines = (0.25, 0.05, 0.15)
+
+    async def scenario() -> tuple[dict[float, float], list[object], object, object, int]:
+        client = _pipelined(redis_server)
+        try:
+            await client.ping()
+            key = f"deadline-{uuid.uuid4().hex}"
+            blocker = asyncio.ensure_future(client.execute("BLPOP", key, 0.4))
+            start = time.monotonic()
+            ended: dict[float, float] = {}
+            calls = []
+            for d in deadlines:
+                call = asyncio.ensure_future(client.execute("PING", by=start + d))
+                call.add_done_callback(functools.partial(_note_end, ended, d, start))
+                calls.append(call)
+            failures = list(await asyncio.gather(*calls, return_exceptions=True))
+            held = await blocker
+            answered = await client.execute("ECHO", "after")
+            channel = client._link
+            assert channel is not None
+            assert (len(channel.deadlines), channel.deadline_timer) == (0, None)
+            return ended, failures, held, answered, client.connects
+        finally:
+            await client.aclose()
+
+    ended, failures, held, answered, connects = asyncio.run(scenario())
+    assert all(isinstance(f, DeadlineError) for f in failures), failures
+    assert sorted(ended, key=ended.__getitem__) == sorted(deadlines)
+    for d, at in ended.items():
+        assert d <= at < d + 0.1, (d, at)
+    assert held is None  # BLPOP ran out on its own: the connection was never closed
+    assert answered == b"after"
+    assert connects == 1
+
+
+def test_deadlines_of_answered_calls_are_dropped(redis_server: RedisProcess) -> None:
+    """Answered calls leave nothing behind: after their deadlines pass, the connection
+    holds no deadline and no armed timer, however many calls had one."""
+
+    async def scenario() -> tuple[int, int, bool]:
+        client = _pipelined(redis_server)
+        try:
+            await client.ping()
+            for _ in range(5):
+                by = time.monotonic() + 0.05
+                await asyncio.gather(*(client.execute("PING", by=by) for _ in range(200)))
+            channel = client._link
+            assert channel is not None
+            during = len(channel.deadlines)
+            await asyncio.sleep(0.15)
+            return during, len(channel.deadlines), channel.deadline_timer is None
+        finally:
+            await client.aclose()
+
+    during, after, disarmed = asyncio.run(scenario())
+    assert during > 0
+    assert (after, disarmed) == (0, True)
 
 
 def test_pack_command_encodes_what_redis_py_would() -> None:

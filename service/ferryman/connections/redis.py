@@ -464,9 +464,18 @@ class RedisConnection:
 
     def answer_by(self) -> float:
         """The monotonic time by which the current call must be answered."""
+        return self.deadlines()[0]
+
+    def deadlines(self) -> tuple[float, float | None]:
+        """(by, own): the monotonic time by which the current call must be answered, and
+        the same time again when it is the caller's own deadline, earlier than the
+        connection's timeout; None when it is not (the pipelined client's timeout keeps it
+        then, and the call needs no deadline of its own there)."""
         limit = time.monotonic() + self.target.timeout
         by = ANSWER_BY.get()
-        return limit if by is None or by > limit else by
+        if by is None or by >= limit:
+            return limit, None
+        return by, by
 
     def deadline_arg(self, by: float) -> int:
         """A script's first argument: the latest Redis time (microseconds) it may start at,
@@ -628,12 +637,13 @@ class RedisConnection:
         raise rex.ClusterError(f"slot {slot}: more than {MAX_REDIRECTS} redirections")
 
     async def on_single(
-        self, single: PipelinedRedis, script: LuaScript, command: list[Any], by: float
+        self, single: PipelinedRedis, script: LuaScript, command: list[Any], by: float | None
     ) -> Any:
         """Run ``command``, an EVALSHA of ``script`` built by the caller (its first argument
-        ``deadline_arg(by)``), on the single Redis (or Sentinel's master), answering by
-        ``by``; after a NOSCRIPT (Redis restarted or failed over) the script is loaded and
-        the command sent again. Driver errors pass through."""
+        ``deadline_arg``), on the single Redis (or Sentinel's master), answering by the
+        caller's own deadline ``by`` (None: the connection's timeout); after a NOSCRIPT
+        (Redis restarted or failed over) the script is loaded and the command sent again.
+        Driver errors pass through."""
         try:
             return await single.execute(*command, by=by)
         except rex.NoScriptError:
@@ -648,14 +658,19 @@ class RedisConnection:
             raise BackendError("redis backend is not started")
         if self.breaker_open:
             raise self.refuse()
-        by = self.answer_by()
+        by, own = self.deadlines()
         args = [self.deadline_arg(by), *args]
-        async with self.errors(by):
-            if self.single is None:
+        single = self.single
+        if single is None:
+            async with self.errors(by):
                 reply = await self._on_cluster(script, keys, args, by)
-            else:
-                command = ["EVALSHA", script.sha, len(keys), *keys, *args]
-                reply = await self.on_single(self.single, script, command, by)
+        else:
+            # The pipelined client keeps every time limit of a single Redis: no timer here.
+            command = ["EVALSHA", script.sha, len(keys), *keys, *args]
+            try:
+                reply = await self.on_single(single, script, command, own)
+            except (rex.RedisError, OSError) as exc:
+                raise self.backend_error(exc) from exc
         self.answered()
         return reply
 

@@ -24,15 +24,17 @@ that many commands.
 
 Time limits are kept by one sweeper per client rather than a timer per call: a connection
 whose oldest reply is overdue is closed and its callers get TimeoutError. A caller with a
-shorter deadline of its own (``execute(..., by=...)``) gets a timer that gives it
-DeadlineError when the deadline passes; the connection stays open, and the command, if
-Redis ever runs it, finds its own deadline passed and changes nothing (see ``LuaScript``).
+shorter deadline of its own (``execute(..., by=...)``) gets DeadlineError when the deadline
+passes, from one timer per connection armed at the earliest deadline still to come (not a
+timer per call); the connection stays open, and the command, if Redis ever runs it, finds
+its own deadline passed and changes nothing (see ``LuaScript``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import random
 import time
 from collections import deque
@@ -139,6 +141,13 @@ class _Channel(asyncio.Protocol):
         self.last_write = float("-inf")
         self.closed = False
         self.late = 0  # replies "LATE" to callers that had given up: scripts that did nothing
+        # Callers' own deadlines: (by, sequence, waiter), the earliest first; entries whose
+        # reply came are dropped when they reach the top, so the heap holds at most the
+        # calls of the longest caller deadline.
+        self.deadlines: list[tuple[float, int, asyncio.Future[Any]]] = []
+        self.watched = 0
+        self.deadline_timer: asyncio.TimerHandle | None = None
+        self.deadline_at = 0.0
 
     def attach(self) -> None:
         """Take over the connection's transport once redis-py's handshake is done."""
@@ -194,6 +203,30 @@ class _Channel(asyncio.Protocol):
         self.fail(rex.ConnectionError(reason))
         self._detach()
 
+    # -- callers' deadlines -----------------------------------------------------------------
+
+    def watch(self, by: float, waiter: asyncio.Future[Any]) -> None:
+        """Give ``waiter`` DeadlineError at ``by`` (monotonic) unless its reply comes first."""
+        self.watched += 1
+        heapq.heappush(self.deadlines, (by, self.watched, waiter))
+        if self.deadline_timer is None or by < self.deadline_at:
+            self._arm(by)
+
+    def _arm(self, at: float) -> None:
+        if self.deadline_timer is not None:
+            self.deadline_timer.cancel()
+        self.deadline_at = at
+        self.deadline_timer = asyncio.get_running_loop().call_at(at, self._expire_due)
+
+    def _expire_due(self) -> None:
+        self.deadline_timer = None
+        heap = self.deadlines
+        now = time.monotonic()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            _expire(heapq.heappop(heap)[2])
+        if heap:
+            self._arm(heap[0][0])
+
     # -- writing ------------------------------------------------------------------------------
 
     def queue(self, command: bytes, waiter: asyncio.Future[Any], deadline: float) -> None:
@@ -241,6 +274,10 @@ class _Channel(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.deadline_timer is not None:
+            self.deadline_timer.cancel()
+            self.deadline_timer = None
+        self.deadlines.clear()
         while self.waiters:
             _, waiter = self.waiters.popleft()
             if not waiter.done():
@@ -383,7 +420,7 @@ class PipelinedRedis:
         channel.queue(pack_command(("ASKING",)), asked, deadline)
         channel.queue(pack_command(args), waiter, deadline)
         if by is not None and by < deadline:
-            loop.call_at(by, _expire, waiter)
+            channel.watch(by, waiter)
         replies = await asyncio.gather(asked, waiter, return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -407,15 +444,11 @@ class PipelinedRedis:
         waiter: asyncio.Future[Any] = loop.create_future()
         deadline = time.monotonic() + self._timeout
         channel.queue(pack_command(args), waiter, deadline)
-        if by is None or by >= deadline:
-            return await waiter
-        # The reply and the timer are settled in the loop's order: whichever comes first
-        # decides, so a reply that arrived is never thrown away for a timeout.
-        timer = loop.call_at(by, _expire, waiter)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
+        if by is not None and by < deadline:
+            # The reply and the deadline are settled in the loop's order: whichever comes
+            # first decides, so a reply that arrived is never thrown away for a deadline.
+            channel.watch(by, waiter)
+        return await waiter
 
     async def aclose(self) -> None:
         if self._opening is not None and not self._opening.done():

@@ -68,7 +68,7 @@ class RedisFixedWindows:
             # client keeps the time limit.
             if conn.breaker_open:
                 raise conn.refuse()
-            by = conn.answer_by()
+            by, own = conn.deadlines()
             command: list[Any] = ["EVALSHA", self._script.sha, len(ops)]
             command.extend([op.key for op in ops])
             command.append(conn.deadline_arg(by))
@@ -76,7 +76,7 @@ class RedisFixedWindows:
             for op in ops:
                 command.extend((op.hits, op.limit, self._ttl(op)))
             try:
-                reply = await conn.on_single(single, self._script, command, by)
+                reply = await conn.on_single(single, self._script, command, own)
             except (rex.RedisError, OSError) as exc:
                 raise conn.backend_error(exc) from exc
             conn.answered()
