@@ -595,12 +595,13 @@ class RedisConnection:
         await asyncio.shield(refreshing)
 
     async def _on_cluster(
-        self, script: LuaScript, keys: list[str], args: list[Any], by: float
+        self, script: LuaScript, keys: list[str], args: list[Any], by: float | None
     ) -> Any:
         """EVALSHA a script whose keys share one slot on the primary that owns the slot,
-        through that node's pipelined connection. MOVED reads the slot map again; ASK (a
-        slot in migration) sends this call to the named node behind ASKING; NOSCRIPT loads
-        the script on that node."""
+        through that node's pipelined connection, answering by the caller's own deadline
+        ``by`` (None: the time the caller's ``errors`` keeps). MOVED reads the slot map
+        again; ASK (a slot in migration) sends this call to the named node behind ASKING;
+        NOSCRIPT loads the script on that node."""
         client = self._client
         if not client.nodes_manager.slots_cache:
             await client.initialize()
@@ -637,16 +638,22 @@ class RedisConnection:
         raise rex.ClusterError(f"slot {slot}: more than {MAX_REDIRECTS} redirections")
 
     async def on_single(
-        self, single: PipelinedRedis, script: LuaScript, command: list[Any], by: float | None
+        self,
+        single: PipelinedRedis,
+        script: LuaScript,
+        command: list[Any],
+        deadlines: tuple[float, float | None],
     ) -> Any:
         """Run ``command``, an EVALSHA of ``script`` built by the caller (its first argument
-        ``deadline_arg``), on the single Redis (or Sentinel's master), answering by the
-        caller's own deadline ``by`` (None: the connection's timeout); after a NOSCRIPT
-        (Redis restarted or failed over) the script is loaded and the command sent again.
-        Driver errors pass through."""
+        ``deadline_arg``), on the single Redis (or Sentinel's master), answering by
+        ``deadlines`` (from :meth:`deadlines`: the call's own deadline, if any, is the
+        pipelined client's to keep); after a NOSCRIPT (Redis restarted or failed over) the
+        script is loaded and the command sent again, both within the same time. Driver
+        errors pass through."""
         try:
-            return await single.execute(*command, by=by)
+            return await single.execute(*command, by=deadlines[1])
         except rex.NoScriptError:
+            by = deadlines[0]
             await single.script_load(script.source, by=by)
             return await single.execute(*command, by=by)
 
@@ -658,17 +665,17 @@ class RedisConnection:
             raise BackendError("redis backend is not started")
         if self.breaker_open:
             raise self.refuse()
-        by, own = self.deadlines()
+        deadlines = by, own = self.deadlines()
         args = [self.deadline_arg(by), *args]
         single = self.single
         if single is None:
             async with self.errors(by):
-                reply = await self._on_cluster(script, keys, args, by)
+                reply = await self._on_cluster(script, keys, args, own)
         else:
             # The pipelined client keeps every time limit of a single Redis: no timer here.
             command = ["EVALSHA", script.sha, len(keys), *keys, *args]
             try:
-                reply = await self.on_single(single, script, command, own)
+                reply = await self.on_single(single, script, command, deadlines)
             except (rex.RedisError, OSError) as exc:
                 raise self.backend_error(exc) from exc
         self.answered()

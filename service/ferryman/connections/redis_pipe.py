@@ -207,6 +207,8 @@ class _Channel(asyncio.Protocol):
 
     def watch(self, by: float, waiter: asyncio.Future[Any]) -> None:
         """Give ``waiter`` DeadlineError at ``by`` (monotonic) unless its reply comes first."""
+        if waiter.done():  # refused by a closed connection
+            return
         self.watched += 1
         heapq.heappush(self.deadlines, (by, self.watched, waiter))
         if self.deadline_timer is None or by < self.deadline_at:
@@ -221,7 +223,9 @@ class _Channel(asyncio.Protocol):
     def _expire_due(self) -> None:
         self.deadline_timer = None
         heap = self.deadlines
-        now = time.monotonic()
+        # The timer's own time counts as reached: uvloop rounds timers to the millisecond,
+        # and one that fires a little early must not spin until the clock catches up.
+        now = max(time.monotonic(), self.deadline_at)
         while heap and (heap[0][0] <= now or heap[0][2].done()):
             _expire(heapq.heappop(heap)[2])
         if heap:
@@ -230,6 +234,9 @@ class _Channel(asyncio.Protocol):
     # -- writing ------------------------------------------------------------------------------
 
     def queue(self, command: bytes, waiter: asyncio.Future[Any], deadline: float) -> None:
+        if self.closed:  # closed since the caller found it open: nothing would answer
+            waiter.set_exception(rex.ConnectionError("connection closed"))
+            return
         pending = self.pending
         pending.append(command)
         self.waiters.append((deadline, waiter))

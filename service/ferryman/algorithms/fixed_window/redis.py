@@ -68,15 +68,15 @@ class RedisFixedWindows:
             # client keeps the time limit.
             if conn.breaker_open:
                 raise conn.refuse()
-            by, own = conn.deadlines()
+            deadlines = conn.deadlines()
             command: list[Any] = ["EVALSHA", self._script.sha, len(ops)]
             command.extend([op.key for op in ops])
-            command.append(conn.deadline_arg(by))
+            command.append(conn.deadline_arg(deadlines[0]))
             command.append("1" if stop_when_over else "0")
             for op in ops:
                 command.extend((op.hits, op.limit, self._ttl(op)))
             try:
-                reply = await conn.on_single(single, self._script, command, own)
+                reply = await conn.on_single(single, self._script, command, deadlines)
             except (rex.RedisError, OSError) as exc:
                 raise conn.backend_error(exc) from exc
             conn.answered()
