@@ -6,6 +6,7 @@ is bounded in entries and in bytes, and a new configuration is matched anew."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from typing import Any
 
@@ -18,6 +19,7 @@ from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.engine import PLANS
+from ferryman.errors import BackendError
 from ferryman.server.rls import SEEN_BYTES, RateLimitServicer
 from ferryman.stats import Stats
 
@@ -132,6 +134,63 @@ def test_remembered_requests_are_answered_as_fresh_ones(name: str) -> None:
     else:
         assert 200 < compiled < 1400  # and compiled ones, beside others
     assert stats_a.snapshot() == stats_b.snapshot()
+
+
+class _Failing:
+    """Fixed-window counters in memory whose every fifth apply fails, as a backend outage."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls = 0
+
+    async def apply(self, ops: Any, *, stop_when_over: bool) -> Any:
+        self.calls += 1
+        if self.calls % 5 == 0:
+            raise BackendError("the counters are out of reach")
+        return await self._inner.apply(ops, stop_when_over=stop_when_over)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _outcome(answer: Any) -> rls_pb2.RateLimitResponse | str:
+    """The answer, or the message of the BackendError raised instead."""
+    try:
+        response: rls_pb2.RateLimitResponse = answer()
+        return response
+    except BackendError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
+def test_remembered_requests_fail_as_fresh_ones(fail_open: bool) -> None:
+    """A backend outage on every fifth counter call: the compiled and the fresh path answer
+    it alike (OK and counted as degraded with FAIL_OPEN, the error without), with equal
+    stats."""
+    options = EngineOptions(fail_open=fail_open)
+    remembering, _, stats_a, _ = servicer(options=options)
+    fresh, _, stats_b, _ = servicer(options=options)
+    stores = []
+    for s in (remembering, fresh):
+        backend: Any = s._engine._backend
+        backend.windows = _Failing(backend.windows)
+        stores.append(backend.windows)
+    rng = random.Random(11)
+    outcomes: dict[str, int] = {}
+    for step in range(600):
+        request = random_request(rng)
+        answers = [
+            _outcome(functools.partial(call, remembering, request)),
+            _outcome(lambda r=request: asyncio.run(fresh.respond(r))),
+        ]
+        assert answers[0] == answers[1], f"step {step}: {request}"
+        kind = "error" if isinstance(answers[0], str) else "answer"
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+    assert stores[0].calls == stores[1].calls > 100
+    assert ("error" in outcomes) is not fail_open
+    assert stats_a.snapshot() == stats_b.snapshot()
+    degraded = stats_a.snapshot().get("ratelimit.service.call.should_rate_limit.degraded", 0)
+    assert (degraded >= stores[0].calls // 5) if fail_open else degraded == 0
 
 
 def test_memory_is_bounded_in_entries_and_bytes() -> None:
