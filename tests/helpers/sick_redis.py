@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -18,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
@@ -35,6 +37,8 @@ from helpers.redis_procs import RedisCluster, RedisProcess
 from helpers.server import rls_stub
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 CONFIG = """
 domain: sick
@@ -220,9 +224,7 @@ class DebugServer:
         # Debug mode reports where a lost coroutine or task came from, but records a stack
         # for every callback: far too slow for the timing runs.
         self.loop.set_debug(debug)
-        self.loop.slow_callback_duration = (
-            10.0  # report lost work, not slowness  # report lost work, not slowness
-        )
+        self.loop.slow_callback_duration = 10.0  # report lost work, not slowness
         self.problems: list[str] = []
         self.loop.set_exception_handler(self._handle)
         self.backend = backend
@@ -374,6 +376,24 @@ class Report:
 FAULTS = ("sigstop", "blackhole", "refuse", "close", "slow", "kill")
 
 
+def _heap_set_aside(run: Callable[P, R]) -> Callable[P, R]:
+    """``run`` with the test session's heap set aside (``gc.freeze``): the server runs in
+    this process, beside everything the session has built up, and a full collection of that
+    heap can stall its loop past callers' deadlines, which a ferryman process would not see."""
+
+    @functools.wraps(run)
+    def frozen(*args: P.args, **kwargs: P.kwargs) -> R:
+        gc.collect()
+        gc.freeze()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            gc.unfreeze()
+
+    return frozen
+
+
+@_heap_set_aside
 def run_fault(
     fault: str,
     workdir: Path,
