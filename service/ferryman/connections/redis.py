@@ -647,15 +647,20 @@ class RedisConnection:
         """Run ``command``, an EVALSHA of ``script`` built by the caller (its first argument
         ``deadline_arg``), on the single Redis (or Sentinel's master), answering by
         ``deadlines`` (from :meth:`deadlines`: the call's own deadline, if any, is the
-        pipelined client's to keep); after a NOSCRIPT (Redis restarted or failed over) the
-        script is loaded and the command sent again, both within the same time. Driver
-        errors pass through."""
+        pipelined client's to keep, so no timer is needed here); after a NOSCRIPT (Redis
+        restarted or failed over) the script is loaded and the command sent again, both
+        within the same time. Its reply, or BackendError."""
         try:
-            return await single.execute(*command, by=deadlines[1])
-        except rex.NoScriptError:
-            by = deadlines[0]
-            await single.script_load(script.source, by=by)
-            return await single.execute(*command, by=by)
+            try:
+                reply = await single.execute(*command, by=deadlines[1])
+            except rex.NoScriptError:
+                by = deadlines[0]
+                await single.script_load(script.source, by=by)
+                reply = await single.execute(*command, by=by)
+        except (rex.RedisError, OSError) as exc:
+            raise self.backend_error(exc) from exc
+        self.answered()
+        return reply
 
     async def run(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA ``script`` with ``keys`` (one slot) and ``args`` (the deadline goes in
@@ -668,16 +673,11 @@ class RedisConnection:
         deadlines = by, own = self.deadlines()
         args = [self.deadline_arg(by), *args]
         single = self.single
-        if single is None:
-            async with self.errors(by):
-                reply = await self._on_cluster(script, keys, args, own)
-        else:
-            # The pipelined client keeps every time limit of a single Redis: no timer here.
+        if single is not None:
             command = ["EVALSHA", script.sha, len(keys), *keys, *args]
-            try:
-                reply = await self.on_single(single, script, command, deadlines)
-            except (rex.RedisError, OSError) as exc:
-                raise self.backend_error(exc) from exc
+            return await self.on_single(single, script, command, deadlines)
+        async with self.errors(by):
+            reply = await self._on_cluster(script, keys, args, own)
         self.answered()
         return reply
 

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.exceptions as rex
 from redis.crc import key_slot
 
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
@@ -75,11 +74,7 @@ class RedisFixedWindows:
             command.append("1" if stop_when_over else "0")
             for op in ops:
                 command.extend((op.hits, op.limit, self._ttl(op)))
-            try:
-                reply = await conn.on_single(single, self._script, command, deadlines)
-            except (rex.RedisError, OSError) as exc:
-                raise conn.backend_error(exc) from exc
-            conn.answered()
+            reply = await conn.on_single(single, self._script, command, deadlines)
             return [CounterResult(reply[j], reply[j + 1]) for j in range(0, 2 * len(ops), 2)]
         groups = self._groups(ops, stop_when_over)
         if stop_when_over and len(groups) > 1:
