@@ -101,22 +101,6 @@ def _varint(n: int) -> bytes:
         return _SMALL[n]
     if n < 0x4000:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
-    if n < 0x200000:
-        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
-    if n < 0x10000000:
-        return bytes(
-            ((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, n >> 21)
-        )
-    if n < 0x800000000:  # every uint32 (a limit's remaining count)
-        return bytes(
-            (
-                (n & 0x7F) | 0x80,
-                ((n >> 7) & 0x7F) | 0x80,
-                ((n >> 14) & 0x7F) | 0x80,
-                ((n >> 21) & 0x7F) | 0x80,
-                n >> 28,
-            )
-        )
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
