@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.algorithms.token_bucket import NodeBucket
 from ferryman.algorithms.token_bucket.model import BucketSpec
 from ferryman.clock import ManualClock
 from ferryman.config import load_sources
@@ -118,12 +119,14 @@ def test_shadow_mode_headers_and_nested_nodes(
 def test_node_yaml_reads_the_quota_keys_with_node_defaults() -> None:
     config = load_sources([("s.yaml", CONFIG)])
     rule = config.domains["smooth"].root.rules[1]
-    assert rule.token_bucket == BucketSpec(
-        size=2,
-        fill_rate=1.0,
-        wait_timeout_millis=0,
-        max_debt_millis=1000,
-        max_tokens_per_request=2.0,
+    assert rule.limit == NodeBucket(
+        BucketSpec(
+            size=2,
+            fill_rate=1.0,
+            wait_timeout_millis=0,
+            max_debt_millis=1000,
+            max_tokens_per_request=2.0,
+        )
     )
 
 
@@ -150,7 +153,7 @@ def test_node_yaml_reads_the_quota_keys_with_node_defaults() -> None:
             "    token_bucket: {size: 1, fill_rate: 1}\n"
             "    rate_limit: {unit: second, requests_per_unit: 1}\n",
             "descriptors[0].token_bucket",
-            "one of rate_limit, burst_tiers, copies or token_bucket",
+            "one of rate_limit, burst_tiers, copies, token_bucket",
         ),
     ],
 )
@@ -177,5 +180,5 @@ def test_check_describes_smooth_nodes(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "token bucket size 3, 2/s, debt 0ms, waits 0ms" in done.stdout
+    assert "token bucket size 3, 2 per second, debt up to 0ms, waits up to 0ms" in done.stdout
     assert "sliding window 9 per minute" in done.stdout

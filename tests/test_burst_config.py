@@ -15,8 +15,8 @@ from ferryman.errors import ConfigError
 
 def policy_of(text: str) -> BurstPolicy:
     config = load_sources([("b.yaml", text)])
-    burst = config.domains["d"].root.rules[0].burst
-    assert burst is not None
+    burst = config.domains["d"].root.rules[0].limit
+    assert isinstance(burst, BurstPolicy)
     return burst
 
 
@@ -59,7 +59,7 @@ def test_empty_tier_list_makes_an_inaccessible_node() -> None:
             "    burst_tiers: [{limit: 1, window: 1s, active: 1h}]\n",
             5,
             "descriptors[0].burst_tiers",
-            "either rate_limit",
+            "not both rate_limit and burst_tiers",
         ),
         (
             "    burst_tiers: [{limit: -1, window: 1s, active: 1h}]\n",
@@ -146,8 +146,8 @@ descriptors:
 def test_normalization_drops_cuts_and_trims_tiers_and_says_so() -> None:
     """Active 0 drops a tier, a window longer than active is cut, active is trimmed."""
     config = load_sources([("b.yaml", NORMALIZE)])
-    burst = config.domains["d"].root.rules[0].burst
-    assert burst is not None
+    burst = config.domains["d"].root.rules[0].limit
+    assert isinstance(burst, BurstPolicy)
     assert burst.tiers == (Tier(9, 300.0, 300.0), Tier(7, 2.0, 4.0, 1.0))
     notes = "\n".join(config.notes)
     assert "burst_tiers[0]: dropped (active period 0)" in notes

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ferryman.config.loader import load_directory
-from ferryman.config.nodes import MAX_ALIAS_NODES, MAX_DEPTH, MAX_FILE_BYTES
+from ferryman.core.nodes import MAX_ALIAS_NODES, MAX_DEPTH, MAX_FILE_BYTES
 from ferryman.errors import ConfigError
 
 from helpers.server import ConfigDir, ServerFactory, codes, wait_for

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from ferryman.config.loader import digest_sources, load_directory, load_sources
-from ferryman.config.model import Config, RateLimit, Rule, Unit
+from ferryman.config.model import Config
+from ferryman.core.rules import RateLimit, Rule, Unit
 from ferryman.errors import ConfigError, ConfigProblem
+
+from helpers import rate_of
 
 REPO_DESCRIPTORS = Path(__file__).resolve().parent.parent / "descriptors"
 
@@ -723,7 +726,7 @@ def test_merge_domains_still_rejects_a_repeat_within_one_file() -> None:
 def test_unit_is_case_insensitive(text: str, unit: Unit, seconds: int) -> None:
     """Units load whatever their case, with the reference's length in seconds."""
     config = load(f"domain: u\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {text}}}\n")
-    limit = rule_at(config, "u", ("k", "x")).rate_limit
+    limit = rate_of(rule_at(config, "u", ("k", "x")))
     assert limit is not None
     assert limit.unit is unit
     assert limit.unit.seconds == seconds
@@ -766,7 +769,7 @@ def test_rate_limit_and_rule_fields_load() -> None:
         name="shop.yaml",
     )
     gold = rule_at(config, "shop", ("plan", "gold"))
-    assert gold.rate_limit == RateLimit(
+    assert rate_of(gold) == RateLimit(
         requests_per_unit=4294967295,
         unit=Unit.HOUR,
         unlimited=False,
@@ -784,16 +787,16 @@ def test_rate_limit_and_rule_fields_load() -> None:
     assert (gold.stats_key, gold.source) == ("shop.plan_gold", "shop.yaml:3")
 
     cart = rule_at(config, "shop", ("plan", "gold"), ("path", "/cart/42"))
-    assert cart.rate_limit == RateLimit(requests_per_unit=0, unit=Unit.MINUTE)
+    assert rate_of(cart) == RateLimit(requests_per_unit=0, unit=Unit.MINUTE)
     assert (cart.share_threshold, cart.shadow_mode, cart.quota_mode) == (True, False, False)
     assert dict(cart.metadata) == {}
     assert (cart.stats_key, cart.source) == ("shop.plan_gold.path_/cart/*", "shop.yaml:20")
 
     internal = rule_at(config, "shop", ("internal", "anything"))
-    assert internal.rate_limit == RateLimit(requests_per_unit=0, unit=None, unlimited=True)
+    assert rate_of(internal) == RateLimit(requests_per_unit=0, unit=None, unlimited=True)
 
     whitelisted = rule_at(config, "shop", ("whitelisted", "x"))
-    assert whitelisted.rate_limit is None
+    assert rate_of(whitelisted) is None
     assert whitelisted.children.rules == ()
 
 
@@ -848,8 +851,8 @@ def test_level_match_order(key: str, value: str, limit: int | None) -> None:
     if limit is None:
         assert rule is None
     else:
-        assert rule is not None and rule.rate_limit is not None
-        assert rule.rate_limit.requests_per_unit == limit
+        assert rule is not None and rate_of(rule) is not None
+        assert rate_of(rule).requests_per_unit == limit
 
 
 def test_yaml_merge_keys_load_like_the_reference() -> None:
@@ -871,7 +874,7 @@ def test_yaml_merge_keys_load_like_the_reference() -> None:
             """
         )
     )
-    limits = [r.rate_limit for r in config.domains["anchors"].root.rules]
+    limits = [rate_of(r) for r in config.domains["anchors"].root.rules]
     assert limits == [
         RateLimit(10, Unit.MINUTE),
         RateLimit(20, Unit.MINUTE),

@@ -228,7 +228,7 @@ def test_config_endpoint_draws_domains_as_trees_and_keeps_the_last_error(
     web = {d["name"]: d for d in cfg["domains"]}["web"]
     nodes = {n["key"]: n for n in web["nodes"]}
     assert nodes["user"]["kind"] == "fixed_window"
-    assert nodes["user"]["numbers"] == "2 per minute"
+    assert nodes["user"]["numbers"] == "fixed window 2 per minute"
     assert nodes["bulk"]["shadow_mode"] is True
     assert nodes["tenant"]["kind"] == "burst_tiers"
     assert [t["cooldown"] for t in nodes["tenant"]["tiers"]] == [0, 15]

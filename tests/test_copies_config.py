@@ -29,7 +29,8 @@ descriptors:
             )
         ]
     )
-    policy = config.domains["d"].root.rules[0].copies
+    policy = config.domains["d"].root.rules[0].limit
+    assert isinstance(policy, CopyPolicy)
     assert policy == CopyPolicy(10, 100, (CopyGroup("probation", 5, ("new-co", "trial-*")),), 90.0)
     assert [g.name for g in policy.groups_of("trial-7")] == ["probation"]
     assert policy.groups_of("acme") == ()
@@ -46,8 +47,8 @@ def test_limits_above_the_global_limit_are_lowered_and_reported() -> None:
             )
         ]
     )
-    policy = config.domains["d"].root.rules[0].copies
-    assert policy is not None
+    policy = config.domains["d"].root.rules[0].limit
+    assert isinstance(policy, CopyPolicy)
     assert policy.limit == 12
     assert policy.groups[0].limit == 12
     notes = "\n".join(config.notes)
@@ -61,7 +62,7 @@ def test_limits_above_the_global_limit_are_lowered_and_reported() -> None:
         (
             "    copies: {limit: 1}\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
             "descriptors[0].copies",
-            "one of rate_limit, burst_tiers or copies",
+            "not both rate_limit and copies",
         ),
         ("    copies: {limit: -2}\n", "descriptors[0].copies.limit", "out of range"),
         ("    copies: {limit: 1, max: 3}\n", "descriptors[0].copies.max", "unknown key"),

@@ -29,7 +29,7 @@ class BurstsDown(MemoryBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bursts = FailingBursts()  # type: ignore[assignment]
+        self._stores["burst_tiers"] = FailingBursts()
 
 
 def rate(channel: grpc.Channel, domain: str, key: str, value: str) -> limiter_pb2.RateResponse:

@@ -31,6 +31,7 @@ import redis
 
 import ferryman
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman.algorithms.copies import node_name
 
 from helpers.redis_procs import RedisProcess
 from helpers.server import limiter_stub, wait_for
@@ -107,8 +108,8 @@ def test_node_name_is_the_engines() -> None:
         Source(load_sources([("jobs.yaml", CONFIG)])), MemoryBackend(clock), clock, Stats(),
         EngineOptions(cache_key_prefix=PREFIX),
     )  # fmt: skip
-    rule = engine.resolve("jobs", [("tenant", "t1")], "copies")[-1]
-    assert engine.copies_node(rule) == NODE
+    rule = engine.resolve("jobs", [("tenant", "t1")], ("copies",), "copies")[-1]
+    assert node_name(engine.options.cache_key_prefix, rule) == NODE
 
 
 class Processes:

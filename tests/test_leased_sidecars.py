@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ferryman.algorithms.leased_limit import LeasedLimit
 from ferryman.config import load_directory, load_sources
-from ferryman.config.model import LeasedLimit
 from ferryman.errors import ConfigError
 
 from helpers.capacity import Ferryman
@@ -158,7 +158,7 @@ def test_the_envoy_example_loads_and_validates(tmp_path: Path) -> None:
     assert [t.identifier_glob for t in root.resources] == ["partner_api"]
     sidecar = load_directory(EXAMPLE / "sidecar", ignore_dotfiles=True, merge_domains=False)
     [rule] = sidecar.domains["partner"].root.rules
-    assert rule.leased == LeasedLimit("partner_api", 10.0)
+    assert rule.limit == LeasedLimit("partner_api", 10.0)
     bootstrap = (EXAMPLE / "envoy.yaml").read_text()
     assert "domain: partner" in bootstrap
     assert "generic_key: {descriptor_value: partner_api}" in bootstrap

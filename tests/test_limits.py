@@ -224,7 +224,7 @@ def test_counters_near_the_integer_limits_do_not_overflow(
     if store_kind == "memory":
         backend = server.service.backend
         assert isinstance(backend, MemoryBackend)
-        backend.windows.apply_now(
+        backend.store("fixed_window").apply_now(
             [CounterOp(key, start, 2**64, int(EPOCH) + 60, 60)], stop_when_over=False
         )
     else:
@@ -249,22 +249,22 @@ def test_the_memory_backend_keeps_at_most_max_keys_counters(
     assert codes(server.ask("d", [("ip", "attacker")], [("ip", "attacker")])) == ["OK", "OK"]
     for i in range(1000):
         server.ask("d", [("ip", f"10.0.{i // 256}.{i % 256}")])
-        assert len(backend.windows) <= 64
+        assert len(backend.store("fixed_window")) <= 64
     assert server.stat("ratelimit.service.memory.evicted_keys") >= 1000 - 64
     # Hits given back on values never counted leave no counter behind (nothing evicted).
     evicted = server.stat("ratelimit.service.memory.evicted_keys")
     for i in range(200):
         server.ask("d", descriptor([("ip", f"back{i}")], negative=True))
     assert server.stat("ratelimit.service.memory.evicted_keys") == evicted
-    assert len(backend.windows) <= 64
+    assert len(backend.store("fixed_window")) <= 64
     assert codes(server.ask("d", [("ip", "attacker")])) == ["OVER_LIMIT"]
     # Fill the cap with counters at their limit: nothing is safe to evict any more.
     for i in range(64):
         server.ask("d", descriptor([("ip", f"full{i}")], hits=2))
     assert codes(server.ask("d", [("ip", "newcomer")])) == ["OVER_LIMIT"]
     assert server.stat("ratelimit.service.memory.refused_keys") >= 1
-    assert len(backend.windows) <= 64
+    assert len(backend.store("fixed_window")) <= 64
     # Once the window ends, memory is returned and newcomers are counted again.
     server.clock.advance(60)
     assert codes(server.ask("d", [("ip", "newcomer")])) == ["OK"]
-    assert len(backend.windows) == 1
+    assert len(backend.store("fixed_window")) == 1

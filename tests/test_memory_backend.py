@@ -23,21 +23,24 @@ def test_expired_windows_are_dropped_so_memory_tracks_live_windows() -> None:
     for window in range(100):
         clock.set(window * 60.0)
         end = (window + 1) * 60
-        backend.windows.apply_now(
+        backend.store("fixed_window").apply_now(
             [op(f"k{i}_{window * 60}", expires_at=end) for i in range(100)], stop_when_over=False
         )
-        assert len(backend.windows) <= 100
-    assert len(backend.windows) == 100
+        assert len(backend.store("fixed_window")) <= 100
+    assert len(backend.store("fixed_window")) == 100
 
 
 def test_a_window_that_ended_reads_as_zero_even_before_it_is_swept() -> None:
     """A counter past its expiry counts from zero again."""
     clock = ManualClock(0.0)
     backend = MemoryBackend(clock)
-    backend.windows.apply_now([op("a", 5, expires_at=60)], stop_when_over=False)
+    backend.store("fixed_window").apply_now([op("a", 5, expires_at=60)], stop_when_over=False)
     clock.set(60.0)
     assert (
-        backend.windows.apply_now([op("a", 1, expires_at=120)], stop_when_over=False)[0].after == 1
+        backend.store("fixed_window")
+        .apply_now([op("a", 1, expires_at=120)], stop_when_over=False)[0]
+        .after
+        == 1
     )
 
 
@@ -47,14 +50,19 @@ def test_concurrent_threads_lose_no_hits() -> None:
 
     def work() -> None:
         for _ in range(2000):
-            backend.windows.apply_now([op("shared", 1, limit=10**9)], stop_when_over=False)
+            backend.store("fixed_window").apply_now(
+                [op("shared", 1, limit=10**9)], stop_when_over=False
+            )
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert backend.windows.apply_now([op("shared", 0)], stop_when_over=False)[0].after == 16000
+    assert (
+        backend.store("fixed_window").apply_now([op("shared", 0)], stop_when_over=False)[0].after
+        == 16000
+    )
 
 
 def test_memory_forgets_idle_tenants() -> None:
@@ -62,10 +70,10 @@ def test_memory_forgets_idle_tenants() -> None:
     backend = MemoryBackend(ManualClock(0.0))
     policy = BurstPolicy((Tier(5, 1.0, 10.0, 5.0),))
     for i in range(100):
-        backend.bursts.decide_now(BurstRequest("node", f"t{i}", policy, 1, 1), 0.0)
-    assert backend.bursts.tenants == 100
-    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
-    assert backend.bursts.tenants == 1
+        backend.store("burst_tiers").decide_now(BurstRequest("node", f"t{i}", policy, 1, 1), 0.0)
+    assert backend.store("burst_tiers").tenants == 100
+    backend.store("burst_tiers").decide_now(BurstRequest("node", "late", policy, 1, 1), 16.0)
+    assert backend.store("burst_tiers").tenants == 1
 
 
 def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
@@ -73,10 +81,12 @@ def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
     backend = MemoryBackend(ManualClock(0.0))
     policy = BurstPolicy((Tier(10**6, 1.0, 3600.0),))
     for i in range(5000):
-        backend.bursts.decide_now(BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01)
-    assert backend.bursts.tenants == 3
-    assert len(backend.bursts._heap) == 3
+        backend.store("burst_tiers").decide_now(
+            BurstRequest("node", f"t{i % 3}", policy, 1, 1), i * 0.01
+        )
+    assert backend.store("burst_tiers").tenants == 3
+    assert len(backend.store("burst_tiers")._heap) == 3
     # Past the horizon they all go, heap entries included.
-    backend.bursts.decide_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
-    assert backend.bursts.tenants == 1
-    assert len(backend.bursts._heap) == 1
+    backend.store("burst_tiers").decide_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
+    assert backend.store("burst_tiers").tenants == 1
+    assert len(backend.store("burst_tiers")._heap) == 1

@@ -288,11 +288,14 @@ def test_redis_backend_reports_unhealthy_and_errors_when_redis_is_gone(
         await backend.start()
         try:
             op = CounterOp("gone_k", 1, 5, 60, 60)
-            assert [r.after for r in await backend.windows.apply([op], stop_when_over=False)] == [1]
+            assert [
+                r.after
+                for r in await backend.store("fixed_window").apply([op], stop_when_over=False)
+            ] == [1]
             proc.kill()
             started = time.monotonic()
             with pytest.raises(BackendError):
-                await backend.windows.apply([op], stop_when_over=False)
+                await backend.store("fixed_window").apply([op], stop_when_over=False)
             assert time.monotonic() - started < 3
             # The health probe (every second) finds it gone and opens the breaker.
             for _ in range(300):

@@ -156,13 +156,13 @@ def test_more_concurrent_requests_than_the_pool_size_wait_for_a_connection(
         await backend.start()
         try:
             calls = [
-                backend.windows.apply(
+                backend.store("fixed_window").apply(
                     [CounterOp(f"{prefix}k{i % 3}", 1, 1000, 60, 60)], stop_when_over=False
                 )
                 for i in range(60)
             ]
             results = await asyncio.gather(*calls)
-            final = await backend.windows.apply(
+            final = await backend.store("fixed_window").apply(
                 [CounterOp(f"{prefix}k{i}", 0, 1000, 60, 60) for i in range(3)],
                 stop_when_over=False,
             )

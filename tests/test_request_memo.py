@@ -173,8 +173,8 @@ def test_remembered_requests_fail_as_fresh_ones(fail_open: bool) -> None:
     stores = []
     for s in (remembering, fresh):
         backend: Any = s._engine._backend
-        backend.windows = _Failing(backend.windows)
-        stores.append(backend.windows)
+        backend._stores["fixed_window"] = _Failing(backend.store("fixed_window"))
+        stores.append(backend.store("fixed_window"))
     rng = random.Random(11)
     outcomes: dict[str, int] = {}
     for step in range(600):

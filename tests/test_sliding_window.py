@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ferryman.algorithms.sliding_window import SlidingWindow
 from ferryman.algorithms.sliding_window.model import SlidingState, decide
 from ferryman.algorithms.token_bucket.model import BucketSpec
 from ferryman.clock import ManualClock
@@ -60,11 +61,15 @@ async def _replay_sliding(
     now_us = round(EPOCH * 1e6) + 7
     for advance, key, hits, limit in trace:
         now_us += advance
-        r = await store.backend.sliding.hit(prefix + key, limit, window, hits, now_us / 1e6)
+        r = await store.backend.store("sliding_window").hit(
+            prefix + key, limit, window, hits, now_us / 1e6
+        )
         out.append((r.allowed, r.estimate, r.left_us))
         # A read (as /explain's) of the other key: the same answer as a hit of none.
         other = "b" if key == "a" else "a"
-        r = await store.backend.sliding.peek(prefix + other, limit, window, now_us / 1e6)
+        r = await store.backend.store("sliding_window").peek(
+            prefix + other, limit, window, now_us / 1e6
+        )
         out.append((r.allowed, r.estimate, r.left_us))
     return out
 
@@ -91,7 +96,9 @@ async def _replay_buckets(
     for advance, key, hits, wait in trace:
         now_us += advance // 1000  # buckets refill fast: keep to short moves
         # The last field is the wait offered, in tenths of a second.
-        r = await store.backend.buckets.take(prefix + key, spec, hits, wait * 100, now_us / 1e6)
+        r = await store.backend.store("token_bucket").take(
+            prefix + key, spec, hits, wait * 100, now_us / 1e6
+        )
         out.append((int(r.status), r.wait_millis, r.stored, r.debt_us))
     return out
 
@@ -155,8 +162,8 @@ def test_a_sliding_window_node_smooths_the_window_edge(
 
 def test_sliding_window_yaml_and_its_errors() -> None:
     config = load_sources([("s.yaml", CONFIG)])
-    limit = config.domains["sw"].root.rules[0].sliding_window
-    assert limit is not None and limit.requests_per_unit == 4
+    limit = config.domains["sw"].root.rules[0].limit
+    assert isinstance(limit, SlidingWindow) and limit.rate.requests_per_unit == 4
     for body, path, message in [
         ("    sliding_window: {unit: fortnight, requests_per_unit: 1}\n", ".unit", "invalid unit"),
         ("    sliding_window: {unit: minute}\n", "", "needs 'requests_per_unit'"),

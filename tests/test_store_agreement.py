@@ -15,8 +15,8 @@ from ferryman.backends.base import Backend
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
-from ferryman.config.model import RateLimit, Unit
 from ferryman.config.reloader import ConfigHolder
+from ferryman.core.rules import RateLimit, Unit
 from ferryman.engine import DescriptorRequest, EngineOptions, RateLimitEngine
 from ferryman.stats import Stats
 

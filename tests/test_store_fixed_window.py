@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, FixedWindowStore
 from ferryman.backends.memory import MemoryBackend
 
 from helpers.stores import Store, on_stores
@@ -18,7 +18,7 @@ def op(store: Store, key: str, hits: int = 1, limit: int = 10) -> CounterOp:
 
 
 def apply(store: Store, *ops: CounterOp, stop_when_over: bool = False) -> list[CounterResult]:
-    return store.run(store.backend.windows.apply(ops, stop_when_over=stop_when_over))
+    return store.run(store.backend.store("fixed_window").apply(ops, stop_when_over=stop_when_over))
 
 
 def test_counts_accumulate_and_never_go_below_zero(store: Store) -> None:
@@ -50,7 +50,7 @@ def test_a_counter_is_kept_for_its_window(store: Store) -> None:
     counter = op(store, "a", 1)
     apply(store, counter)
     if isinstance(store.backend, MemoryBackend):
-        left = store.backend.windows._counts[counter.key][1] - store.clock.now()
+        left = store.backend.store("fixed_window")._counts[counter.key][1] - store.clock.now()
     else:
         with store.redis() as client:
             left = client.ttl(counter.key)
@@ -59,15 +59,15 @@ def test_a_counter_is_kept_for_its_window(store: Store) -> None:
 
 def test_concurrent_coroutines_lose_no_hits(store: Store) -> None:
     """1000 concurrent fixed_window calls on one loop add up exactly."""
-    backend = store.backend
+    windows: FixedWindowStore = store.backend.store("fixed_window")
 
     async def main() -> int:
         await asyncio.gather(
             *(
-                backend.windows.apply([op(store, "c", 1, limit=10**9)], stop_when_over=False)
+                windows.apply([op(store, "c", 1, limit=10**9)], stop_when_over=False)
                 for _ in range(1000)
             )
         )
-        return (await backend.windows.apply([op(store, "c", 0)], stop_when_over=False))[0].after
+        return (await windows.apply([op(store, "c", 0)], stop_when_over=False))[0].after
 
     assert store.run(main()) == 1000

@@ -81,7 +81,7 @@ class FailingBackend(MemoryBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.windows = FailingWindows()  # type: ignore[assignment]
+        self._stores["fixed_window"] = FailingWindows()
 
     async def start(self) -> None:
         pass

@@ -14,11 +14,12 @@ from google.protobuf import any_pb2
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
-from ferryman.config.model import Unit
 from ferryman.config.xds import load_resources
+from ferryman.core.rules import Unit
 from ferryman.errors import ConfigError, SettingsError
 from ferryman.settings import Settings
 
+from helpers import rate_of
 from helpers.certs import Authority
 from helpers.serve_process import ServeProcess
 from helpers.server import descriptor, overall, rls_stub, wait_for
@@ -68,12 +69,12 @@ def test_a_resource_becomes_the_descriptor_tree_a_file_would_give() -> None:
     domain = loaded.domains["shop"]
     user, vip = domain.root.rules
     assert user.key == "user" and user.shadow_mode and user.detailed_metric
-    assert user.rate_limit is not None
-    assert (user.rate_limit.unit, user.rate_limit.requests_per_unit) == (Unit.WEEK, 7)
+    assert rate_of(user) is not None
+    assert (rate_of(user).unit, rate_of(user).requests_per_unit) == (Unit.WEEK, 7)
     (path,) = user.children.rules
     assert (path.key, path.value) == ("path", "/buy")
-    assert path.rate_limit is not None and path.rate_limit.replaces == ("weekly",)
-    assert vip.rate_limit is not None and vip.rate_limit.unlimited and vip.quota_mode
+    assert rate_of(path) is not None and rate_of(path).replaces == ("weekly",)
+    assert rate_of(vip) is not None and rate_of(vip).unlimited and vip.quota_mode
     assert domain.files == ("xds:shop",)
 
 

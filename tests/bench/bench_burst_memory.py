@@ -18,9 +18,9 @@ for ``--seconds`` simulated seconds. Then the state left behind is measured:
 - memory backend: tracemalloc's traced memory after minus before, divided by N, split into
   the tenant states and the expiry heap; and a sys.getsizeof-based deep size of one tenant.
 
-How the load is driven: in process, through ferryman's own ``RateLimitEngine.request_rate``
-(what ``ferryman.v1.Limiter/Request`` calls) over a ``RedisBackend(server_time=False)`` or a
-``MemoryBackend``, with a fake clock that advances by 1/(N*rate) s at each request. So keys,
+How the load is driven: in process, through ferryman's own burst-tier limiter
+(``BurstLimiter.take``, what ``ferryman.v1.Limiter/Request`` calls) over a
+``RedisBackend(server_time=False)`` or a ``MemoryBackend``, with a fake clock that advances by 1/(N*rate) s at each request. So keys,
 node and tenant names are exactly the server's, time runs as fast as the machine can go
 (10k tenants at 3/s for 5 s is 150k decisions, which a gRPC server on a small machine could
 not take in 5 real seconds), and the measure is of the state, not of a server process. The
@@ -57,6 +57,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
+from ferryman.algorithms.burst import BURST_TIERS, BurstLimiter, BurstPolicy
+from ferryman.algorithms.burst.model import BurstOutcome
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, RedisTarget
 from ferryman.config.loader import load_sources
@@ -134,6 +136,17 @@ class Report:
         return out
 
 
+async def request_rate(
+    engine: RateLimitEngine, entries: tuple[tuple[str, str], ...]
+) -> tuple[BurstPolicy, BurstOutcome]:
+    """One ferryman.v1 Request of one hit on the burst-tier node, as the server makes it."""
+    path = engine.resolve(DOMAIN, entries, (BURST_TIERS.name,), "burst tiers")
+    limiter = engine.limiter(BURST_TIERS.name)
+    assert isinstance(limiter, BurstLimiter)
+    store = engine.store(BURST_TIERS.name)
+    return await limiter.take(store, DOMAIN, entries, path, 1, 1, engine.now(), lambda c: c)
+
+
 def engine_for(backend: Any, clock: TickClock) -> RateLimitEngine:
     config = load_sources([("bench.yaml", CONFIG_YAML)])
     return RateLimitEngine(Source(config), backend, clock, Stats())
@@ -175,7 +188,7 @@ async def drive(
         for start in range(0, len(order), batch):
             chunk = order[start : start + batch]
             # A fresh value string per request, as a decoded gRPC request would carry.
-            calls = [engine.request_rate(DOMAIN, ((entries_key, f"u{i}"),), 1, 1) for i in chunk]
+            calls = [request_rate(engine, ((entries_key, f"u{i}"),)) for i in chunk]
             if batch == 1:
                 outcomes = [await calls[0]]
             else:
@@ -225,14 +238,14 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
         # The expiry heap (private; read here only to measure it) gets one entry per grant.
-        heap = backend.bursts._heap
+        heap = backend.store("burst_tiers")._heap
         heap_entries = len(heap)
         heap.clear()
         gc.collect()
         without_heap = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    nodes = backend.bursts._nodes
+    nodes = backend.store("burst_tiers")._nodes
     glob, states = next(iter(nodes.values()))
     sample_key = next(iter(states))
     one = deep_size((sample_key, states[sample_key]))
@@ -248,7 +261,7 @@ def run_memory(tenants: int, rate: int, seconds: float, seed: int, deadline: Dea
         wall_seconds=wall,
         bytes_per_tenant=total / tenants,
         details={
-            "tenant states held": backend.bursts.tenants,
+            "tenant states held": backend.store("burst_tiers").tenants,
             "traced bytes after - before (tracemalloc)": total,
             "  of which tenant states, per tenant": (without_heap - before) / tenants,
             "  of which expiry heap": heap_bytes,
@@ -303,7 +316,7 @@ async def redis_load(
     try:
         # Warm up (script cache, connection), then start from an empty keyspace.
         warm = engine_for(backend, TickClock(START - 100, 0.001))
-        await warm.request_rate(DOMAIN, ((KEY, "warmup"),), 1, 1)
+        await request_rate(warm, ((KEY, "warmup"),))
         sync.flushall()
         await asyncio.sleep(0.2)
         before = used_memory(sync)

@@ -33,12 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpe
 
 from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman.algorithms.leased_limit import LEASED_LIMIT, LeasedLimiter
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.client import AsyncCapacityClient
 from ferryman.clock import SystemClock
 from ferryman.config.loader import load_sources
+from ferryman.core.answers import DescriptorRequest
 from ferryman.engine import RateLimitEngine
-from ferryman.engine.model import DescriptorRequest
 from ferryman.stats import Stats
 
 from helpers.capacity import Ferryman
@@ -103,7 +104,9 @@ async def in_process(redis_url: str, decisions: int) -> dict[str, float]:
     backend = RedisBackend(parse_backend_url(redis_url), server_time=False)
     await backend.start()
     engine = RateLimitEngine(_Holder(SIDECAR), backend, clock, Stats())
-    engine.leased.reader = lambda resource: (1e9, None)
+    leased = engine.limiter(LEASED_LIMIT.name)
+    assert isinstance(leased, LeasedLimiter)
+    leased.reader = lambda resource: (1e9, None)
     out: dict[str, float] = {}
     try:
         for route in ("fixed", "leased"):

@@ -55,7 +55,7 @@ def replay_burst(store: Store, policy: BurstPolicy, trace: Trace, node: str) -> 
         for tenant, step, copies, min_copies in trace:
             now += step
             request = BurstRequest(node, tenant, policy, copies, min(min_copies, copies))
-            out.append(await store.backend.bursts.decide(request, now))
+            out.append(await store.backend.store("burst_tiers").decide(request, now))
         return out
 
     return store.run(main())

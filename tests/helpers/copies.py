@@ -6,7 +6,7 @@ import uuid
 
 from hypothesis import strategies as st
 
-from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Holder, Seized
+from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, CopyStore, Holder, Seized
 from ferryman.backends.memory import MemoryBackend
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 
@@ -26,6 +26,7 @@ class CopyNode:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.backend = store.backend
+        self.copies: CopyStore = store.backend.store("copies")
         self.node = f"copies{uuid.uuid4().hex[:10]}"
         self.now = 1_700_000_000.0
 
@@ -36,7 +37,7 @@ class CopyNode:
     def reserve(self, tenant: str, copies: int, min_copies: int = 1, server: str = "A") -> int:
         groups = POLICY.groups_of(tenant)
         out = self.store.run(
-            self.backend.copies.reserve(self.at(server), tenant, POLICY, groups, copies, min_copies)
+            self.copies.reserve(self.at(server), tenant, POLICY, groups, copies, min_copies)
         )
         return out.granted
 
@@ -44,41 +45,36 @@ class CopyNode:
         self, tenant: str, copies: int, groups: tuple[str, ...] | None = None, server: str = "A"
     ) -> None:
         names = tuple(g.name for g in POLICY.groups_of(tenant)) if groups is None else groups
-        self.store.run(self.backend.copies.release(self.at(server), tenant, names, copies))
+        self.store.run(self.copies.release(self.at(server), tenant, names, copies))
 
     def transfer(self, tenant: str, copies: int, ttl: float, server: str = "A") -> str:
         names = tuple(g.name for g in POLICY.groups_of(tenant))
         tid = uuid.uuid4().hex
-        self.store.run(
-            self.backend.copies.transfer(self.at(server), tenant, names, copies, ttl, tid)
-        )
+        self.store.run(self.copies.transfer(self.at(server), tenant, names, copies, ttl, tid))
         return tid
 
     def seize(self, tid: str, server: str = "B") -> Seized:
-        return self.store.run(self.backend.copies.seize(self.at(server), tid))
+        return self.store.run(self.copies.seize(self.at(server), tid))
 
     def ereserve(self, tenant: str, copies: int) -> int:
         groups = POLICY.groups_of(tenant)
         hold = uuid.uuid4().hex
         out = self.store.run(
-            self.backend.copies.envoy_reserve(
-                self.at("envoy", 0), tenant, POLICY, groups, copies, hold
-            )
+            self.copies.envoy_reserve(self.at("envoy", 0), tenant, POLICY, groups, copies, hold)
         )
         return out.granted
 
     def erelease(self, tenant: str, copies: int) -> int:
-        return self.store.run(
-            self.backend.copies.envoy_release(self.at("envoy", 0), tenant, copies)
-        )
+        return self.store.run(self.copies.envoy_release(self.at("envoy", 0), tenant, copies))
 
     def renew(self, server: str) -> None:
-        self.store.run(self.backend.copies.renew(self.at(server)))
+        self.store.run(self.copies.renew(self.at(server)))
 
     def counts(self) -> dict[str, int]:
         """What the node counts: per tenant (d:), per group (g:) and in all."""
         if isinstance(self.backend, MemoryBackend):
-            return self.backend.copies.counts(self.node)
+            counts: dict[str, int] = self.copies.counts(self.node)  # type: ignore[attr-defined]
+            return counts
         with self.store.redis() as client:
             raw = client.hgetall("{" + self.node + "}:n")
         return {k.decode(): int(v) for k, v in raw.items()}

@@ -1,16 +1,12 @@
-"""What a backend is: one store per algorithm, over one place where state lives."""
+"""What a backend is: one store per rule kind, over one place where state lives."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from ferryman.algorithms.burst.model import BurstStore
-from ferryman.algorithms.copies.model import CopyStore
-from ferryman.algorithms.fixed_window.model import FixedWindowStore
-from ferryman.algorithms.sliding_window.model import SlidingStore
-from ferryman.algorithms.token_bucket.model import BucketStore, NodeBucketStore
+from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.clock import Clock
 
 __all__ = ["Backend", "ConnectionState", "Watched"]
@@ -44,24 +40,13 @@ class Watched(Protocol):
 
 
 class Backend(Protocol):
-    """The stores of every algorithm, kept in one place (this process, or one Redis)."""
+    """The stores of every rule kind, kept in one place (this process, or one Redis)."""
 
     name: str
 
-    @property
-    def windows(self) -> FixedWindowStore: ...
-
-    @property
-    def bursts(self) -> BurstStore: ...
-
-    @property
-    def copies(self) -> CopyStore: ...
-
-    @property
-    def buckets(self) -> NodeBucketStore: ...
-
-    @property
-    def sliding(self) -> SlidingStore: ...
+    def store(self, name: str) -> Any:
+        """The store of the rule kind ``name`` (``ferryman.algorithms``)."""
+        ...
 
     def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
         """The quota service's buckets, where this backend keeps its state (keys under

@@ -17,6 +17,7 @@ import random
 import zlib
 from collections.abc import Sequence
 
+from ferryman.algorithms import COUNTERS
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
 from ferryman.backends.memory import InProcessStores
 from ferryman.clock import Clock, SystemClock
@@ -206,14 +207,15 @@ class MemcacheBackend(InProcessStores):
         servers = [_Server(host, port, timeout) for host, port in addresses]
         self.addresses = list(addresses)
         super().__init__(clock)
-        self.windows = MemcacheFixedWindows(servers, jitter_max)
+        self.counters = MemcacheFixedWindows(servers, jitter_max)
+        self._stores[COUNTERS.name] = self.counters
 
     async def start(self) -> None:
         return None
 
     def healthy(self) -> bool:
-        return self.windows.healthy
+        return self.counters.healthy
 
     async def close(self) -> None:
-        await self.windows.close()
+        await self.counters.close()
         self.clear()

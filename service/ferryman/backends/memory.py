@@ -1,49 +1,53 @@
-"""The embedded default backend: every algorithm's state in this process."""
+"""The embedded default backend: every rule kind's state in this process."""
 
 from __future__ import annotations
 
-from ferryman.algorithms.burst.memory import MemoryBursts
-from ferryman.algorithms.copies.memory import MemoryCopies
-from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
-from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
-from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets, MemoryTokenBucketStore
+from typing import Any
+
+from ferryman.algorithms import ALGORITHMS, COUNTERS
+from ferryman.algorithms.token_bucket.memory import MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.clock import Clock, SystemClock
+from ferryman.core.algorithm import StoreOptions
 
 __all__ = ["InProcessStores", "MemoryBackend"]
 
 
 class InProcessStores:
-    """Every algorithm's store in this process but the fixed window's counters, which each
-    backend built on it brings: the memory backend, and backends that keep only counters
-    elsewhere (memcache)."""
+    """Every rule kind's store in this process, each built by its kind; a backend built on
+    it may keep the counters elsewhere (memcache)."""
 
-    def __init__(self, clock: Clock) -> None:
-        self.bursts = MemoryBursts(clock)
-        self.copies = MemoryCopies(clock)
-        self.buckets = MemoryNodeBuckets(clock)
-        self.sliding = MemorySlidingWindows()
+    def __init__(self, clock: Clock, max_keys: int = 0) -> None:
+        options = StoreOptions(clock, max_keys=max_keys)
+        self._stores: dict[str, Any] = {a.name: a.memory_store(options) for a in ALGORITHMS}
+
+    def store(self, name: str) -> Any:
+        return self._stores[name]
 
     def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
         return MemoryTokenBucketStore(clock)
 
     def clear(self) -> None:
-        """Forget every tier log, bucket and window (held copies end with their sessions)."""
-        self.bursts.clear()
-        self.buckets.clear()
-        self.sliding.clear()
+        """Forget every counter, tier log, bucket and window (held copies end with their
+        sessions)."""
+        for store in self._stores.values():
+            clear = getattr(store, "clear", None)
+            if clear is not None:
+                clear()
 
 
 class MemoryBackend(InProcessStores):
-    """Counters, burst tiers, held copies, node token buckets and sliding windows in this
-    process; nothing to connect to."""
+    """Every rule kind's state in this process; nothing to connect to."""
 
     name = "memory"
 
     def __init__(self, clock: Clock | None = None, max_keys: int = 0) -> None:
-        clock = clock or SystemClock()
-        super().__init__(clock)
-        self.windows = MemoryFixedWindows(clock, max_keys)
+        super().__init__(clock or SystemClock(), max_keys)
+
+    @property
+    def counters(self) -> Any:
+        """The fixed windows' counters (the store MEMORY_MAX_KEYS caps)."""
+        return self._stores[COUNTERS.name]
 
     async def start(self) -> None:
         return None
@@ -52,5 +56,4 @@ class MemoryBackend(InProcessStores):
         return True
 
     async def close(self) -> None:
-        self.windows.clear()
         self.clear()

@@ -1,4 +1,4 @@
-"""The Redis backend: every algorithm's Redis store over one connection.
+"""The Redis backend: every rule kind's Redis store over one connection.
 
 Keys keep the reference service's format, so ferryman and envoyproxy/ratelimit pointed at
 one Redis count the same hits. With ``REDIS_PERSECOND`` per-second counters go to a second
@@ -7,19 +7,19 @@ Redis, as in the reference (:class:`RoutedBackend`).
 
 from __future__ import annotations
 
-from ferryman.algorithms.burst.redis import RedisBursts
-from ferryman.algorithms.copies.redis import RedisCopies
-from ferryman.algorithms.fixed_window.redis import RedisFixedWindows, RoutedFixedWindows
-from ferryman.algorithms.sliding_window.redis import RedisSlidingWindows
+from typing import Any
+
+from ferryman.algorithms import ALGORITHMS, COUNTERS
 from ferryman.algorithms.token_bucket.model import BucketStore
-from ferryman.algorithms.token_bucket.redis import RedisNodeBuckets, RedisTokenBucketStore
-from ferryman.clock import Clock
+from ferryman.algorithms.token_bucket.redis import RedisTokenBucketStore
+from ferryman.clock import Clock, SystemClock
 from ferryman.connections.redis import RedisConnection
 from ferryman.connections.redis_target import (
     RedisTarget,
     parse_backend_url,
     target_from_env_style,
 )
+from ferryman.core.algorithm import StoreOptions
 
 __all__ = [
     "RedisBackend",
@@ -31,7 +31,7 @@ __all__ = [
 
 
 class RedisBackend:
-    """Every algorithm's state in one Redis deployment."""
+    """Every rule kind's state in one Redis deployment."""
 
     name = "redis"
 
@@ -43,11 +43,13 @@ class RedisBackend:
         self.target = target
         self.server_time = server_time
         self.connection = RedisConnection(target)
-        self.windows = RedisFixedWindows(self.connection, jitter_max)
-        self.bursts = RedisBursts(self.connection, server_time)
-        self.copies = RedisCopies(self.connection, server_time)
-        self.buckets = RedisNodeBuckets(self.connection, server_time)
-        self.sliding = RedisSlidingWindows(self.connection, server_time)
+        options = StoreOptions(SystemClock(), jitter_max=jitter_max, server_time=server_time)
+        self._stores: dict[str, Any] = {
+            a.name: a.redis_store(self.connection, options) for a in ALGORITHMS
+        }
+
+    def store(self, name: str) -> Any:
+        return self._stores[name]
 
     @property
     def writes(self) -> int:
@@ -86,11 +88,11 @@ class RoutedBackend:
     def __init__(self, main: RedisBackend, per_second: RedisBackend) -> None:
         self.main = main
         self._per_second = per_second
-        self.windows = RoutedFixedWindows(main.windows, per_second.windows)
-        self.bursts = main.bursts
-        self.copies = main.copies
-        self.buckets = main.buckets
-        self.sliding = main.sliding
+        name = COUNTERS.name
+        self._counters = COUNTERS.routed_store(main.store(name), per_second.store(name))
+
+    def store(self, name: str) -> Any:
+        return self._counters if name == COUNTERS.name else self.main.store(name)
 
     @property
     def main_connection(self) -> RedisConnection:

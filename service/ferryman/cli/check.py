@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ferryman.algorithms import BY_NAME, COUNTERS, algorithm_of
 from ferryman.cli.common import RAW, require_directory
 from ferryman.config.loader import load_sources, read_directory
-from ferryman.config.smooth import describe_smooth
+from ferryman.core.rules import Limit
 from ferryman.errors import ConfigError
 from ferryman.settings import Settings
 
@@ -90,6 +91,21 @@ def _print_problems(exc: ConfigError, directory: Path, fmt: str) -> None:
     print(f"{len(exc.problems)} error(s) in {directory}")
 
 
+def _limit_text(limit: Limit) -> tuple[str, str | None]:
+    """A rule's limit in a few words (a fixed window as ``N/unit``), and its name."""
+    algorithm = algorithm_of(limit.kind)
+    described = algorithm.describe(limit)
+    counters = algorithm.name == COUNTERS.name
+    rate = algorithm.reported(limit) if counters else None
+    if described["kind"] not in BY_NAME:
+        what = described["kind"]
+    elif rate is not None and rate.unit is not None:
+        what = f"{rate.requests_per_unit}/{rate.unit.name.lower()}"
+    else:
+        what = algorithm.text(described)
+    return what, described.get("name") if counters else None
+
+
 def _domains(config: Config) -> list[dict[str, Any]]:
     """Each domain, sorted by name, with its files and the limits of its rules."""
     domains: list[dict[str, Any]] = []
@@ -98,26 +114,14 @@ def _domains(config: Config) -> list[dict[str, Any]]:
         for dom, rule in config.iter_limits():
             if dom != name:
                 continue
-            limit = rule.rate_limit
-            smooth = describe_smooth(rule)
-            if smooth is not None:
-                what = smooth[1]
-            elif rule.burst is not None:
-                what = rule.burst.describe()
-            elif rule.copies is not None:
-                what = rule.copies.describe()
-            elif limit is None:
+            if rule.limit is None:
                 continue
-            elif limit.unlimited:
-                what = "unlimited"
-            else:
-                unit = limit.unit.name.lower() if limit.unit is not None else "?"
-                what = f"{limit.requests_per_unit}/{unit}"
+            what, label = _limit_text(rule.limit)
             limits.append(
                 {
                     "key": rule.stats_key,
                     "limit": what,
-                    "name": limit.name if limit is not None and limit.name else None,
+                    "name": label,
                     "shadow_mode": rule.shadow_mode,
                     "quota_mode": rule.quota_mode,
                 }

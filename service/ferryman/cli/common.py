@@ -13,7 +13,7 @@ from ferryman.settings import Settings
 
 if TYPE_CHECKING:
     from ferryman.config.model import Config
-    from ferryman.engine.model import EngineOptions
+    from ferryman.core.answers import EngineOptions
 
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 

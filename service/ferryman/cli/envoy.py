@@ -13,7 +13,7 @@ from ferryman.cli.common import RAW, load_config, port
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
     from ferryman.config.model import Config
-    from ferryman.engine.model import EngineOptions
+    from ferryman.core.answers import EngineOptions
 
 __all__ = ["add_parser", "run"]
 

@@ -1,7 +1,8 @@
 """Descriptor configuration: models, loader and reloader."""
 
 from ferryman.config.loader import load_directory, load_sources, read_directory
-from ferryman.config.model import Config, Domain, Level, RateLimit, Rule, Unit
+from ferryman.config.model import Config
+from ferryman.core.rules import Domain, Level, RateLimit, Rule, Unit
 
 __all__ = [
     "Config",

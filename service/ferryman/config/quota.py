@@ -27,7 +27,7 @@ from ferryman.algorithms.token_bucket.model import (
     BucketRef,
     BucketSpec,
 )
-from ferryman.config.nodes import Ctx, compose, is_null, join, mapping, number, whole
+from ferryman.core.nodes import Ctx, compose, is_null, join, mapping, number, whole
 
 __all__ = ["NAME", "QUOTA_KEYS", "Namespace", "QuotaConfig", "is_quota_file", "read_quota"]
 

@@ -22,7 +22,8 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from ferryman.config.loader import digest_sources, load_sources, read_directory
-from ferryman.config.model import Config, Domain, Level
+from ferryman.config.model import Config
+from ferryman.core.rules import Domain, Level
 from ferryman.errors import ConfigError
 from ferryman.stats import CONFIG_LOAD_ERROR, CONFIG_LOAD_SUCCESS, Stats
 from ferryman.tasks import cancel
@@ -59,7 +60,7 @@ def _level_signature(level: Level) -> tuple[object, ...]:
         (
             rule.key,
             rule.value,
-            rule.rate_limit,
+            rule.limit,
             rule.shadow_mode,
             rule.quota_mode,
             rule.detailed_metric,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, ResourceTemplate
-from ferryman.config.nodes import Ctx, is_null, join, kind, mapping, number, string, whole
+from ferryman.core.nodes import Ctx, is_null, join, kind, mapping, number, string, whole
 
 __all__ = ["is_resources_file", "read_resources"]
 

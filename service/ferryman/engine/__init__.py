@@ -1,16 +1,15 @@
-"""The decision engine: requests matched against the config, planned per rule policy,
-counted by the backend's stores in one round trip, answered."""
+"""The decision engine: requests matched against the config, planned by each rule kind's
+limiter, counted by the backend's stores in one round trip, answered."""
 
-from ferryman.engine.engine import ALGORITHMS, BackendTimer, RateLimitEngine
-from ferryman.engine.model import (
+from ferryman.core.answers import (
     MAX_REMAINING,
     Code,
-    ConfigSource,
     Decision,
     DescriptorRequest,
     EngineOptions,
     Status,
 )
+from ferryman.engine.engine import ALGORITHMS, BackendTimer, ConfigSource, RateLimitEngine
 
 __all__ = [
     "ALGORITHMS",

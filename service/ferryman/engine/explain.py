@@ -1,44 +1,29 @@
 """Why a request is limited (or not): the walk of each descriptor through its domain's tree,
-the rule it reaches, what ``replaces`` removes, and the counter, bucket or sliding window it
-would count in, worked out without counting anything."""
+the rule it reaches, what ``replaces`` removes, and the state its rule's kind would count it
+in, worked out without counting anything."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferryman.algorithms.fixed_window.model import CounterOp, reset_after, window_start
-from ferryman.algorithms.sliding_window.model import SlidingResult
-from ferryman.algorithms.token_bucket.model import BucketSpec, Standing
-from ferryman.config.model import Config, Level, Rule
-from ferryman.engine.buckets import BucketLimiter
-from ferryman.engine.matcher import cache_key, stats_key
-from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import (
-    BucketNode,
-    BurstNode,
-    CopiesNode,
-    LeasedNode,
-    Plain,
-    Policy,
-    SlidingNode,
-    Unlimited,
-    Window,
-)
-from ferryman.engine.policy import policies as build_policies
-from ferryman.engine.sliding import SlidingLimiter
+from ferryman.algorithms import BY_NAME, algorithm_of
+from ferryman.config.model import Config
+from ferryman.core.algorithm import Algorithm, Target
+from ferryman.core.answers import EngineOptions
+from ferryman.core.keys import stats_key
+from ferryman.core.rules import Level, Rule
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
 
 __all__ = [
     "Explanation",
-    "SlidingRead",
     "describe_rule",
     "explain",
     "now_text",
     "parse_descriptor",
+    "read_now",
     "render",
     "rule_text",
 ]
@@ -90,7 +75,7 @@ def _step(level: Level, key: str, value: str) -> tuple[Rule | None, dict[str, An
     return rule, step
 
 
-def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
+def describe_rule(rule: Rule) -> dict[str, Any]:
     """A rule as plain data: its kind (fixed_window, burst_tiers, copies...) and numbers."""
     out: dict[str, Any] = {
         "stats_key": rule.stats_key,
@@ -98,79 +83,22 @@ def describe_rule(policy: Policy | None, rule: Rule) -> dict[str, Any]:
         "shadow_mode": rule.shadow_mode,
         "quota_mode": rule.quota_mode,
     }
-    if isinstance(policy, Plain | Window):
-        limit = policy.limit
-        assert limit.unit is not None
-        out.update(
-            kind="fixed_window",
-            requests_per_unit=limit.requests_per_unit,
-            unit=limit.unit.name.lower(),
-            name=limit.name or None,
-            replaces=list(limit.replaces),
-        )
-    elif isinstance(policy, Unlimited):
-        out.update(kind="unlimited", name=rule.rate_limit.name if rule.rate_limit else None)
-    elif isinstance(policy, BurstNode):
-        assert rule.burst is not None
-        out.update(
-            kind="burst_tiers",
-            tiers=rule.burst.describe(),
-            name=rule.name or None,
-            replaces=list(rule.replaces),
-        )
-    elif isinstance(policy, CopiesNode):
-        assert rule.copies is not None
-        out.update(kind="copies", copies=rule.copies.describe())
-    elif isinstance(policy, BucketNode):
-        spec = rule.token_bucket
-        assert spec is not None
-        out.update(
-            kind="token_bucket",
-            size=spec.size,
-            fill_rate=spec.fill_rate,
-            max_debt_millis=spec.max_debt_millis,
-            wait_timeout_millis=spec.wait_timeout_millis,
-        )
-    elif isinstance(policy, SlidingNode):
-        assert policy.limit.unit is not None
-        out.update(
-            kind="sliding_window",
-            requests_per_unit=policy.limit.requests_per_unit,
-            unit=policy.limit.unit.name.lower(),
-        )
-    elif isinstance(policy, LeasedNode):
-        assert rule.leased is not None
-        out.update(
-            kind="leased_limit",
-            resource=rule.leased.resource,
-            safe_capacity=rule.leased.safe_capacity,
-        )
+    if rule.limit is None:
+        out["kind"] = "none"
     else:
-        out.update(kind="none")
+        out.update(algorithm_of(rule.limit.kind).describe(rule.limit))
     return out
-
-
-@dataclass(frozen=True)
-class SlidingRead:
-    """A sliding window to read: its key, limit and window length (seconds)."""
-
-    key: str
-    limit: int
-    seconds: int
 
 
 @dataclass
 class Explanation:
-    """The answer, as plain data (``as_dict`` for JSON). By descriptor index, what the
-    request would count in, for reading it: ``ops`` the fixed-window counters, ``buckets``
-    the token buckets (key and spec), ``sliding`` the sliding windows."""
+    """The answer, as plain data (``as_dict`` for JSON). ``reads``: by descriptor index,
+    the state the request would count in (its kind and where), for :func:`read_now`."""
 
     domain: str
     descriptors: list[dict[str, Any]]
     domain_found: bool = True
-    ops: dict[int, CounterOp] = field(default_factory=dict)
-    buckets: dict[int, tuple[str, BucketSpec]] = field(default_factory=dict)
-    sliding: dict[int, SlidingRead] = field(default_factory=dict)
+    reads: dict[int, tuple[Algorithm, Target]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -179,31 +107,40 @@ class Explanation:
             "descriptors": self.descriptors,
         }
 
-    def add_counts(self, values: Sequence[int], now: float) -> None:
-        """The current value of each counter in ``ops`` (in their order), with what is left."""
-        for (index, op), value in zip(self.ops.items(), values, strict=True):
-            d = self.descriptors[index]
-            d["count"] = value
-            d["remaining"] = max(0, op.limit - value)
-            d["reset_after"] = reset_after(now, op.ttl)
 
-    def add_bucket(self, index: int, spec: BucketSpec, now: Standing) -> None:
-        """A token bucket as it stands: its tokens (negative: debt, tokens promised ahead),
-        the whole tokens left (as ShouldRateLimit's remaining), and the wait its debt
-        makes."""
-        tokens = now.stored - now.debt_us * spec.fill_rate / 1e6
-        d = self.descriptors[index]
-        d["tokens"] = round(tokens, 3)
-        d["remaining"] = max(0, math.floor(tokens))
-        d["debt_ms"] = round(now.debt_us / 1000)
+async def read_now(store_of: Any, answer: Explanation, now: float) -> None:
+    """Add to ``answer`` what the state of each descriptor holds now, counting nothing
+    (``store_of(name)``: the backend's store of a kind)."""
+    for index, (algorithm, target) in answer.reads.items():
+        fields = await algorithm.peek(store_of(algorithm.name), target, now)
+        answer.descriptors[index].update(fields)
 
-    def add_sliding(self, index: int, read: SlidingRead, now: SlidingResult) -> None:
-        """A sliding window now: its estimated count, the whole hits it leaves, and the end
-        of its current window."""
-        d = self.descriptors[index]
-        d["estimate"] = round(now.estimate, 3)
-        d["remaining"] = max(0, math.floor(read.limit - now.estimate))
-        d["reset_after"] = math.ceil(now.left_us / 1e6)
+
+def _walk(level: Level, entries: Sequence[tuple[str, str]]) -> tuple[list[Rule], list[Any]]:
+    walk: list[dict[str, Any]] = []
+    path: list[Rule] = []
+    for key, value in entries:
+        rule, step = _step(level, key, value)
+        walk.append(step)
+        if rule is None:
+            break
+        path.append(rule)
+        level = rule.children
+    return path, walk
+
+
+def _missing(
+    domain: str, config: Config, requests: Sequence[Sequence[tuple[str, str]]]
+) -> Explanation:
+    known = ", ".join(sorted(config.domains))
+    missing: list[dict[str, Any]] = [
+        {
+            "entries": [list(e) for e in entries],
+            "outcome": f"domain {domain!r} is not configured (known: {known})",
+        }
+        for entries in requests
+    ]
+    return Explanation(domain, missing, domain_found=False)
 
 
 def explain(
@@ -218,76 +155,60 @@ def explain(
         check_descriptor(domain, entries, f"descriptors[{i}]")
     dom = config.domains.get(domain)
     if dom is None:
-        known = ", ".join(sorted(config.domains))
-        missing: list[dict[str, Any]] = [
-            {
-                "entries": [list(e) for e in entries],
-                "outcome": f"domain {domain!r} is not configured (known: {known})",
-            }
-            for entries in requests
-        ]
-        return Explanation(domain, missing, domain_found=False)
-    table = build_policies(config, options)
+        return _missing(domain, config, requests)
     out = Explanation(domain, [])
     rules: list[Rule | None] = []
     for entries in requests:
-        level = dom.root
-        walk: list[dict[str, Any]] = []
-        path: list[Rule] = []
-        for key, value in entries:
-            rule, step = _step(level, key, value)
-            walk.append(step)
-            if rule is None:
-                break
-            path.append(rule)
-            level = rule.children
+        path, walk = _walk(dom.root, entries)
         d: dict[str, Any] = {"entries": [list(e) for e in entries], "walk": walk}
-        if len(path) < len(entries):
+        last = path[-1] if len(path) == len(entries) and path else None
+        rules.append(last)
+        if last is None:
             d["outcome"] = f"no match at level {len(path) + 1}: OK, nothing counted"
-            rules.append(None)
         else:
-            last = path[-1]
-            policy = table.get(last)
-            d["rule"] = describe_rule(policy, last)
-            d["stats_key"] = stats_key(domain, entries, path)[0]
-            if isinstance(policy, Plain | Window):
-                seconds = policy.limit.unit.seconds if policy.limit.unit else 1
-                start = window_start(now, seconds)
-                key = cache_key(options.cache_key_prefix, domain, entries, path) + str(start)
-                d["counter_key"] = key
-                op = CounterOp(key, 0, policy.limit.requests_per_unit, start + seconds, seconds)
-                out.ops[len(out.descriptors)] = op
-            elif isinstance(policy, BucketNode):
-                assert last.token_bucket is not None
-                d["counter_key"] = BucketLimiter.key(policy, entries)
-                out.buckets[len(out.descriptors)] = (d["counter_key"], last.token_bucket)
-            elif isinstance(policy, SlidingNode):
-                assert policy.limit.unit is not None
-                d["counter_key"] = SlidingLimiter.key(policy, entries)
-                out.sliding[len(out.descriptors)] = SlidingRead(
-                    d["counter_key"], policy.limit.requests_per_unit, policy.limit.unit.seconds
-                )
-            if policy is None:
-                d["outcome"] = "the path matches a node with no limit: OK, nothing counted"
-            rules.append(last)
+            _reached(out, d, options, domain, path, entries, now)
         out.descriptors.append(d)
+    _replaced(out, rules)
+    return out
+
+
+def _reached(
+    out: Explanation,
+    d: dict[str, Any],
+    options: EngineOptions,
+    domain: str,
+    path: list[Rule],
+    entries: Sequence[tuple[str, str]],
+    now: float,
+) -> None:
+    """A descriptor that reaches a rule: the rule, its stats key and its state's key."""
+    last = path[-1]
+    d["rule"] = describe_rule(last)
+    d["stats_key"] = stats_key(domain, entries, path)[0]
+    if last.limit is None:
+        d["outcome"] = "the path matches a node with no limit: OK, nothing counted"
+        return
+    algorithm = algorithm_of(last.limit.kind)
+    target = algorithm.target(options, domain, path, entries, now)
+    if target is not None:
+        d["counter_key"] = target.key
+        out.reads[len(out.descriptors)] = (algorithm, target)
+
+
+def _replaced(out: Explanation, rules: Sequence[Rule | None]) -> None:
+    """What ``replaces`` removes: those descriptors are OK and count nothing."""
     replaced: dict[str, str] = {}
     for rule in rules:
-        if rule is None:
-            continue
-        names = rule.rate_limit.replaces if rule.rate_limit else rule.replaces
-        for name in names:
-            replaced.setdefault(name, rule.stats_key)
+        if rule is not None:
+            for name in rule.replaces:
+                replaced.setdefault(name, rule.stats_key)
     for index, (shown, rule) in enumerate(zip(out.descriptors, rules, strict=True)):
-        name = (rule.rate_limit.name if rule.rate_limit else rule.name) if rule else ""
+        name = rule.name if rule is not None else ""
         if name and name in replaced:
             shown["replaced_by"] = replaced[name]
             shown["outcome"] = f"replaced by {replaced[name]}: OK, nothing counted"
             shown.pop("counter_key", None)
-            out.ops.pop(index, None)
-            out.buckets.pop(index, None)
-            out.sliding.pop(index, None)
-    return out
+            out.reads.pop(index, None)
 
 
 def render(answer: dict[str, Any]) -> str:
@@ -322,41 +243,15 @@ def render(answer: dict[str, Any]) -> str:
 
 
 def now_text(d: dict[str, Any]) -> str:
-    """What a descriptor's counter, bucket or sliding window holds now ("" if not read)."""
-    if "count" in d:
-        return f"{d['count']} counted, {d['remaining']} left, window resets in {d['reset_after']}s"
-    if "tokens" in d:
-        text = f"{d['tokens']:g} tokens, {d['remaining']} left"
-        if d["debt_ms"]:
-            text += f", in debt: {d['debt_ms']}ms to wait"
-        return text
-    if "estimate" in d:
-        return (
-            f"{d['estimate']:g} counted (estimate), {d['remaining']} left, "
-            f"window ends in {d['reset_after']}s"
-        )
-    return ""
+    """What a descriptor's state holds now, in words ("" if not read)."""
+    algorithm = BY_NAME.get(d.get("rule", {}).get("kind", ""))
+    return algorithm.now_text(d) if algorithm is not None else ""
 
 
 def rule_text(rule: dict[str, Any]) -> str:
     kind = rule["kind"]
-    if kind == "fixed_window":
-        text = f"fixed window {rule['requests_per_unit']} per {rule['unit']}"
-    elif kind == "burst_tiers":
-        text = rule["tiers"]
-    elif kind == "copies":
-        text = rule["copies"]
-    elif kind == "sliding_window":
-        text = f"sliding window {rule['requests_per_unit']} per {rule['unit']}"
-    elif kind == "token_bucket":
-        text = (
-            f"token bucket size {rule['size']}, {rule['fill_rate']:g} per second, "
-            f"debt up to {rule['max_debt_millis']}ms, waits up to {rule['wait_timeout_millis']}ms"
-        )
-    elif kind == "leased_limit":
-        text = f"per second as leased on {rule['resource']}"
-    else:
-        text = kind
+    algorithm = BY_NAME.get(kind)
+    text = algorithm.text(rule) if algorithm is not None else kind
     if rule.get("name"):
         text += f" (name {rule['name']})"
     if rule.get("replaces"):

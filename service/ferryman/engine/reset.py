@@ -1,34 +1,21 @@
 """An operator's counter reset: the state one descriptor counts in, found as the request
-path finds it, and cleared on the backend in force (never the copies held by sessions); or
-the quota service bucket an ``Allow`` of (namespace, bucket) takes from."""
+path finds it and cleared through its rule kind on the backend in force (never the copies
+held by sessions); or the quota service bucket an ``Allow`` of (namespace, bucket) takes
+from."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
-from ferryman.algorithms.fixed_window.model import CounterOp
+from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.token_bucket.model import BucketStore, quota_label
-from ferryman.backends.base import Backend
 from ferryman.config.model import Config
 from ferryman.config.quota import NAME
-from ferryman.engine.buckets import BucketLimiter
-from ferryman.engine.bursts import BurstLimiter
-from ferryman.engine.matcher import cache_key, walk
-from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import (
-    BucketNode,
-    BurstNode,
-    CopiesNode,
-    Plain,
-    SlidingNode,
-    Window,
-    policies,
-)
-from ferryman.engine.sliding import SlidingLimiter
+from ferryman.core.answers import EngineOptions
+from ferryman.core.keys import walk
 from ferryman.engine.validate import check_descriptor
-from ferryman.engine.windows import WindowLimiter
 from ferryman.errors import NotFoundError, RequestError
 
 __all__ = ["ResetResult", "reset_counters", "reset_quota_bucket"]
@@ -49,17 +36,18 @@ class ResetResult:
 
 
 async def reset_counters(
-    backend: Backend,
+    store_of: Any,
     config: Config | None,
     domain: str,
     entries: Sequence[tuple[str, str]],
     options: EngineOptions,
     now: float,
-    local_cache: OverLimitCache | None = None,
+    local_cache: Any = None,
 ) -> ResetResult:
-    """Clear what ``entries`` of ``domain`` count in now: the current fixed window, the
-    tenant's burst tiers, its token bucket or its sliding window. RequestError (or
-    NotFoundError) when the descriptor reaches nothing that counts."""
+    """Clear what ``entries`` of ``domain`` count in now (the current fixed window, the
+    tenant's burst tiers, its token bucket...), through its rule kind, on the backend's store
+    of that kind (``store_of(name)``). RequestError (or NotFoundError) when the descriptor
+    reaches nothing that counts."""
     check_descriptor(domain, entries, "descriptor")
     if config is None:
         raise RequestError("domain", "no rate limit configuration is loaded")
@@ -71,36 +59,24 @@ async def reset_counters(
     if path is None:
         raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
     rule = path[-1]
-    policy = policies(config, options).get(rule)
-    if isinstance(policy, Plain | Window):
-        seconds = policy.limit.unit.seconds if policy.limit.unit is not None else 1
-        base = cache_key(options.cache_key_prefix, domain, entries, path)
-        key, start = WindowLimiter.key(base, seconds, now)
-        op = CounterOp(key, 0, policy.limit.requests_per_unit, start + seconds, seconds)
-        held = await backend.windows.reset([op])
-        if local_cache is not None:
-            local_cache.discard(key)
-        return ResetResult("fixed_window", rule.stats_key, key, held > 0)
-    if isinstance(policy, BurstNode):
-        assert rule.burst is not None
-        node, tenant = BurstLimiter.key(options.cache_key_prefix, rule, entries)
-        held = await backend.bursts.reset(node, tenant, len(rule.burst.tiers))
-        return ResetResult("burst_tiers", rule.stats_key, f"{node} {tenant}", held > 0)
-    if isinstance(policy, BucketNode):
-        key = BucketLimiter.key(policy, entries)
-        held = await backend.buckets.reset(key)
-        return ResetResult("token_bucket", rule.stats_key, key, held > 0)
-    if isinstance(policy, SlidingNode):
-        key = SlidingLimiter.key(policy, entries)
-        held = await backend.sliding.reset(key)
-        return ResetResult("sliding_window", rule.stats_key, key, held > 0)
-    if isinstance(policy, CopiesNode):
+    algorithm = algorithm_of(rule.limit.kind) if rule.limit is not None else None
+    target = None
+    if algorithm is not None:
+        target = algorithm.target(options, domain, path, entries, now)
+    if algorithm is None or target is None:
+        if algorithm is not None and algorithm.held:
+            raise RequestError(
+                "descriptor",
+                f"({shown}) reaches {algorithm.name}, which live sessions hold; they are freed "
+                "when the sessions release them or end, not reset",
+            )
         raise RequestError(
-            "descriptor",
-            f"({shown}) reaches copies, which live sessions hold; they are freed when the "
-            "sessions release them or end, not reset",
+            "descriptor", f"({shown}) reaches {rule.stats_key}, which counts nothing"
         )
-    raise RequestError("descriptor", f"({shown}) reaches {rule.stats_key}, which counts nothing")
+    held = await algorithm.reset(store_of(algorithm.name), target)
+    if local_cache is not None:
+        local_cache.discard(target.key)
+    return ResetResult(algorithm.name, rule.stats_key, target.key, held)
 
 
 async def reset_quota_bucket(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ferryman.engine.model import Code, DescriptorRequest, EngineOptions, Status
+from ferryman.core.answers import Code, DescriptorRequest, EngineOptions, Status
 
 __all__ = ["headers", "metadata"]
 

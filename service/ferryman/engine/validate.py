@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ferryman.engine.model import DescriptorRequest
+from ferryman.core.answers import DescriptorRequest
 from ferryman.errors import RequestError
 
 __all__ = [

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferryman.config.model import Config, Level, Rule
+from ferryman.config.model import Config
+from ferryman.core.answers import EngineOptions
+from ferryman.core.rules import Level, Rule
 from ferryman.engine.explain import describe_rule
-from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import Policy, policies
 from ferryman.envoy.actions import Entry, Inventory, Part
 
 __all__ = ["Report", "check", "render", "sequences", "short", "walk"]
@@ -149,7 +149,6 @@ def _entry(
     entry: Entry,
     domains: list[str],
     config: Config,
-    table: dict[Rule, Policy],
     reached: set[Rule],
 ) -> None:
     shown: dict[str, Any] = {
@@ -184,9 +183,9 @@ def _entry(
         shown["results"].append(result)
         for seq in sequences(entry.parts):
             for outcome in walk(domain.root, seq, ()):
-                policy = table.get(outcome.path[-1]) if outcome.path else None
-                if outcome.stop is None and policy is not None:
-                    rule = describe_rule(policy, outcome.path[-1])
+                last = outcome.path[-1] if outcome.path else None
+                if outcome.stop is None and last is not None and last.limit is not None:
+                    rule = describe_rule(last)
                     if outcome.values:
                         rule["only_when"] = list(outcome.values)
                     result["reaches"].append(rule)
@@ -240,7 +239,6 @@ def _rules(level: Level) -> list[Rule]:
 def check(inventory: Inventory, config: Config, options: EngineOptions) -> Report:
     """Every entry of ``inventory`` walked against ``config``."""
     report = Report(filters=[f.as_dict() for f in inventory.filters])
-    table = policies(config, options)
     known = ", ".join(sorted(config.domains)) or "none"
     used: set[str] = set()
     for f in inventory.filters:
@@ -276,14 +274,14 @@ def check(inventory: Inventory, config: Config, options: EngineOptions) -> Repor
             used.add(entry.domain)
         else:
             domains = sorted({f.domain for f in staged})
-        _entry(report, entry, domains, config, table, reached)
+        _entry(report, entry, domains, config, reached)
     if inventory.entries:
         for name in sorted(used):
             domain = config.domains.get(name)
             if domain is None:
                 continue
             for rule in _rules(domain.root):
-                if rule in table and rule not in reached:
+                if rule.limit is not None and rule not in reached:
                     report.add(
                         "warning",
                         rule.source,

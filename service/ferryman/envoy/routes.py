@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ferryman.config.model import Config
+from ferryman.core.answers import EngineOptions
 from ferryman.engine.explain import Explanation, describe_rule, explain, rule_text
 from ferryman.engine.explain import render as render_explained
-from ferryman.engine.model import EngineOptions
-from ferryman.engine.policy import policies
 from ferryman.envoy.actions import Entry, Inventory, Part, collect
 from ferryman.envoy.check import sequences, walk
 from ferryman.envoy.read import read_file
@@ -79,7 +78,6 @@ def _descriptor(
     domain: str,
     parts: tuple[Part, ...],
     request: Request,
-    table: dict[Any, Any],
     now: float,
     explained: list[Explanation],
 ) -> dict[str, Any]:
@@ -101,9 +99,9 @@ def _descriptor(
     root = config.domains[domain].root
     reaches, stops = [], []
     for outcome in walk(root, known, ()):
-        policy = table.get(outcome.path[-1]) if outcome.path else None
-        if outcome.stop is None and policy is not None:
-            rule = describe_rule(policy, outcome.path[-1])
+        last = outcome.path[-1] if outcome.path else None
+        if outcome.stop is None and last is not None and last.limit is not None:
+            rule = describe_rule(last)
             rule["only_when"] = list(outcome.values)
             reaches.append(rule)
         elif outcome.stop is not None:
@@ -130,7 +128,6 @@ def explain_routes(
     to ``domain``: the descriptors each sends and what each reaches. Each descriptor whose
     values are all known is explained at ``now`` (default: the time now); its Explanation
     is appended to ``explained``, for reading its counter into the answer."""
-    table = policies(config, options)
     now = time.time() if now is None else now
     explained = [] if explained is None else explained
     out: list[dict[str, Any]] = []
@@ -160,7 +157,7 @@ def explain_routes(
                 shown["error"] = "; ".join(p.problem for p in entry.parts if p.problem)
                 continue
             for parts in sequences(entry.parts):
-                d = _descriptor(config, options, name, parts, request, table, now, explained)
+                d = _descriptor(config, options, name, parts, request, now, explained)
                 left_out = [p.source for p in entry.parts if p.optional and p not in parts]
                 if left_out:
                     d["absent"] = left_out

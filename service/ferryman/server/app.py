@@ -19,6 +19,7 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman.algorithms.leased_limit import LEASED_LIMIT
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -299,7 +300,7 @@ class Service:
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         if isinstance(self.backend, MemoryBackend):
-            self.backend.windows.report = self.stats.inc
+            self.backend.counters.report = self.stats.inc
         # Where the configuration comes from: the directory, or an xDS management server.
         self.reloader: Reloader | XdsClient = (
             XdsClient(settings, self.holder, self.stats)
@@ -351,7 +352,10 @@ class Service:
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
             self.leased = LeasedResources(
-                settings.doorman_parent, self.holder, self.engine.leased, self.clock
+                settings.doorman_parent,
+                self.holder,
+                self.engine.limiter(LEASED_LIMIT.name),
+                self.clock,
             )
         self.console = Console(
             self.stats,
@@ -367,7 +371,7 @@ class Service:
         )
         self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
         self.console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
-        buckets = BucketTable(self.quota.store, self.backend.buckets, self.clock)
+        buckets = BucketTable(self.quota.store, self.backend.store("token_bucket"), self.clock)
         self.console.add_panel("buckets", "Token buckets", buckets.read)
         if isinstance(self.backend, Watched):
             self.telemetry.observe_backend(self.backend)

@@ -9,7 +9,7 @@ from google.protobuf import struct_pb2
 
 from ferryman._proto.envoy.config.core.v3 import base_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman.config.model import RateLimit, Unit
+from ferryman.core.rules import RateLimit, Unit
 from ferryman.engine import Code, Decision, DescriptorRequest
 from ferryman.errors import RequestError
 

@@ -19,11 +19,10 @@ from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
-from ferryman.engine.explain import Explanation
-from ferryman.engine.model import EngineOptions
+from ferryman.core.answers import EngineOptions
+from ferryman.engine.explain import Explanation, read_now
 from ferryman.errors import FerrymanError, NotFoundError, RequestError, status_of
 from ferryman.server.http import HttpRequest, HttpResponse
-from ferryman.server.pages import read_now
 
 __all__ = ["EnvoyRoutes", "read_routes"]
 
@@ -126,5 +125,5 @@ class EnvoyRoutes:
             known = ", ".join(answer["known_routes"]) or "none"
             raise NotFoundError("route", f"no rate_limits entry for {route!r} (routes: {known})")
         for one in explained:
-            await read_now(self._backend, one, now)
+            await read_now(self._backend.store, one, now)
         return answer

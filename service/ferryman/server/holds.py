@@ -21,9 +21,17 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from ferryman.algorithms.copies.model import CopyGroup, CopyPolicy, Holder, ReserveOutcome
+from ferryman.algorithms.copies import COPIES, node_name
+from ferryman.algorithms.copies.model import (
+    CopyGroup,
+    CopyPolicy,
+    CopyStore,
+    Holder,
+    ReserveOutcome,
+)
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
+from ferryman.core.rules import Rule
 from ferryman.engine import RateLimitEngine
 from ferryman.errors import (
     BackendError,
@@ -115,7 +123,7 @@ class HoldManager:
             await asyncio.sleep(interval)
             try:
                 for node in [n for n, held in self._nodes.items() if held > 0]:
-                    await self._backend.copies.renew(self._holder(node))
+                    await self._copies.renew(self._holder(node))
                 self._renewed_at = time.monotonic()
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
@@ -138,6 +146,17 @@ class HoldManager:
         self.server_id = uuid.uuid4().hex[:16]
         self._renewed_at = time.monotonic()
         self._stats.inc("ratelimit.service.holds.lease_lost")
+
+    def _node(self, domain: str, entries: Sequence[tuple[str, str]]) -> Rule:
+        """The copy-limited node ``entries`` reach, or a client error."""
+        return self._engine.resolve(domain, entries, (COPIES.name,), "copies (held resources)")[-1]
+
+    @property
+    def _copies(self) -> CopyStore:
+        return self._backend.store(COPIES.name)  # type: ignore[no-any-return]
+
+    def _name(self, rule: Rule) -> str:
+        return node_name(self._engine.options.cache_key_prefix, rule)
 
     def _holder(self, node: str) -> Holder:
         """This server, on ``node``, now (its lease renewed by the call)."""
@@ -178,7 +197,7 @@ class HoldManager:
         holds, session.holds = dict(session.holds), {}
         for (node, tenant, groups), copies in holds.items():
             try:
-                await self._backend.copies.release(self._holder(node), tenant, groups, copies)
+                await self._copies.release(self._holder(node), tenant, groups, copies)
                 self._count(node, -copies)
             except LeaseLostError:
                 self._lose("this server's lease lapsed")
@@ -233,14 +252,14 @@ class HoldManager:
         copies: int,
         min_copies: int,
     ) -> Reservation:
-        rule = self._engine.resolve(domain, entries, "copies")[-1]
-        policy = rule.copies
-        assert policy is not None
+        rule = self._node(domain, entries)
+        policy = rule.limit
+        assert isinstance(policy, CopyPolicy)
         tenant = _tenant(entries)
         groups = policy.groups_of(tenant)
-        node = self._engine.copies_node(rule)
+        node = self._name(rule)
         async with self._operation(session):
-            outcome = await self._backend.copies.reserve(
+            outcome = await self._copies.reserve(
                 self._holder(node), tenant, policy, groups, copies, min_copies
             )
             if outcome.granted:
@@ -265,11 +284,15 @@ class HoldManager:
         copies: int,
         groups: Sequence[str],
     ) -> None:
-        rule = self._engine.resolve(domain, entries, "copies")[-1]
-        key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
+        rule = self._node(domain, entries)
+        key = (
+            self._name(rule),
+            _tenant(entries),
+            tuple(groups),
+        )
         async with self._operation(session):
             self._held(session, key, copies)
-            await self._backend.copies.release(self._holder(key[0]), key[1], key[2], copies)
+            await self._copies.release(self._holder(key[0]), key[1], key[2], copies)
             self._hold(session, key, -copies)
 
     async def transfer(
@@ -281,16 +304,18 @@ class HoldManager:
         groups: Sequence[str],
         ttl: float,
     ) -> str:
-        rule = self._engine.resolve(domain, entries, "copies")[-1]
-        key = (self._engine.copies_node(rule), _tenant(entries), tuple(groups))
+        rule = self._node(domain, entries)
+        key = (
+            self._name(rule),
+            _tenant(entries),
+            tuple(groups),
+        )
         secret = uuid.uuid4().hex
         payload = json.dumps([domain, [list(e) for e in entries], secret], separators=(",", ":"))
         transfer_id = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
         async with self._operation(session):
             self._held(session, key, copies)
-            await self._backend.copies.transfer(
-                self._holder(key[0]), key[1], key[2], copies, ttl, secret
-            )
+            await self._copies.transfer(self._holder(key[0]), key[1], key[2], copies, ttl, secret)
             self._hold(session, key, -copies)
         self._stats.inc("ratelimit.service.holds.transfers_staged")
         return transfer_id
@@ -304,10 +329,10 @@ class HoldManager:
             entries = tuple((str(k), str(v)) for k, v in raw_entries)
         except (ValueError, TypeError, binascii.Error):
             raise NotFoundError("transfer_id", "unknown or expired transfer") from None
-        rule = self._engine.resolve(str(domain), entries, "copies")[-1]
-        node = self._engine.copies_node(rule)
+        rule = self._node(str(domain), entries)
+        node = self._name(rule)
         async with self._operation(session):
-            seized = await self._backend.copies.seize(self._holder(node), str(secret))
+            seized = await self._copies.seize(self._holder(node), str(secret))
             copies, groups = seized.copies, seized.groups
             self._hold(session, (node, _tenant(entries), groups), copies)
         self._stats.inc("ratelimit.service.holds.transfers_seized")
@@ -317,7 +342,7 @@ class HoldManager:
     def transfers_expired(self) -> int:
         """Transfers that lapsed unclaimed in operations made through this server's backend
         (expiry happens at the start of the next operation on the node, whoever makes it)."""
-        return self._backend.copies.transfers_expired
+        return self._copies.transfers_expired
 
     def by_node(self) -> list[tuple[dict[str, str], int]]:
         """Copies held per node by this server's sessions, as (labels, value)."""

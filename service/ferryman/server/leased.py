@@ -1,6 +1,6 @@
 """The leases behind ``leased_limit`` nodes: with ``--parent``, this server asks the parent
 for each such resource of the loaded config, with the demand its nodes see as ``wants``,
-and the engine sizes each node by the lease (see ferryman.engine.leased)."""
+and the engine sizes each node by the lease (see ferryman.algorithms.leased_limit)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import math
 import os
 import socket
 
+from ferryman.algorithms.leased_limit import LeasedLimit, LeasedLimiter
 from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 from ferryman.clock import Clock
-from ferryman.config.model import Config, Level
+from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
-from ferryman.engine.leased import LeasedLimiter
+from ferryman.core.algorithm import Limiter
+from ferryman.core.rules import Level
 from ferryman.tasks import cancel
 
 __all__ = ["LeasedResources", "leased_resources"]
@@ -33,8 +35,8 @@ def leased_resources(config: Config | None) -> set[str]:
 
     def visit(level: Level) -> None:
         for rule in level.rules:
-            if rule.leased is not None:
-                found.add(rule.leased.resource)
+            if isinstance(rule.limit, LeasedLimit):
+                found.add(rule.limit.resource)
             visit(rule.children)
 
     if config is not None:
@@ -50,9 +52,8 @@ def _number(value: float) -> float:
 class LeasedResources:
     """Keeps one lease per leased resource of the config, from ``parent``."""
 
-    def __init__(
-        self, parent: str, holder: ConfigHolder, limiter: LeasedLimiter, clock: Clock
-    ) -> None:
+    def __init__(self, parent: str, holder: ConfigHolder, limiter: Limiter, clock: Clock) -> None:
+        assert isinstance(limiter, LeasedLimiter)
         self.parent = parent
         self._holder = holder
         self._limiter = limiter

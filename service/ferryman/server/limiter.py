@@ -11,7 +11,10 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman.config.model import Rule
+from ferryman.algorithms.burst import BURST_TIERS, BurstLimiter
+from ferryman.algorithms.token_bucket import TOKEN_BUCKET, NodeBucket
+from ferryman.algorithms.token_bucket.limiter import BucketLimiter
+from ferryman.core.rules import Rule
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
 from ferryman.errors import RequestError
@@ -195,11 +198,22 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
 
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
-        path = self._engine.resolve(request.domain, entries, "burst")
-        if path[-1].token_bucket is not None:
+        engine = self._engine
+        kinds = (BURST_TIERS.name, TOKEN_BUCKET.name)
+        path = engine.resolve(request.domain, entries, kinds, "burst tiers or a token bucket")
+        if isinstance(path[-1].limit, NodeBucket):
             return await self._bucket_request(request, entries, path, copies, min_copies)
-        policy, outcome = await self._engine.request_rate(
-            request.domain, entries, copies, min_copies, path
+        bursts = engine.limiter(BURST_TIERS.name)
+        assert isinstance(bursts, BurstLimiter)
+        policy, outcome = await bursts.take(
+            engine.store(BURST_TIERS.name),
+            request.domain,
+            entries,
+            path,
+            copies,
+            min_copies,
+            engine.now(),
+            lambda call: engine.timed(BURST_TIERS.name, 1, call),
         )
         reply = limiter_pb2.RateResponse(
             granted=outcome.granted,
@@ -235,10 +249,20 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if max_wait.seconds < 0 or max_wait.nanos < 0:
             raise RequestError("max_wait", "must not be negative")
         wait_ms = min(max_wait.seconds * 1000 + max_wait.nanos // 1_000_000, 2**31 - 1)
-        spec = path[-1].token_bucket
-        assert spec is not None
-        granted, take = await self._engine.request_bucket(
-            request.domain, entries, path, copies, min_copies, wait_ms
+        engine = self._engine
+        limit = path[-1].limit
+        assert isinstance(limit, NodeBucket)
+        spec = limit.spec
+        buckets = engine.limiter(TOKEN_BUCKET.name)
+        assert isinstance(buckets, BucketLimiter)
+        granted, take = await buckets.take(
+            engine.store(TOKEN_BUCKET.name),
+            request.domain,
+            entries,
+            path,
+            (copies, min_copies, wait_ms),
+            engine.now,
+            lambda call: engine.timed(TOKEN_BUCKET.name, 1, call),
         )
         reply = limiter_pb2.RateResponse(
             granted=granted, tokens_remaining=max(0, math.floor(take.stored))

@@ -13,13 +13,14 @@ from urllib.parse import parse_qs
 from google.protobuf import json_format
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.algorithms import algorithm_of
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
-from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder
+from ferryman.core.rules import Unit
 from ferryman.engine import RateLimitEngine
-from ferryman.engine.explain import Explanation, explain, parse_descriptor
+from ferryman.engine.explain import explain, parse_descriptor, read_now
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server.capacity import CapacityService
@@ -102,14 +103,13 @@ class Pages:
                 f"shadow_mode: {str(rule.shadow_mode).lower()}, "
                 f"quota_mode: {str(rule.quota_mode).lower()}"
             )
-            if rule.burst is not None:
-                lines.append(f"{rule.stats_key}: {rule.burst.describe()}, {modes}")
+            assert rule.limit is not None
+            algorithm = algorithm_of(rule.limit.kind)
+            limit = algorithm.reported(rule.limit)
+            if limit is None:
+                text = algorithm.text(algorithm.describe(rule.limit))
+                lines.append(f"{rule.stats_key}: {text}, {modes}")
                 continue
-            if rule.copies is not None:
-                lines.append(f"{rule.stats_key}: {rule.copies.describe()}, {modes}")
-                continue
-            limit = rule.rate_limit
-            assert limit is not None
             unit = "UNKNOWN" if limit.unit is None else Unit(limit.unit).name
             line = (
                 f"{rule.stats_key}: unit={unit} requests_per_unit={limit.requests_per_unit}, "
@@ -135,7 +135,7 @@ class Pages:
                 raise RequestError("domain", "no rate limit configuration is loaded")
             now = self.service.clock.now()
             answer = explain(config, domain, requests, self.service.engine.options, now)
-            await read_now(self.service.backend, answer, now)
+            await read_now(self.service.backend.store, answer, now)
         except FerrymanError as exc:
             body = json.dumps({"error": str(exc)}) + "\n"
             return HttpResponse(status_of(exc).http, body.encode(), "application/json")
@@ -198,10 +198,10 @@ class Pages:
             "memory": None
             if not isinstance(self.service.backend, MemoryBackend)
             else {
-                "keys": len(self.service.backend.windows),
-                "max_keys": self.service.backend.windows.max_keys,
-                "evicted": self.service.backend.windows.evicted,
-                "refused": self.service.backend.windows.refused,
+                "keys": len(self.service.backend.counters),
+                "max_keys": self.service.backend.counters.max_keys,
+                "evicted": self.service.backend.counters.evicted,
+                "refused": self.service.backend.counters.refused,
             },
             "holds": self.service.holds.status(),
             "local_cache": None
@@ -225,19 +225,6 @@ class Pages:
             body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
             body = mapping.render(self.service.stats) + body
         return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
-
-
-async def read_now(backend: Backend, answer: Explanation, now: float) -> None:
-    """Add to ``answer`` what its counters, token buckets and sliding windows hold now,
-    counting nothing."""
-    if answer.ops:
-        values = await backend.windows.peek(list(answer.ops.values()))
-        answer.add_counts(values, now)
-    for index, (key, spec) in answer.buckets.items():
-        answer.add_bucket(index, spec, await backend.buckets.peek(key, spec, now))
-    for index, read in answer.sliding.items():
-        result = await backend.sliding.peek(read.key, read.limit, read.seconds, now)
-        answer.add_sliding(index, read, result)
 
 
 def _iso(epoch: float) -> str:

@@ -181,7 +181,7 @@ class Telemetry:
         if histogram is None and tracer is None:
             return None
         name = backend.name
-        attributes = {alg: {"backend": name, "algorithm": alg} for alg in ALGORITHMS}
+        attributes = {a.name: {"backend": name, "algorithm": a.name} for a in ALGORITHMS}
         span_attributes: dict[str, str | int] = {"ratelimit.backend": name}
         if name.startswith("redis"):
             span_attributes["db.system.name"] = "redis"

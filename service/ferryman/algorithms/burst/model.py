@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 __all__ = [
     "BurstOutcome",
@@ -65,11 +65,15 @@ class Tier:
 
 @dataclass(frozen=True, slots=True)
 class BurstPolicy:
-    """A node's tiers and its per-second limits (None: unbounded)."""
+    """A node's tiers and its per-second limits (None: unbounded), with the node's name and
+    the names it replaces."""
 
     tiers: tuple[Tier, ...]
     hard_limit: int | None = None
     global_limit: int | None = None
+    name: str = ""
+    replaces: tuple[str, ...] = ()
+    kind: ClassVar[str] = "burst_tiers"
 
     def describe(self) -> str:
         """One line for people: the tiers and the per-second limits."""

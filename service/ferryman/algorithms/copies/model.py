@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 __all__ = [
     "CopyGroup",
@@ -50,6 +50,15 @@ class CopyPolicy:
     # How long a hold taken through Envoy (ShouldRateLimit) lasts if the proxy never
     # reports the stream's end.
     hold_ttl: float = 300.0
+    kind: ClassVar[str] = "copies"
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def replaces(self) -> tuple[str, ...]:
+        return ()
 
     def groups_of(self, tenant: str) -> tuple[CopyGroup, ...]:
         """The groups a tenant belongs to now, in config order."""

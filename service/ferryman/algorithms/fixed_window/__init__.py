@@ -1,1 +1,117 @@
 """Fixed windows (the reference's ``rate_limit``): counters per epoch-aligned window."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from yaml.nodes import Node
+
+from ferryman.algorithms.fixed_window.limiter import WindowLimiter
+from ferryman.algorithms.fixed_window.model import CounterOp, FixedWindowStore, reset_after
+from ferryman.algorithms.fixed_window.spec import KIND, FixedWindow, read_fixed_window
+from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.answers import EngineOptions
+from ferryman.core.keys import cache_key
+from ferryman.core.nodes import Ctx
+from ferryman.core.rules import RateLimit, Rule
+from ferryman.stats import Stats
+
+__all__ = ["FIXED_WINDOW", "FixedWindow", "FixedWindowAlgorithm"]
+
+
+class FixedWindowAlgorithm:
+    """``rate_limit``; also the counters of limits Envoy sends with a descriptor."""
+
+    name = KIND
+    keys = ("rate_limit",)
+    held = False
+
+    def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedWindow | None:
+        return read_fixed_window(ctx, fields, path)
+
+    def describe(self, limit: FixedWindow) -> dict[str, Any]:
+        rate = limit.rate
+        if rate.unlimited or rate.unit is None:
+            return {"kind": "unlimited", "name": rate.name or None}
+        return {
+            "kind": KIND,
+            "requests_per_unit": rate.requests_per_unit,
+            "unit": rate.unit.name.lower(),
+            "name": rate.name or None,
+            "replaces": list(rate.replaces),
+        }
+
+    def text(self, described: Mapping[str, Any]) -> str:
+        return f"fixed window {described['requests_per_unit']} per {described['unit']}"
+
+    def rate(self, limit: FixedWindow) -> Rate | None:
+        rate = limit.rate
+        if rate.unlimited or rate.unit is None:
+            return None
+        count = rate.requests_per_unit
+        return Rate(count / rate.unit.seconds, float(count))
+
+    def reported(self, limit: FixedWindow) -> RateLimit | None:
+        return limit.rate
+
+    def limiter(self, options: EngineOptions, stats: Stats) -> WindowLimiter:
+        return WindowLimiter(self, options, stats)
+
+    def memory_store(self, options: StoreOptions) -> FixedWindowStore:
+        from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
+
+        return MemoryFixedWindows(options.clock, options.max_keys)
+
+    def redis_store(self, connection: Any, options: StoreOptions) -> FixedWindowStore:
+        from ferryman.algorithms.fixed_window.redis import RedisFixedWindows
+
+        return RedisFixedWindows(connection, options.jitter_max)
+
+    def routed_store(self, main: Any, per_second: Any) -> FixedWindowStore:
+        """Per-second counters to ``per_second``, the others to ``main`` (REDIS_PERSECOND)."""
+        from ferryman.algorithms.fixed_window.redis import RoutedFixedWindows
+
+        return RoutedFixedWindows(main, per_second)
+
+    def target(
+        self,
+        options: EngineOptions,
+        domain: str,
+        path: Sequence[Rule],
+        entries: Sequence[tuple[str, str]],
+        now: float,
+    ) -> Target | None:
+        limit = path[-1].limit
+        assert isinstance(limit, FixedWindow)
+        rate = limit.rate
+        if rate.unlimited or rate.unit is None:
+            return None
+        seconds = rate.unit.seconds
+        base = cache_key(options.cache_key_prefix, domain, entries, path)
+        key, start = WindowLimiter.key(base, seconds, now)
+        op = CounterOp(key, 0, rate.requests_per_unit, start + seconds, seconds)
+        return Target(key, op)
+
+    async def peek(self, store: FixedWindowStore, target: Target, now: float) -> dict[str, Any]:
+        op: CounterOp = target.state
+        (value,) = await store.peek([op])
+        return {
+            "count": value,
+            "remaining": max(0, op.limit - value),
+            "reset_after": reset_after(now, op.ttl),
+        }
+
+    def now_text(self, fields: Mapping[str, Any]) -> str:
+        if "count" not in fields:
+            return ""
+        return (
+            f"{fields['count']} counted, {fields['remaining']} left, "
+            f"window resets in {fields['reset_after']}s"
+        )
+
+    async def reset(self, store: FixedWindowStore, target: Target) -> bool:
+        return await store.reset([target.state]) > 0
+
+
+FIXED_WINDOW = FixedWindowAlgorithm()

@@ -27,11 +27,12 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from ferryman.algorithms import BY_NAME, algorithm_of
+from ferryman.algorithms.burst import BURST_TIERS, BurstPolicy, node_key
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
-from ferryman.config.model import Level, Rule
 from ferryman.config.reloader import ConfigHolder
-from ferryman.config.smooth import describe_smooth
+from ferryman.core.rules import Level, Rule
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import parse_descriptor
 from ferryman.errors import FerrymanError, RequestError, status_of
@@ -75,40 +76,16 @@ def _node(rule: Rule) -> dict[str, Any]:
         "quota_mode": rule.quota_mode,
         "detailed_metric": rule.detailed_metric,
     }
-    limit = rule.rate_limit
-    smooth = describe_smooth(rule)
-    if smooth is not None:
-        node["kind"], node["numbers"] = smooth
-    elif rule.burst is not None:
-        node["kind"] = "burst_tiers"
-        node["numbers"] = rule.burst.describe()
-        node["tiers"] = [
-            {
-                "limit": t.limit,
-                "window": t.window,
-                "active": t.active,
-                "cooldown": t.cooldown,
-                "skippable": t.skippable,
-            }
-            for t in rule.burst.tiers
-        ]
-        node["name"] = rule.name or None
-    elif rule.copies is not None:
-        node["kind"] = "copies"
-        node["numbers"] = rule.copies.describe()
-    elif limit is not None and limit.unlimited:
-        node["kind"] = "unlimited"
-        node["numbers"] = "unlimited"
-        node["name"] = limit.name or None
-    elif limit is not None:
-        node["kind"] = "fixed_window"
-        unit = limit.unit.name.lower() if limit.unit is not None else "?"
-        node["numbers"] = f"{limit.requests_per_unit} per {unit}"
-        node["name"] = limit.name or None
-        if limit.replaces:
-            node["replaces"] = list(limit.replaces)
-    else:
+    if rule.limit is None:
         node["kind"] = "none"
+    else:
+        algorithm = algorithm_of(rule.limit.kind)
+        described = algorithm.describe(rule.limit)
+        node["kind"] = described["kind"]
+        node["numbers"] = algorithm.text(described) if described["kind"] in BY_NAME else "unlimited"
+        node["name"] = rule.name or None
+        if "tier_list" in described:
+            node["tiers"] = described["tier_list"]
     if rule.replaces:
         node["replaces"] = list(rule.replaces)
     node["children"] = _level(rule.children)
@@ -242,20 +219,21 @@ class Console:
     async def tenant(self, domain: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
         """One tenant's burst tiers now; RequestError / NotFoundError for a descriptor that
         does not reach a burst-tier node."""
-        rule = self.engine.resolve(domain, entries, "burst")[-1]
-        assert rule.burst is not None
-        request = self.engine.bursts.request(rule, entries, 0, 0)
+        rule = self.engine.resolve(domain, entries, (BURST_TIERS.name,), "burst tiers")[-1]
+        policy = rule.limit
+        assert isinstance(policy, BurstPolicy)
+        node, tenant = node_key(self.engine.options.cache_key_prefix, rule, entries)
         now = self.clock.now()  # as the engine decides (a Redis store may use its own clock)
-        seen = await self.backend.bursts.peek(request.node, request.tenant, rule.burst, now)
+        seen = await self.backend.store(BURST_TIERS.name).peek(node, tenant, policy, now)
         return {
             "domain": domain,
             "entries": [list(e) for e in entries],
             "series": series_label(rule.stats_path or None),
-            "tenant": request.tenant,
+            "tenant": tenant,
             "now": seen.now,
             "current": seen.current,
             "last_second": seen.last_second,
-            "hard_limit": rule.burst.hard_limit,
+            "hard_limit": policy.hard_limit,
             "tiers": [
                 {
                     "limit": tier.limit,
@@ -268,7 +246,7 @@ class Console:
                     "active_until": state.active_until,
                     "cooldown_until": state.cooldown_until,
                 }
-                for tier, state in zip(rule.burst.tiers, seen.tiers, strict=True)
+                for tier, state in zip(policy.tiers, seen.tiers, strict=True)
             ],
         }
 

@@ -7,17 +7,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ferryman.config.model import LeasedLimit, RateLimit, Rule, Unit
-from ferryman.engine.model import MAX_REMAINING, Code, Status, Tally
+from ferryman.algorithms.leased_limit.spec import LeasedLimit
+from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
+from ferryman.core.rules import RateLimit, Rule, Unit
 from ferryman.stats import Stats
 
-__all__ = ["LeaseReader", "LeasedItem", "LeasedLimiter"]
+__all__ = ["LeaseReader", "LeasedItem", "LeasedLimiter", "LeasedRule"]
 
 #: A resource's live lease capacity (None: no live lease) and the parent's safe capacity.
 LeaseReader = Callable[[str], tuple[float | None, float | None]]
 
 _SMOOTHING = 0.5  # weight of the last whole second in the demand
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedRule:
+    rule: Rule
+    leased: LeasedLimit
+    quota: bool
 
 
 @dataclass(slots=True)
@@ -61,10 +71,30 @@ class LeasedLimiter:
     """Decides ``leased_limit`` nodes in process. ``reader`` is set by the server that
     holds the leases; without one every node runs on its safe capacity."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
+        self.algorithm = algorithm
         self.stats = stats
         self.reader: LeaseReader = _no_lease
         self._meters: dict[str, _Meter] = {}
+
+    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> LeasedRule:
+        rule = path[-1]
+        assert isinstance(rule.limit, LeasedLimit)
+        return LeasedRule(rule, rule.limit, quota)
+
+    def plan(
+        self,
+        prepared: LeasedRule,
+        index: int,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> LeasedItem:
+        return LeasedItem(index, prepared.rule, prepared.leased, hits, prepared.quota)
+
+    def calls(self, store: Any, items: Sequence[LeasedItem], now: float) -> list[Call]:
+        return []  # decided here, from the lease: no store
 
     def capacity(self, leased: LeasedLimit) -> float:
         """Hits per second allowed now: the lease's, else the node's safe capacity, else the
@@ -89,6 +119,7 @@ class LeasedLimiter:
     def answer(
         self,
         items: Sequence[LeasedItem],
+        replies: Sequence[Any],
         now: float,
         statuses: list[Status | None],
         tally: Tally,

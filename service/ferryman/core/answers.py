@@ -1,18 +1,17 @@
-"""The engine's values: what a request asks, what each descriptor gets, the switches."""
+"""What a request asks, what each descriptor gets, and the switches every algorithm reads."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from ferryman.config.model import UNIT_SECONDS, Config, RateLimit, Unit
+from ferryman.core.rules import UNIT_SECONDS, RateLimit, Unit
 
 __all__ = [
     "MAX_REMAINING",
     "Code",
-    "ConfigSource",
     "Decision",
     "DescriptorRequest",
     "EngineOptions",
@@ -125,11 +124,6 @@ class EngineOptions:
     cache_key_prefix: str = ""
     local_cache_bytes: int = 0
     fail_open: bool = False
-
-
-class ConfigSource(Protocol):
-    @property
-    def config(self) -> Config | None: ...
 
 
 def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:

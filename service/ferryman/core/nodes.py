@@ -31,6 +31,7 @@ __all__ = [
     "mapping",
     "number",
     "plain",
+    "read_replaces",
     "string",
     "uint32",
     "whole",
@@ -322,3 +323,25 @@ def plain(node: Node) -> Any:
     """The Python value of a YAML subtree (for free-form maps such as ``metadata``)."""
     constructor = yaml.constructor.SafeConstructor()
     return constructor.construct_object(node, deep=True)
+
+
+def read_replaces(ctx: Ctx, node: Node, path: str, own: str) -> tuple[str, ...]:
+    """A ``replaces`` list of ``{name: ...}`` maps (``own``: the rule's own name, which it
+    may not replace)."""
+    names: list[str] = []
+    if not isinstance(node, SequenceNode):
+        ctx.error(node, path, f"expected a list, found {kind(node)}")
+        return ()
+    for i, item in enumerate(node.value):
+        ipath = f"{path}[{i}]"
+        item_fields = mapping(ctx, item, ipath, frozenset({"name"}))
+        if not isinstance(item, MappingNode):
+            continue
+        rname = string(ctx, item_fields.get("name"), join(ipath, "name"))
+        if not rname:
+            ctx.error(item, ipath, "a 'replaces' entry needs a non-empty name")
+        elif own and rname == own:
+            ctx.error(item, ipath, f"the rule {own!r} replaces itself")
+        else:
+            names.append(rname)
+    return tuple(names)

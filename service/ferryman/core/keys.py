@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ferryman.config.model import Config, Domain, Rule
-from ferryman.engine.validate import check_descriptor
-from ferryman.errors import NotFoundError, RequestError
+from ferryman.core.rules import Domain, Rule
 
-__all__ = ["cache_key", "find", "segment", "stats_key", "walk"]
+__all__ = ["cache_key", "segment", "stats_key", "walk"]
 
 
 def segment(key: str, value: str) -> str:
@@ -69,47 +67,3 @@ def cache_key(
             v = path[i].value
         parts.append(f"{k}_{v}_")
     return "".join(parts)
-
-
-_WANTED = {"burst": "burst tiers or a token bucket", "copies": "copies (held resources)"}
-
-
-def find(
-    config: Config | None, domain: str, entries: Sequence[tuple[str, str]], kind: str
-) -> list[Rule]:
-    """The path to a ``burst`` (burst tiers or token bucket) or ``copies`` node for
-    ferryman's own API, or a client error
-    that says what the descriptor reaches instead."""
-    check_descriptor(domain, entries, "descriptor")
-    if config is None:
-        raise RequestError("domain", "no rate limit configuration is loaded")
-    dom = config.domains.get(domain)
-    if dom is None:
-        raise NotFoundError("domain", f"unknown domain {domain!r}")
-    path = walk(dom, entries)
-    shown = ", ".join(f"{k}={v}" for k, v in entries)
-    if path is None:
-        raise NotFoundError("descriptor", f"no node of domain {domain!r} matches ({shown})")
-    rule = path[-1]
-    if (rule.burst if kind == "burst" else rule.copies) is not None:
-        return path
-    if kind == "burst" and rule.token_bucket is not None:  # Request takes from buckets too
-        return path
-    wanted = _WANTED[kind]
-    if rule.rate_limit is not None:
-        raise RequestError(
-            "descriptor",
-            f"{rule.stats_key} is limited by a fixed window (rate_limit), not {wanted}: "
-            "ask it with ShouldRateLimit",
-        )
-    if rule.burst is not None:
-        raise RequestError(
-            "descriptor",
-            f"{rule.stats_key} is rate-limited by burst tiers, not {wanted}: use Request",
-        )
-    if rule.copies is not None:
-        raise RequestError(
-            "descriptor",
-            f"{rule.stats_key} is copy-limited (held resources), not {wanted}: use Reserve",
-        )
-    raise NotFoundError("descriptor", f"{rule.stats_key} has no {wanted} configured")

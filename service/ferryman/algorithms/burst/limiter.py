@@ -1,0 +1,163 @@
+"""Burst tiers on the request path: a descriptor's burst request, and its status and stats
+from the store's outcome (the current tier shown as the limit); and ferryman.v1's
+``Request`` (up to N hits, at least M or none)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy, BurstRequest, BurstStore
+from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.answers import Code, EngineOptions, Status, Tally, unit_for
+from ferryman.core.keys import stats_key
+from ferryman.core.rules import RateLimit, Rule
+from ferryman.errors import BackendError
+from ferryman.stats import REQUEST_CALL, Stats
+
+__all__ = ["BurstItem", "BurstLimiter", "BurstRule", "node_key"]
+
+T = TypeVar("T")
+
+
+def node_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """The tiers' node key (``prefix``: the cache key prefix) and the tenant (the request's
+    values)."""
+    return f"{prefix}ferryman_burst_{rule.stats_key}", "_".join(v for _, v in entries)
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRule:
+    rule: Rule
+    policy: BurstPolicy
+    path: tuple[Rule, ...]
+    quota: bool
+
+
+@dataclass(slots=True)
+class BurstItem:
+    index: int
+    rule: Rule
+    policy: BurstPolicy
+    request: BurstRequest
+    stats_key: str
+    stats_path: tuple[str, ...]
+    hits: int
+    quota: bool
+
+
+class BurstLimiter:
+    """Plans and answers burst-tier descriptors (ShouldRateLimit and Limiter.Request)."""
+
+    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
+        self.algorithm = algorithm
+        self.opts = opts
+        self.stats = stats
+
+    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> BurstRule:
+        rule = path[-1]
+        assert isinstance(rule.limit, BurstPolicy)
+        return BurstRule(rule, rule.limit, path, quota)
+
+    def plan(
+        self,
+        prepared: BurstRule,
+        index: int,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> BurstItem | Status:
+        if hits < 0:  # burst tiers record grants only; nothing to give back
+            return Status(Code.OK)
+        key, parts = stats_key(domain, entries, prepared.path)
+        request = self.request(prepared.rule, entries, hits, hits)
+        rule = prepared.rule
+        return BurstItem(index, rule, prepared.policy, request, key, parts, hits, prepared.quota)
+
+    def request(
+        self, rule: Rule, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
+    ) -> BurstRequest:
+        """The store's request for ``copies`` hits (at least ``min_copies``) of a tenant."""
+        assert isinstance(rule.limit, BurstPolicy)
+        node, tenant = node_key(self.opts.cache_key_prefix, rule, entries)
+        return BurstRequest(node, tenant, rule.limit, copies, min_copies)
+
+    def calls(self, store: BurstStore, items: Sequence[BurstItem], now: float) -> list[Call]:
+        return [(1, store.decide(b.request, now)) for b in items]
+
+    def count(
+        self, key: str, labels: tuple[str, ...], hits: int, outcome: BurstOutcome, shadow: bool
+    ) -> None:
+        stats = self.stats
+        granted = outcome.granted
+        stats.rule(key, "total_hits", hits, labels)
+        stats.rule(key, "within_limit", granted, labels)
+        # Tiers come from configuration: one series per tier at most.
+        stats.rule(key, "tier_hits", granted, labels, (("tier", str(outcome.tier_index)),))
+        if granted < hits:
+            stats.rule(key, "over_limit", hits - granted, labels)
+            if shadow:
+                stats.rule(key, "shadow_mode", hits, labels)
+        if outcome.burst:
+            stats.rule(key, "burst", 1, labels)
+
+    def answer(
+        self,
+        items: Sequence[BurstItem],
+        replies: Sequence[Any],
+        now: float,
+        statuses: list[Status | None],
+        tally: Tally,
+    ) -> None:
+        for b, outcome in zip(items, replies, strict=True):
+            over = outcome.granted < b.hits
+            status = self._status(b, outcome, over)
+            statuses[b.index] = status
+            tally.add(status.code is Code.OVER_LIMIT, b.quota, b.rule.metadata, b.index)
+
+    def _status(self, b: BurstItem, outcome: BurstOutcome, over: bool) -> Status:
+        """The Envoy view of a burst decision: the current tier as the limit."""
+        self.count(b.stats_key, b.stats_path, b.hits, outcome, b.rule.shadow_mode)
+        policy = b.policy
+        window = outcome.tier_window
+        if not math.isfinite(window):
+            window = policy.tiers[0].window if policy.tiers else 1.0
+        limit = RateLimit(outcome.tier_limit, unit_for(window), name=b.rule.name)
+        remaining = max(0, outcome.tier_limit - outcome.tier_hits)
+        reset = math.ceil(outcome.retry_after) if math.isfinite(outcome.retry_after) else None
+        if over and b.rule.shadow_mode:
+            return Status(Code.OK, limit, 0, reset, b.quota, window)
+        code = Code.OVER_LIMIT if over else Code.OK
+        return Status(code, limit, 0 if over else remaining, reset, b.quota, window)
+
+    async def take(
+        self,
+        store: BurstStore,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        path: Sequence[Rule],
+        copies: int,
+        min_copies: int,
+        now: float,
+        timed: Callable[[Awaitable[BurstOutcome]], Awaitable[BurstOutcome]],
+    ) -> tuple[BurstPolicy, BurstOutcome]:
+        """ferryman.v1's ``Request`` on a burst-tier node (``path`` leads to it): up to
+        ``copies`` hits, at least ``min_copies`` or none. With FAIL_OPEN a backend error
+        grants them all (counted)."""
+        rule = path[-1]
+        assert isinstance(rule.limit, BurstPolicy)
+        request = self.request(rule, entries, copies, min_copies)
+        key, parts = stats_key(domain, entries, path)
+        try:
+            outcome = await timed(store.decide(request, now))
+        except BackendError:
+            if not self.opts.fail_open:
+                raise
+            self.stats.inc(f"{REQUEST_CALL}.degraded")
+            outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
+            return rule.limit, outcome
+        self.count(key, parts, copies, outcome, False)
+        return rule.limit, outcome

@@ -1,0 +1,322 @@
+"""Fixed windows on the request path: each descriptor's counter op, then its status and
+stats from the store's result (the reference's arithmetic, local over-limit cache included).
+
+A rule whose stats key and counter key take nothing from the request but its entries is
+*plain*: a request made only of plain windows is compiled once per distinct request
+(:meth:`WindowLimiter.compile`) and answered with no plan at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
+from ferryman.algorithms.fixed_window.model import (
+    CounterOp,
+    CounterResult,
+    FixedWindowStore,
+    reset_after,
+    split,
+    window_start,
+)
+from ferryman.algorithms.fixed_window.spec import FixedWindow
+from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
+from ferryman.core.keys import cache_key, segment, stats_key
+from ferryman.core.rules import RateLimit, Rule
+from ferryman.stats import LOCAL_CACHE_HITS, Stats
+
+__all__ = ["PlainCounter", "WindowItem", "WindowLimiter", "WindowRule"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRule:
+    """A fixed-window rule, worked out once per config: a plain one (``plain``) has its
+    stats key and counter key's head fixed; others take values from the request
+    (detailed_metric, value_to_metric or share_threshold on the path)."""
+
+    rule: Rule
+    limit: RateLimit
+    path: tuple[Rule, ...]
+    quota: bool
+    plain: bool
+    head: str  # the counter key's start, <prefix><domain>_
+
+    @property
+    def seconds(self) -> int:
+        assert self.limit.unit is not None
+        return self.limit.unit.seconds
+
+
+@dataclass(slots=True)
+class WindowItem:
+    """One descriptor counted in a fixed window."""
+
+    index: int
+    limit: RateLimit
+    seconds: int
+    stats_key: str
+    stats_path: tuple[str, ...]
+    hits: int
+    shadow: bool
+    quota: bool
+    rule: Rule | None
+    op: CounterOp | None = None
+    cached: bool = False  # over its limit per the local cache: not sent to the store
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainCounter:
+    """One descriptor of a request that is all plain windows, worked out once for every
+    request with the same bytes: all but the window the request falls in."""
+
+    index: int
+    window: WindowRule
+    base: str  # the counter key without its window
+    hits: int
+    near: int  # the count past which hits are near the limit
+    row: tuple[str, tuple[str, ...]]  # the stats' key and path
+
+
+class WindowLimiter:
+    """Plans and answers the fixed-window descriptors of requests."""
+
+    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
+        self.algorithm = algorithm
+        self.opts = opts
+        self.stats = stats
+        self.local = OverLimitCache(opts.local_cache_bytes) if opts.local_cache_bytes > 0 else None
+
+    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> WindowRule:
+        rule = path[-1]
+        assert isinstance(rule.limit, FixedWindow)
+        limit = rule.limit.rate
+        plain = not (
+            rule.detailed_metric or any(r.value_to_metric or r.share_threshold for r in path)
+        )
+        head = f"{self.opts.cache_key_prefix}{domain}_"
+        return WindowRule(rule, limit, path, quota, plain, head)
+
+    def plan(
+        self,
+        prepared: WindowRule,
+        index: int,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> WindowItem | Status:
+        limit = prepared.limit
+        if limit.unlimited or limit.unit is None:
+            return Status(Code.OK, remaining=MAX_REMAINING)
+        rule = prepared.rule
+        if prepared.plain:
+            key, parts = rule.stats_key, rule.stats_path
+            base = prepared.head + "".join([f"{k}_{v}_" for k, v in entries])
+        else:
+            key, parts = stats_key(domain, entries, prepared.path)
+            base = cache_key(self.opts.cache_key_prefix, domain, entries, prepared.path)
+        item = WindowItem(
+            index,
+            limit,
+            prepared.seconds,
+            key,
+            parts,
+            hits,
+            rule.shadow_mode,
+            prepared.quota,
+            rule,
+            metadata=rule.metadata,
+        )
+        return self._counted(item, base, now)
+
+    def override(
+        self,
+        index: int,
+        limit: RateLimit,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> WindowItem:
+        """A limit sent with the descriptor, in place of any configured one."""
+        parts = tuple(segment(k, v) for k, v in entries)
+        assert limit.unit is not None
+        item = WindowItem(
+            index,
+            limit,
+            limit.unit.seconds,
+            domain + "." + ".".join(parts),
+            (domain, *parts),
+            hits,
+            False,
+            self.opts.quota_mode,
+            None,
+        )
+        return self._counted(
+            item, cache_key(self.opts.cache_key_prefix, domain, entries, None), now
+        )
+
+    @staticmethod
+    def key(base: str, seconds: int, now: float) -> tuple[str, int]:
+        """The counter of the window ``now`` falls in, for a descriptor's ``base`` key
+        (``cache_key``): its key and the window's start."""
+        start = window_start(now, seconds)
+        return base + str(start), start
+
+    def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
+        seconds = item.seconds
+        key, start = self.key(base, seconds, now)
+        item.op = CounterOp(key, item.hits, item.limit.requests_per_unit, start + seconds, seconds)
+        local = self.local
+        if local is not None:
+            if item.hits < 0:
+                local.discard(item.op.key)
+            elif local.contains(item.op.key, now):
+                item.cached = True
+        return item
+
+    def calls(self, store: FixedWindowStore, items: Sequence[WindowItem], now: float) -> list[Call]:
+        """One store call for every counter not known to be over (local cache)."""
+        ops: list[CounterOp] = [w.op for w in items if w.op is not None and not w.cached]
+        stop = self.opts.stop_when_over
+        if stop and ops and len(ops) < len(items) and any(w.cached and w.hits > 0 for w in items):
+            # A descriptor known to be over (local cache) blocks the request: as with one
+            # found over in the store, the others are read, not incremented.
+            ops = [replace(op, hits=0) if op.hits > 0 else op for op in ops]
+        if not ops:
+            return []
+        return [(len(ops), store.apply(ops, stop_when_over=stop))]
+
+    def compile(
+        self,
+        prepared: Sequence[WindowRule | None],
+        entries: Sequence[Sequence[tuple[str, str]]],
+        hits: Sequence[int],
+    ) -> tuple[PlainCounter, ...] | None:
+        """The counters of a request whose descriptors (each ``prepared``, with its
+        ``entries`` and ``hits``) are all plain windows that add hits, replace no other rule
+        and skip no local cache: such a request is answered by :meth:`run` alone. None for
+        any other request."""
+        if self.local is not None or not prepared:
+            return None
+        ratio = self.opts.near_limit_ratio
+        out = []
+        for i, w in enumerate(prepared):
+            if w is None or not w.plain or w.limit.replaces or hits[i] <= 0:
+                return None
+            if w.limit.unlimited or w.limit.unit is None:
+                return None
+            base = w.head + "".join([f"{k}_{v}_" for k, v in entries[i]])
+            near = math.floor(w.limit.requests_per_unit * ratio)
+            row = (w.rule.stats_key, w.rule.stats_path)
+            out.append(PlainCounter(i, w, base, hits[i], near, row))
+        return tuple(out)
+
+    @staticmethod
+    def plain_ops(counters: Sequence[PlainCounter], now: float) -> list[CounterOp]:
+        """The store's ops for ``counters`` at ``now``."""
+        ops = []
+        for c in counters:
+            seconds = c.window.seconds
+            key, start = WindowLimiter.key(c.base, seconds, now)
+            ops.append(
+                CounterOp(key, c.hits, c.window.limit.requests_per_unit, start + seconds, seconds)
+            )
+        return ops
+
+    def plain_answer(
+        self, counters: Sequence[PlainCounter], results: Sequence[CounterResult], now: float
+    ) -> tuple[list[Status | None], Tally]:
+        """Statuses, stats and tally of a compiled request, as :meth:`answer` gives them
+        for the same counters."""
+        statuses: list[Status | None] = []
+        tally = Tally()
+        rows = []
+        for c, result in zip(counters, results, strict=True):
+            w = c.window
+            rule = w.rule
+            limit = w.limit
+            rpu = limit.requests_per_unit
+            after = result.after
+            hits = c.hits
+            over, counts = split(hits, rpu, c.near, after - result.applied, after)
+            rows.append((*c.row, counts))
+            if over and rule.shadow_mode:
+                self.stats.rule(rule.stats_key, "shadow_mode", hits, rule.stats_path)
+                over = False
+                remaining = 0
+            else:
+                remaining = 0 if over else rpu - after
+            code = Code.OVER_LIMIT if over else Code.OK
+            statuses.append(Status(code, limit, remaining, reset_after(now, w.seconds), w.quota))
+            tally.add(over, w.quota, rule.metadata, c.index)
+        self.stats.rule_counts(rows)
+        return statuses, tally
+
+    def answer(
+        self,
+        items: Sequence[WindowItem],
+        replies: Sequence[Any],
+        now: float,
+        statuses: list[Status | None],
+        tally: Tally,
+    ) -> None:
+        """Each item's status from the store's results (in the order of the items that were
+        sent), stats counted, and the outcome tallied."""
+        results: Sequence[CounterResult] = replies[0] if replies else ()
+        result_iter = iter(results)
+        counts: list[tuple[str, tuple[str, ...], tuple[int, ...]]] = []
+        for item in items:
+            if item.cached:
+                over = True
+                after = 0
+                counts.append((item.stats_key, item.stats_path, (item.hits, 0, 0, item.hits)))
+                self.stats.inc(LOCAL_CACHE_HITS)
+                self.stats.rule(
+                    item.stats_key, "over_limit_with_local_cache", item.hits, item.stats_path
+                )
+            else:
+                result = next(result_iter)
+                after = result.after
+                if item.hits < 0:
+                    remaining = max(0, item.limit.requests_per_unit - after)
+                    reset = reset_after(now, item.seconds)
+                    statuses[item.index] = Status(Code.OK, item.limit, remaining, reset, item.quota)
+                    continue
+                over = self._counted_over(item, result, counts)
+            statuses[item.index] = self._status(item, over, after, now)
+            tally.add(over and not item.shadow, item.quota, item.metadata, item.index)
+        if counts:
+            self.stats.rule_counts(counts)
+
+    def _counted_over(
+        self,
+        item: WindowItem,
+        result: CounterResult,
+        counts: list[tuple[str, tuple[str, ...], tuple[int, ...]]],
+    ) -> bool:
+        rpu = item.limit.requests_per_unit
+        threshold = math.floor(rpu * self.opts.near_limit_ratio)
+        after = result.after
+        over, split_counts = split(item.hits, rpu, threshold, after - result.applied, after)
+        counts.append((item.stats_key, item.stats_path, split_counts))
+        if over and self.local is not None and item.op is not None:
+            self.local.add(item.op.key, item.op.expires_at)
+        return over
+
+    def _status(self, item: WindowItem, over: bool, after: int, now: float) -> Status:
+        rpu = item.limit.requests_per_unit
+        if over and item.shadow:
+            self.stats.rule(item.stats_key, "shadow_mode", item.hits, item.stats_path)
+            over = False
+            remaining = 0
+        else:
+            remaining = 0 if over else rpu - after
+        code = Code.OVER_LIMIT if over else Code.OK
+        reset = reset_after(now, item.seconds)
+        return Status(code, item.limit, remaining, reset, item.quota)

@@ -1,0 +1,206 @@
+"""The Algorithm protocol: what a rule kind gives the loader, the engine, explain, the
+console, counter resets and the backends. Each kind is one package under
+``ferryman.algorithms``, registered once in that package's ``__init__``.
+
+A kind has two faces. The :class:`Algorithm` is static: the YAML keys it reads, how it
+describes its limit, how it builds its stores. The :class:`Limiter` it makes is one per
+engine (it holds the engine's switches, its stats and any in-process state): it prepares a
+rule once per loaded config, plans each descriptor that reaches the rule, asks the store,
+and turns the store's results into statuses. The Algorithm also finds, reads and clears the
+state one descriptor counts in, for explain, the console and resets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from yaml.nodes import Node
+
+from ferryman.clock import Clock
+from ferryman.core.answers import EngineOptions, Status, Tally
+from ferryman.core.nodes import Ctx
+from ferryman.core.rules import Limit, RateLimit, Rule
+from ferryman.stats import Stats
+
+__all__ = [
+    "Algorithm",
+    "Call",
+    "Item",
+    "Limiter",
+    "Prepared",
+    "Rate",
+    "StoreOptions",
+    "Target",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """What building a store may need: the clock of in-process stores, the memory
+    backend's key cap, a Redis store's expiry jitter and whether it takes Redis's time."""
+
+    clock: Clock
+    max_keys: int = 0
+    jitter_max: int = 0
+    server_time: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A limit as a sustained rate (per second) and a burst (hits allowed at once): what a
+    share of it handed to another decider is built from."""
+
+    per_second: float
+    burst: float
+
+
+class Item(Protocol):
+    """One descriptor planned for a store call: where its status goes, and its rule
+    (None for a limit Envoy sent in place of a configured one)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def rule(self) -> Rule | None: ...
+
+
+#: One store call of a request: how many items it carries (for timing) and the call.
+Call = tuple[int, Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The state one descriptor counts in, found without counting: the key shown to an
+    operator and what the kind's store needs to read or clear it."""
+
+    key: str
+    state: Any
+
+
+class Prepared(Protocol):
+    """What a limiter works out once per rule and loaded config."""
+
+    @property
+    def rule(self) -> Rule: ...
+
+
+class Limiter(Protocol):
+    """One kind's part of an engine. ``store`` arguments are the backend's store of this
+    kind (``Backend.store(algorithm.name)``)."""
+
+    @property
+    def algorithm(self) -> Algorithm: ...
+
+    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> Prepared:
+        """The rule at the end of ``path``, worked out once per loaded config."""
+        ...
+
+    def plan(
+        self,
+        prepared: Any,
+        index: int,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> Item | Status:
+        """One descriptor's item for the store, or its status when it needs no store."""
+        ...
+
+    def calls(self, store: Any, items: Sequence[Any], now: float) -> list[Call]:
+        """The store calls for ``items``, to be awaited together with other kinds' calls
+        (a pipelined Redis sends them in one write)."""
+        ...
+
+    def answer(
+        self,
+        items: Sequence[Any],
+        replies: Sequence[Any],
+        now: float,
+        statuses: list[Status | None],
+        tally: Tally,
+    ) -> None:
+        """Each item's status from the replies of :meth:`calls`, in the same order, stats
+        counted, the outcome tallied."""
+        ...
+
+
+class Algorithm(Protocol):
+    """A rule kind, registered once in ``ferryman.algorithms``."""
+
+    @property
+    def name(self) -> str:
+        """The kind's name, as explain, resets, metrics and the console show it."""
+        ...
+
+    @property
+    def held(self) -> bool:
+        """Whether hits are held until given back (Envoy sends them negative when the
+        request's stream ends) rather than counted."""
+        ...
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of a descriptor node this kind reads; the first one marks a node of the
+        kind (a node has one kind at most)."""
+        ...
+
+    def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> Limit | None:
+        """The node's limit from its ``fields`` (problems reported into ``ctx`` with file,
+        line and path), or None."""
+        ...
+
+    def describe(self, limit: Any) -> dict[str, Any]:
+        """The limit's numbers as plain data (explain, the console, ``ferryman check``)."""
+        ...
+
+    def text(self, described: Mapping[str, Any]) -> str:
+        """One line of :meth:`describe`'s data."""
+        ...
+
+    def rate(self, limit: Any) -> Rate | None:
+        """The limit as a sustained rate and burst, where it has them."""
+        ...
+
+    def reported(self, limit: Any) -> RateLimit | None:
+        """The limit as Envoy is told it, where one fixed figure describes it."""
+        ...
+
+    def target(
+        self,
+        options: EngineOptions,
+        domain: str,
+        path: Sequence[Rule],
+        entries: Sequence[tuple[str, str]],
+        now: float,
+    ) -> Target | None:
+        """The state ``entries`` (reaching ``path``) count in now, found without counting
+        (None: nothing an operator can read or clear)."""
+        ...
+
+    async def peek(self, store: Any, target: Target, now: float) -> dict[str, Any]:
+        """What the state holds now, as fields of an explanation, counting nothing."""
+        ...
+
+    def now_text(self, fields: Mapping[str, Any]) -> str:
+        """:meth:`peek`'s fields in words ("" when there are none)."""
+        ...
+
+    async def reset(self, store: Any, target: Target) -> bool:
+        """Clear the state (an operator's reset); whether the store held any."""
+        ...
+
+    def limiter(self, options: EngineOptions, stats: Stats) -> Limiter:
+        """This kind's part of one engine."""
+        ...
+
+    def memory_store(self, options: StoreOptions) -> Any:
+        """The kind's state in this process."""
+        ...
+
+    def redis_store(self, connection: Any, options: StoreOptions) -> Any:
+        """The kind's state in Redis, over ``connection`` (a RedisConnection)."""
+        ...
