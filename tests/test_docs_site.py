@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.needs import missing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +112,39 @@ def test_the_readmes_links_into_the_site_resolve() -> None:
     sections = {p.parent.name for p in _pages() if p.parent != DOCS}
     linked = {Path(t).parent.name for t in targets}
     assert sections <= linked, f"README.md links to no page of {sorted(sections - linked)}"
+
+
+def _config_examples() -> list[tuple[str, str]]:
+    """Each complete configuration file shown in docs/config/ (a YAML block that starts as a
+    descriptor, resources or quota file does, with nothing elided), named by page and place."""
+    found = []
+    for page in sorted((DOCS / "config").glob("*.md")):
+        blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)
+        for n, block in enumerate(blocks):
+            complete = "[...]" not in block
+            if complete and block.startswith(("domain:", "resources:", "global_default_bucket")):
+                found.append((f"{page.stem}-{n}", block))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [pytest.param(name, text, id=name) for name, text in _config_examples()]
+)
+def test_each_config_example_is_valid(name: str, text: str, tmp_path: Path) -> None:
+    """`ferryman check` accepts every complete example a config author may copy."""
+    (tmp_path / f"{name}.yaml").write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "ferryman", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_config_pages_show_examples() -> None:
+    """Every kind of rule and file has a complete example that the test above checks."""
+    shown = {name.rsplit("-", 1)[0] for name, _ in _config_examples()}
+    kinds = {"fixed-window", "sliding-window", "token-bucket", "burst-tiers", "copies"}
+    files = {"leased-limit", "resources", "quota-buckets"}
+    assert kinds | files <= shown, sorted(kinds | files - shown)
