@@ -1,5 +1,5 @@
 """Every environment variable the reference service reads is either read by ferryman or
-accepted, documented in the README's migration section, and logged once at start if set."""
+accepted, documented in the docs' migration page, and logged once at start if set."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from helpers.server import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_SOURCE = (ROOT / "service" / "ferryman" / "settings.py").read_text()
-README = (ROOT / "README.md").read_text()
+DOCS = "\n".join(page.read_text() for page in sorted((ROOT / "docs").rglob("*.md")))
+MIGRATION = (ROOT / "docs" / "operators" / "migration.md").read_text()
 
 # The variables of envoyproxy/ratelimit's src/settings/settings.go (the `envconfig:` tags):
 # those at commit 00e75e687256efaa1214f3d24f29757962c2fa42, and those that later revisions
@@ -66,9 +67,8 @@ QUOTA_MODE
 
 
 def _migration_section() -> str:
-    start = README.index("## Migrating from envoyproxy/ratelimit")
-    end = README.index("\n## ", start + 1)
-    return README[start:end]
+    assert MIGRATION.startswith("# Migrating from envoyproxy/ratelimit\n")
+    return MIGRATION
 
 
 def _read_by_settings(name: str) -> bool:
@@ -87,13 +87,13 @@ def test_the_reference_list_has_no_duplicates() -> None:
 
 @pytest.mark.parametrize("name", REFERENCE_VARIABLES)
 def test_every_reference_variable_is_read_or_accepted_and_documented(name: str) -> None:
-    """Read by ferryman (and named in the README), or accepted-and-ignored and explained in
-    the README's migration section."""
+    """Read by ferryman (and named in the docs), or accepted-and-ignored and explained in
+    the docs' migration page."""
     if name in ACCEPTED_IGNORED:
         assert f"`{name}`" in _migration_section(), f"{name}: explain it in the migration notes"
     else:
         assert _read_by_settings(name), f"{name} is neither read nor accepted-and-ignored"
-        assert name in README, f"{name} is read but the README does not name it"
+        assert name in DOCS, f"{name} is read but no page of docs/ names it"
 
 
 def test_every_accepted_variable_is_explained_in_the_migration_section() -> None:
