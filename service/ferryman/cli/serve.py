@@ -125,7 +125,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     changes: dict[str, object] = {}
     for name, setting in declared():
         flag = setting.flag
-        value = None if flag is None else getattr(args, flag.name[2:].replace("-", "_"))
+        value = None if flag is None else getattr(args, flag.dest)
         if flag is not None and value is not None:
             changes[name] = tuple(value) if flag.repeat else value
     if args.config is not None:

@@ -38,6 +38,11 @@ class Flag:
     kind: Kind | None = None
     repeat: bool = False
 
+    @property
+    def dest(self) -> str:
+        """The attribute argparse gives the flag's value."""
+        return self.name.removeprefix("--").replace("-", "_")
+
 
 @dataclass(frozen=True)
 class Setting:

@@ -156,6 +156,8 @@ class Boolean(Kind):
 
 @dataclass(frozen=True)
 class Integer(Kind):
+    """A whole number, at least ``minimum``."""
+
     minimum: int = 0
 
     def check(self, raw: str) -> int:
@@ -173,6 +175,8 @@ class Integer(Kind):
 
 @dataclass(frozen=True)
 class Port(Kind):
+    """A TCP port; 0 asks the system for a free one."""
+
     def check(self, raw: str) -> int:
         if not raw.strip().isdigit() or int(raw) > 65535:
             raise Invalid("is not a port number (0-65535; 0 picks a free one)")
@@ -303,6 +307,8 @@ class Address(Kind):
 
 @dataclass(frozen=True)
 class HttpPath(Kind):
+    """The path part of a URL."""
+
     blank_is_default = False
 
     def check(self, raw: str) -> str:
