@@ -7,14 +7,16 @@ import asyncio
 import logging
 import os
 import signal
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ferryman import logs
-from ferryman.cli.common import RAW, port, require_directory
+from ferryman.cli.common import RAW, require_directory
 from ferryman.errors import SettingsError
 from ferryman.server.workers import WORKER_ENV
-from ferryman.settings import EVENT_LOOPS, Settings, split_address
+from ferryman.settings import Settings
+from ferryman.settings.declare import Flag, Setting
+from ferryman.settings.kinds import Boolean
+from ferryman.settings.model import declared
 
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
@@ -40,65 +42,43 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         formatter_class=RAW,
         parents=parents,
     )
-    serve.add_argument(
-        "--config",
-        type=Path,
-        help="descriptor directory (default: descriptors/ in the current directory)",
-    )
-    serve.add_argument(
-        "--backend",
-        help="memory (default), redis://host:port, rediss://..., redis+cluster://h:p,h:p, "
-        "redis+sentinel://h:p,h:p/master or unix:///path",
-    )
-    serve.add_argument(
-        "--fail-open",
-        action="store_true",
-        default=None,
-        help="answer OK (counted as degraded) when the backend fails (FAIL_OPEN)",
-    )
-    serve.add_argument(
-        "--health-requires-backend",
-        action="store_true",
-        default=None,
-        help="report unhealthy while the backend is down (REDIS_HEALTH_CHECK_ACTIVE_CONNECTION,"
-        " FERRYMAN_HEALTH_REQUIRES_BACKEND)",
-    )
-    serve.add_argument("--grpc-port", type=port, help="gRPC port (GRPC_PORT, default 8081)")
-    serve.add_argument("--http-port", type=port, help="HTTP port (PORT, default 8080)")
-    serve.add_argument("--debug-port", type=port, help="debug HTTP port (DEBUG_PORT, default 6070)")
-    serve.add_argument(
-        "--workers",
-        type=int,
-        help="processes serving the same ports (WORKERS, default 1; more needs Redis)",
-    )
-    serve.add_argument(
-        "--parent",
-        metavar="HOST:PORT",
-        help="lease capacity from this doorman.Capacity server (DOORMAN_PARENT)",
-    )
-    serve.add_argument(
-        "--envoy",
-        action="append",
-        type=Path,
-        metavar="FILE",
-        help="an Envoy or Istio file whose routes the debug page explains (repeatable; "
-        "ENVOY_CONFIG_FILES, comma-separated; needs ferryman[envoy])",
-    )
-    serve.add_argument(
-        "--event-loop",
-        choices=EVENT_LOOPS,
-        help="auto: uvloop when installed, else asyncio's loop; uvloop: refuse to start "
-        "without it (EVENT_LOOP, default auto)",
-    )
-    serve.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warn", "error"),
-        help="log level (LOG_LEVEL, default info)",
-    )
-    serve.add_argument(
-        "--log-format", choices=("text", "json"), help="log format (LOG_FORMAT, default text)"
-    )
+    # Every flag is declared with its setting (ferryman.settings), in the settings' order.
+    for _, setting in declared():
+        if setting.flag is not None:
+            _add_flag(serve, setting, setting.flag)
     return serve
+
+
+def _add_flag(parser: argparse.ArgumentParser, setting: Setting, flag: Flag) -> None:
+    """One flag from its declaration: a switch for a boolean setting, else a value checked
+    as the variable's is (or listed, where the values are a closed list)."""
+    help = _flag_help(setting, flag).replace("%", "%%")
+    kind = flag.kind or setting.kind
+    if isinstance(kind, Boolean):
+        parser.add_argument(flag.name, action="store_true", default=None, help=help)
+        return
+    choices = kind.choices()
+    # A closed list keeps argparse's own "invalid choice" message (and completes in shells).
+    checked: dict[str, Any] = {"choices": choices} if choices else {"type": kind.argument()}
+    parser.add_argument(
+        flag.name,
+        action="append" if flag.repeat else "store",
+        metavar=flag.metavar,
+        help=help,
+        **checked,
+    )
+
+
+def _flag_help(setting: Setting, flag: Flag) -> str:
+    """The flag's help, naming the variable it overrides and the default."""
+    notes = ["repeatable"] if flag.repeat else []
+    if setting.env:
+        notes.append(setting.env)
+    default = setting.shown().replace("`", "")
+    if default != "(empty)":
+        notes.append(f"default {default}")
+    # Markdown's code marks are for the settings page, not the terminal.
+    return f"{flag.help or setting.help} ({'; '.join(notes)})".replace("`", "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,35 +122,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The environment's settings with the flags given over them."""
-    settings = Settings.from_env()
     changes: dict[str, object] = {}
+    for name, setting in declared():
+        flag = setting.flag
+        value = None if flag is None else getattr(args, flag.dest)
+        if flag is not None and value is not None:
+            changes[name] = tuple(value) if flag.repeat else value
     if args.config is not None:
-        changes["config_dir"] = args.config
+        # The directory given replaces the one the RUNTIME_* variables name.
         changes["runtime_root"] = None
-    if args.backend is not None:
-        changes["backend"] = args.backend
-    if args.fail_open:
-        changes["fail_open"] = True
-    if args.parent is not None:
-        split_address(args.parent, "--parent")
-        changes["doorman_parent"] = args.parent
-    if args.health_requires_backend:
-        changes["health_requires_backend"] = True
-    if args.envoy:
-        changes["envoy_config_files"] = tuple(str(path) for path in args.envoy)
-    for flag, name in (
-        ("grpc_port", "grpc_port"),
-        ("http_port", "port"),
-        ("debug_port", "debug_port"),
-        ("log_level", "log_level"),
-        ("log_format", "log_format"),
-        ("workers", "workers"),
-        ("event_loop", "event_loop"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            changes[name] = value
-    return settings.with_overrides(**changes)
+    return Settings.from_env().with_overrides(**changes)
 
 
 def _supervise(args: argparse.Namespace, settings: Settings) -> int:
