@@ -22,10 +22,10 @@ How the load is driven: in process, through ferryman's own burst-tier limiter
 (``BurstLimiter.take``, what ``ferryman.v1.Limiter/Request`` calls) over a
 ``RedisBackend(server_time=False)`` or a ``MemoryBackend``, with a fake clock that advances
 by 1/(N*rate) s at each request. So keys, node and tenant names are exactly the server's,
-time runs as fast as the machine can go (10k tenants at 3/s for 5 s is 150k decisions, which a gRPC server on a small machine could
-not take in 5 real seconds), and the measure is of the state, not of a server process. The
-Redis backend uses one pipelined connection, so the scripts run in the order the requests
-were made and time never goes backwards in Redis.
+time runs as fast as the machine can go (10k tenants at 3/s for 5 s is 150k decisions, which
+a gRPC server on a small machine could not take in 5 real seconds), and the measure is of
+the state, not of a server process. The Redis backend uses one pipelined connection, so the
+scripts run in the order the requests were made and time never goes backwards in Redis.
 
 The script starts its own redis-server (no persistence) on a free loopback port and stops it
 at the end, also on Ctrl-C or SIGTERM; a run of the defaults takes well under a minute, and
