@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from ferryman.config.model import Config, Domain, Rule
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import NotFoundError, RequestError
+from ferryman.stats import ValuePath
 
 __all__ = ["cache_key", "find", "segment", "stats_key", "walk"]
 
@@ -43,7 +44,7 @@ def stats_key(
             segment(k, rule.value if rule.share_threshold else v)
             for (k, v), rule in zip(entries, path, strict=True)
         ]
-        return domain + "." + ".".join(parts), (domain, *parts)
+        return domain + "." + ".".join(parts), ValuePath((domain, *parts), last.stats_path)
     for rule in path:
         if rule.value_to_metric:
             break
@@ -55,7 +56,7 @@ def stats_key(
             parts.append(segment(k, rule.value if rule.share_threshold else v))
         else:
             parts.append(segment(rule.key, rule.value))
-    return domain + "." + ".".join(parts), (domain, *parts)
+    return domain + "." + ".".join(parts), ValuePath((domain, *parts), last.stats_path)
 
 
 def cache_key(
