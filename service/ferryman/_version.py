@@ -1,8 +1,8 @@
 """The package version, importable without the rest of the package.
 
 ``__version__`` is the one place the version is written: pyproject.toml reads it when the
-package is built, and CHANGELOG.md's latest section and the Dockerfile's VERSION agree with it
-(tests/test_release.py checks both).
+package is built; CHANGELOG.md's latest section (tests/test_release.py) and the Dockerfile's
+VERSION (tests/test_dockerfile.py) are checked against it.
 """
 
 from __future__ import annotations
