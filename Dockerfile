@@ -3,7 +3,9 @@
 # RateLimitService, ferryman.v1.Limiter, health) and 6070 (debug: /rlconfig, /stats; on the
 # container's loopback unless DEBUG_HOST says otherwise).
 #
-#   docker build -t ferryman:0.1.0 .
+#   docker build -t ferryman:0.1.0 \
+#     --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg SOURCE="$(git remote get-url origin)" .
 #   docker run --rm -p 8080:8080 -p 8081:8081 -p 6070:6070 -e DEBUG_HOST=0.0.0.0 ferryman:0.1.0
 #
 # It serves the example limits in /app/descriptors; mount your own over that directory, pass
@@ -18,6 +20,17 @@ RUN python -m pip install --no-cache-dir --no-compile setuptools==84.2.1 \
  && python -m pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM python:3.11.14-slim-bookworm
+# The OCI labels: VERSION is the package's (service/ferryman/_version.py, checked by the tests);
+# REVISION (the commit) and SOURCE (the repository's URL) come from the build command.
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="ferryman" \
+      org.opencontainers.image.description="A rate limit service for service meshes" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -50,7 +63,7 @@ RUN python -m pip install --no-cache-dir --no-deps \
       urllib3==2.7.0 \
       uvloop==0.23.0 \
       watchdog==7.1.0 \
-      /wheels/ferryman-0.1.0-py3-none-any.whl \
+      /wheels/ferryman-*-py3-none-any.whl \
  && python -m pip check \
  && rm -rf /wheels
 # envoyproxy/ratelimit's manifests (Istio's rate limit guide among them) run /bin/ratelimit

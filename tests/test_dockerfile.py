@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ferryman import __version__
+
 from helpers.needs import missing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +112,31 @@ def test_final_stage_is_non_root_exposes_the_ports_and_runs_ferryman_serve() -> 
     ), "USER must come after every RUN"
 
 
+def _build_args(stage: Stage) -> dict[str, str]:
+    """The stage's ARG names and their defaults (unquoted; "" when none)."""
+    args = {}
+    for rest in stage.args("ARG"):
+        name, _, default = rest.partition("=")
+        args[name] = default.strip('"')
+    return args
+
+
+def test_image_carries_the_oci_labels_of_this_version() -> None:
+    """The image is labelled with its version (the package's), revision and source, the last
+    two from build arguments."""
+    labels = dict(
+        re.findall(r'(org\.opencontainers\.image\.\w+)="([^"]*)"', " ".join(FINAL.args("LABEL")))
+    )
+    prefix = "org.opencontainers.image."
+    assert labels[prefix + "version"] == "${VERSION}"
+    assert labels[prefix + "revision"] == "${REVISION}"
+    assert labels[prefix + "source"] == "${SOURCE}"
+    assert labels[prefix + "licenses"] == "Apache-2.0"
+    args = _build_args(FINAL)
+    assert args["VERSION"] == __version__
+    assert {"REVISION", "SOURCE"} <= args.keys()
+
+
 def _dockerignore() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -190,7 +217,9 @@ def test_dockerfile_pip_steps_install_a_working_ferryman_in_a_clean_venv(tmp_pat
     ).stdout.split()
     installed = {tuple(line.split("==")) for line in frozen}
     normalize = {(re.sub(r"[-_.]+", "-", n).lower(), v) for n, v in installed}
-    expected = {(re.sub(r"[-_.]+", "-", n).lower(), v) for n, v in pins} | {("ferryman", "0.1.0")}
+    expected = {(re.sub(r"[-_.]+", "-", n).lower(), v) for n, v in pins} | {
+        ("ferryman", __version__)
+    }
     # ensurepip may bring setuptools on older Pythons; everything else must be pinned.
     assert {item for item in normalize if item[0] != "setuptools"} == expected
     check = subprocess.run(

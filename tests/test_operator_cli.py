@@ -74,7 +74,7 @@ def test_version_prints_the_package_version(tmp_path: Path) -> None:
     """`ferryman --version` prints the installed version and exits 0."""
     result = ferryman("--version", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"ferryman {version('ferryman')}"
+    assert result.stdout.split()[:2] == ["ferryman", version("ferryman")]
 
 
 @pytest.mark.parametrize("flag", ["--grpc-port", "--http-port", "--debug-port"])

@@ -16,7 +16,8 @@ from helpers.server import ConfigDir, ServerFactory
 from helpers.stores import on_stores
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = ROOT.parent / "shared" / "spec" / "quota_service.proto"
+# The quota service's published contract, kept with the tests (tests/contracts/README.md).
+SPEC = ROOT / "tests" / "contracts" / "quota_service.proto"
 PACKAGED = ROOT / "service" / "ferryman" / "_proto" / "quotaservice" / "quota_service.proto"
 
 CLIENT = """
@@ -47,9 +48,8 @@ namespaces:
 @pytest.fixture(scope="module")
 def raw_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The spec's proto compiled by protoc into a directory of its own, with a client script."""
-    proto = SPEC if SPEC.exists() else PACKAGED
     out = tmp_path_factory.mktemp("raw_client")
-    (out / "quota_service.proto").write_bytes(proto.read_bytes())
+    (out / "quota_service.proto").write_bytes(SPEC.read_bytes())
     code = protoc.main(
         [
             "protoc",
@@ -66,8 +66,6 @@ def raw_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_packaged_proto_is_the_spec() -> None:
     """The .proto ferryman serves is the wire contract, byte for byte."""
-    if not SPEC.exists():
-        pytest.skip(f"the spec is not beside this checkout ({SPEC})")
     assert PACKAGED.read_bytes() == SPEC.read_bytes()
 
 

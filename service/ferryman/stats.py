@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 __all__ = [
     "CALL",
@@ -18,8 +19,11 @@ __all__ = [
     "SERVICE",
     "STATS_OVERFLOW",
     "TOTAL_REQUESTS",
+    "VALUES_FOLDED",
+    "CappedRule",
     "RuleSeries",
     "Stats",
+    "ValuePath",
     "total_requests",
 ]
 
@@ -32,6 +36,7 @@ CONFIG_LOAD_SUCCESS = "ratelimit.service.config_load_success"
 CONFIG_LOAD_ERROR = "ratelimit.service.config_load_error"
 GLOBAL_SHADOW_MODE = "ratelimit.service.global_shadow_mode"
 STATS_OVERFLOW = "ratelimit.service.stats_overflow"
+VALUES_FOLDED = "ratelimit.service.stats_values_folded"
 LOCAL_CACHE_HITS = "ratelimit.service.local_cache_hits"
 TOTAL_REQUESTS = "ratelimit_server.ShouldRateLimit.total_requests"
 
@@ -57,6 +62,34 @@ RULE_STATS = (
 # The stats a fixed-window counter updates on every hit, in Stats.rule_counts's order.
 FIXED_WINDOW_STATS = ("total_hits", "within_limit", "near_limit", "over_limit")
 
+# The last level of a rule's series for the request values past its MAX_METRIC_SERIES.
+OTHER = "_other_"
+# MAX_METRIC_SERIES's default (settings).
+MAX_METRIC_SERIES = 10_000
+
+
+class ValuePath(tuple[str, ...]):
+    """A series' path (domain, level1, ...) that holds request values (``detailed_metric``,
+    ``value_to_metric``), with the path of the rule it counts for: a tuple still, so that
+    it travels with the request as any path does and Stats can cap the rule's values."""
+
+    rule: tuple[str, ...]
+
+    def __new__(cls, parts: Iterable[str], rule: tuple[str, ...]) -> ValuePath:
+        path = super().__new__(cls, parts)
+        path.rule = rule
+        return path
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CappedRule:
+    """A rule that reached MAX_METRIC_SERIES: its series for further values are folded."""
+
+    rule: str
+    values: int
+    folded: int
+
+
 # (stat, path, labels, value): path is (domain, level1, level2, ...), or None for the overflow
 # series; labels are the series' own extra labels (a burst tier's ``tier``), as pairs.
 RuleSeries = tuple[str, tuple[str, ...] | None, tuple[tuple[str, str], ...], int]
@@ -67,19 +100,31 @@ class Stats:
 
     ``inc`` is for the service's fixed names, a small set known in advance. ``rule`` is for
     names built from configuration and request values (``detailed_metric`` puts request
-    values in them): past ``max_series`` distinct such names, new ones are folded into
-    ``ratelimit.service.rate_limit.overflow.<stat>`` and each fold counts one in
-    ``ratelimit.service.stats_overflow``.
+    values in them), bounded twice:
+
+    - per rule: a series whose path is a ``ValuePath`` counts one of its rule's request
+      values; past ``max_values`` values (MAX_METRIC_SERIES), a rule's further values are
+      folded into its ``<rule>._other_.<stat>`` series, each fold counted in
+      ``ratelimit.service.stats_values_folded`` and in ``capped()``. Domains that no
+      configuration defines (``domain_not_found``) are one such rule, ``_other_`` its fold;
+    - in all: past ``max_series`` distinct names, new ones are folded into
+      ``ratelimit.service.rate_limit.overflow.<stat>`` and each fold counts one in
+      ``ratelimit.service.stats_overflow``.
     """
 
-    def __init__(self, max_series: int = 10_000) -> None:
+    def __init__(self, max_series: int = 10_000, max_values: int | None = None) -> None:
         self._values: dict[str, int] = {}
         # Every rule series by name, with its stat and its parts (for exporters' labels).
         self._rules: dict[str, tuple[str, tuple[str, ...] | None, tuple[tuple[str, str], ...]]] = {}
         self.max_series = max_series
+        self.max_values = MAX_METRIC_SERIES if max_values is None else max_values
         self._lock = threading.Lock()
         # The full names of a fixed-window rule's stats, by rule key (at most max_series).
         self._names: dict[str, tuple[str, ...]] = {}
+        # Per rule path: the request values (series keys) with series of their own, and how
+        # many increments were folded once there were max_values of them.
+        self._rule_values: dict[tuple[str, ...], set[str]] = {}
+        self._folded: dict[tuple[str, ...], int] = {}
 
     def inc(self, name: str, amount: int = 1) -> None:
         """Add to a fixed-name counter (never folded: its names are few and known)."""
@@ -113,9 +158,50 @@ class Stats:
                 self._values[name] += amount
             else:
                 parts = tuple(key.split(".")) if path is None else path
-                self._new_series(name, stat, amount, parts, labels)
+                self._new_series(key, name, stat, amount, parts, labels)
 
     def _new_series(
+        self,
+        key: str,
+        name: str,
+        stat: str,
+        amount: int,
+        path: tuple[str, ...],
+        labels: tuple[tuple[str, str], ...],
+    ) -> None:
+        """Start the series ``name`` (of the series key ``key``) at ``amount``, unless its
+        rule has series for ``max_values`` other values already: then fold it into the
+        rule's ``_other_`` series. The caller holds the lock."""
+        if isinstance(path, ValuePath):
+            rule: tuple[str, ...] | None = path.rule
+        else:
+            # Every domain that no configuration defines counts for one rule: ().
+            rule = () if stat == "domain_not_found" else None
+        if rule is None or self._admit(rule, key):
+            self._add_series(name, stat, amount, path, labels)
+            return
+        self._folded[rule] = self._folded.get(rule, 0) + 1
+        self._values[VALUES_FOLDED] = self._values.get(VALUES_FOLDED, 0) + 1
+        other = (*rule, OTHER)
+        extra = "".join(f".{k}_{v}" for k, v in labels)
+        self._add_series(
+            f"{RATE_LIMIT}.{'.'.join(other)}{extra}.{stat}", stat, amount, other, labels
+        )
+
+    def _admit(self, rule: tuple[str, ...], key: str) -> bool:
+        """Whether the value ``key`` of ``rule`` has series of its own (the first
+        ``max_values`` values of a rule have). The caller holds the lock."""
+        admitted = self._rule_values.get(rule)
+        if admitted is None:
+            admitted = self._rule_values[rule] = set()
+        if key in admitted:
+            return True
+        if len(admitted) < self.max_values:
+            admitted.add(key)
+            return True
+        return False
+
+    def _add_series(
         self,
         name: str,
         stat: str,
@@ -123,10 +209,12 @@ class Stats:
         path: tuple[str, ...],
         labels: tuple[tuple[str, str], ...],
     ) -> None:
-        """Start the series ``name`` at ``amount``, or fold it into the overflow series when
-        ``max_series`` exist already. The caller holds the lock."""
+        """Add to the series ``name``, starting it if need be, or fold it into the overflow
+        series when ``max_series`` exist already. The caller holds the lock."""
         values = self._values
-        if len(self._rules) < self.max_series:
+        if name in values:
+            values[name] += amount
+        elif len(self._rules) < self.max_series:
             values[name] = amount
             self._rules[name] = (stat, path, labels)
         else:
@@ -156,13 +244,33 @@ class Stats:
                     if name in values:
                         values[name] += amount
                     else:
-                        self._new_series(name, stat, amount, path, ())
+                        self._new_series(key, name, stat, amount, path, ())
 
     @property
     def series(self) -> int:
         """How many per-rule series exist (the overflow ones included)."""
         with self._lock:
             return len(self._rules)
+
+    def capped(self) -> list[CappedRule]:
+        """The rules that reached MAX_METRIC_SERIES, by name (unknown domains as one rule,
+        ``domain_not_found``)."""
+        with self._lock:
+            return sorted(
+                CappedRule(".".join(rule) or "domain_not_found", len(self._rule_values[rule]), n)
+                for rule, n in self._folded.items()
+            )
+
+    def status(self) -> dict[str, object]:
+        """/status's view: the series, both caps and the rules that reached MAX_METRIC_SERIES
+        (each with the values it keeps and the increments folded since)."""
+        capped = [{"rule": c.rule, "values": c.values, "folded": c.folded} for c in self.capped()]
+        return {
+            "series": self.series,
+            "max_series": self.max_series,
+            "max_metric_series": self.max_values,
+            "capped_rules": capped,
+        }
 
     def rule_series(self) -> list[RuleSeries]:
         """Every per-rule series as (stat, path, labels, value), at one instant."""

@@ -17,10 +17,9 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Protocol
 
-from ferryman import logs
+from ferryman import _version, logs
 from ferryman.cli import check, completion, config, envoy, explain, query, serve
 from ferryman.errors import ConfigError, FerrymanError, SettingsError
 
@@ -44,11 +43,22 @@ class Command(Protocol):
 COMMANDS: tuple[Command, ...] = (serve, check, query, explain, envoy, completion, config)
 
 
-def _version() -> str:
-    try:
-        return version("ferryman")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+class _Version(argparse.Action):
+    """--version: the version, and the commit from a checkout (git is asked only then, not on
+    every start as argparse's own version action would)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(_version.describe())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ferryman", description="A rate limit service for Envoy.", parents=[debug]
     )
-    parser.add_argument("--version", action="version", version=f"ferryman {_version()}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub, [debug]).set_defaults(run=command.run)

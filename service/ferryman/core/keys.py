@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ferryman.core.rules import Domain, Rule
+from ferryman.stats import ValuePath
 
 __all__ = ["cache_key", "segment", "stats_key", "walk"]
 
@@ -41,7 +42,7 @@ def stats_key(
             segment(k, rule.value if rule.share_threshold else v)
             for (k, v), rule in zip(entries, path, strict=True)
         ]
-        return domain + "." + ".".join(parts), (domain, *parts)
+        return domain + "." + ".".join(parts), ValuePath((domain, *parts), last.stats_path)
     for rule in path:
         if rule.value_to_metric:
             break
@@ -53,7 +54,7 @@ def stats_key(
             parts.append(segment(k, rule.value if rule.share_threshold else v))
         else:
             parts.append(segment(rule.key, rule.value))
-    return domain + "." + ".".join(parts), (domain, *parts)
+    return domain + "." + ".".join(parts), ValuePath((domain, *parts), last.stats_path)
 
 
 def cache_key(

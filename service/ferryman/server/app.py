@@ -295,7 +295,7 @@ class Service:
         # runs), and only when given: reading them needs the ferryman[envoy] extra.
         routes = read_routes(settings.envoy_config_files)
         self.clock = clock or SystemClock()
-        self.stats = Stats(settings.metrics_max_series)
+        self.stats = Stats(settings.metrics_max_series, settings.max_metric_series)
         self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)

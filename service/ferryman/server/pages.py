@@ -207,10 +207,7 @@ class Pages:
             "local_cache": None
             if cache is None
             else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},
-            "stats": {
-                "series": self.service.stats.series,
-                "max_series": self.service.stats.max_series,
-            },
+            "stats": self.service.stats.status(),
         }
 
     async def prometheus(self, request: HttpRequest) -> HttpResponse:

@@ -739,6 +739,14 @@ class Settings:
     metrics_max_series: int = METRICS.setting(
         "METRICS_MAX_SERIES", 10_000, Integer(1), "series kept per metric at most"
     )
+    max_metric_series: int = METRICS.setting(
+        "MAX_METRIC_SERIES",
+        10_000,
+        Integer(1),
+        "request values one rule keeps series of their own for (detailed_metric, "
+        "value_to_metric, tenants of burst and bucket nodes, unknown domains); past it they "
+        "fold into the rule's `_other_` series",
+    )
     # OpenTelemetry's standard OTEL_EXPORTER_OTLP_[METRICS_|TRACES_]ENDPOINT: push over OTLP/gRPC.
     otlp_metrics_endpoint: str = METRICS.setting(
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",

@@ -1,6 +1,8 @@
 """OpenTelemetry metrics and traces of one Service, instruments created once at startup.
 
-Metrics. The reference's counters live in ``Stats`` (exact, bounded by METRICS_MAX_SERIES);
+Metrics. The reference's counters live in ``Stats`` (exact, bounded by METRICS_MAX_SERIES in
+all and by MAX_METRIC_SERIES request values per rule, past which a rule's values are folded
+into its ``_other_`` series);
 they are exposed as ObservableCounters whose callbacks read Stats when a reader collects, so
 a request pays nothing for them. The per-rule stat ``ratelimit.service.rate_limit.<domain>.
 <level1>[.<level2>...].<stat>`` becomes ``ratelimit_service_rate_limit_<stat>`` with labels

@@ -22,6 +22,7 @@ from ferryman.stats import (
     LOCAL_CACHE_HITS,
     RULE_STATS,
     STATS_OVERFLOW,
+    VALUES_FOLDED,
     Stats,
     total_requests,
 )
@@ -103,6 +104,11 @@ _FIXED_COUNTERS = (
         "ratelimit_service_stats_overflow",
         STATS_OVERFLOW,
         "Increments folded into the overflow series past METRICS_MAX_SERIES.",
+    ),
+    (
+        "ratelimit_service_stats_values_folded",
+        VALUES_FOLDED,
+        "Increments of request values folded into a rule's _other_ series past MAX_METRIC_SERIES.",
     ),
 )
 
