@@ -122,7 +122,7 @@ def test_remembered_requests_are_answered_as_fresh_ones(name: str) -> None:
         key = request.SerializeToString()
         repeats += key in kept
         got = call(remembering, request)
-        compiled += kept[key].plain is not None if key in kept else 0
+        compiled += kept[key].compiled is not None if key in kept else 0
         want = asyncio.run(fresh.respond(request))
         assert got == want, f"step {step}: {request}"
         if step % 40 == 39:

@@ -1,197 +1,22 @@
-"""BACKEND_TYPE=memcache: fixed-window counters in memcached, as the reference keeps them.
-
-Keys are the reference's (``<prefix><domain>_<key>_<value>_..._<window start>``, the same
-as in Redis) and go to ``MEMCACHE_HOST_PORT``'s servers the way its client picks them (the
-CRC-32 of the key, modulo the number of servers). A counter is created with ``add`` and
-the window's expiry (plus jitter), then moved with ``incr`` / ``decr``, whose answer is the
-value after the request: each counter is exact, though a request's counters are not
-changed together as one Redis script changes them. Burst tiers and held copies stay in
-this process (memcached has nothing to run them on).
-"""
+"""BACKEND_TYPE=memcache: fixed-window counters in memcached, as the reference keeps them
+(see ``ferryman.algorithms.fixed_window.memcache``); every other rule kind's state in this
+process (memcached has nothing to run them on)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import random
-import zlib
 from collections.abc import Sequence
 
 from ferryman.algorithms import COUNTERS
-from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
 from ferryman.backends.memory import InProcessStores
 from ferryman.clock import Clock, SystemClock
-from ferryman.errors import BackendError, BackendTimeoutError
+from ferryman.connections.memcache import MemcacheServer
 
-__all__ = ["MemcacheBackend", "MemcacheFixedWindows"]
-
-
-class _Server:
-    """One memcached server: one connection, commands written together, answers in order."""
-
-    def __init__(self, host: str, port: int, timeout: float) -> None:
-        self.host, self.port, self.timeout = host, port, timeout
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._lock = asyncio.Lock()
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    async def run(self, commands: Sequence[bytes], values: int = 0) -> list[bytes]:
-        """Send ``commands`` and read one answer line each; the first ``values`` commands
-        are ``get``s, whose answer is the value (b"" when missing)."""
-        async with self._lock:
-            try:
-                async with asyncio.timeout(self.timeout):
-                    return await self._run(commands, values)
-            except TimeoutError:
-                self._drop()
-                raise BackendTimeoutError(
-                    f"memcached {self} did not answer within {self.timeout}s"
-                ) from None
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                self._drop()
-                raise BackendError(f"memcached {self}: {exc}") from exc
-
-    async def _run(self, commands: Sequence[bytes], values: int) -> list[bytes]:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self._reader, self._writer
-        assert reader is not None
-        writer.write(b"".join(commands))
-        await writer.drain()
-        out: list[bytes] = []
-        for i in range(len(commands)):
-            line = (await reader.readuntil(b"\r\n"))[:-2]
-            if i < values:
-                value = b""
-                if line.startswith(b"VALUE "):
-                    size = int(line.split()[3])
-                    value = (await reader.readexactly(size + 2))[:-2]
-                    line = (await reader.readuntil(b"\r\n"))[:-2]
-                if line != b"END":
-                    raise ValueError(f"unexpected answer to get: {line!r}")
-                out.append(value)
-            else:
-                if line.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
-                    raise ValueError(line.decode(errors="replace"))
-                out.append(line)
-        return out
-
-    def _drop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
-
-    async def close(self) -> None:
-        writer = self._writer
-        self._drop()
-        if writer is not None:
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-
-class MemcacheFixedWindows:
-    """The fixed-window store over memcached servers."""
-
-    def __init__(self, servers: Sequence[_Server], jitter_max: int = 0) -> None:
-        self._servers = list(servers)
-        self._jitter_max = jitter_max
-        self.healthy = True
-
-    def _server(self, key: str) -> _Server:
-        servers = self._servers
-        if len(servers) == 1:
-            return servers[0]
-        return servers[zlib.crc32(key.encode()) % len(servers)]
-
-    def _ttl(self, op: CounterOp) -> int:
-        if self._jitter_max > 0:
-            return op.ttl + random.randrange(self._jitter_max)
-        return op.ttl
-
-    async def _get(self, keys: Sequence[str]) -> dict[str, int]:
-        by_server: dict[int, list[str]] = {}
-        for key in dict.fromkeys(keys):
-            by_server.setdefault(id(self._server(key)), []).append(key)
-        found: dict[str, int] = {}
-        for group in by_server.values():
-            server = self._server(group[0])
-            answers = await server.run([b"get " + k.encode() + b"\r\n" for k in group], len(group))
-            for key, value in zip(group, answers, strict=True):
-                found[key] = int(value) if value.isdigit() else 0
-        return found
-
-    async def peek(self, ops: Sequence[CounterOp]) -> list[int]:
-        """The current value of each op's counter (0 when absent), changing nothing."""
-        values = await self._get([op.key for op in ops])
-        return [values.get(op.key, 0) for op in ops]
-
-    async def reset(self, ops: Sequence[CounterOp]) -> int:
-        held = 0
-        for op in ops:
-            [line] = await self._server(op.key).run([b"delete " + op.key.encode() + b"\r\n"])
-            held += line == b"DELETED"
-        return held
-
-    async def _change(self, op: CounterOp) -> int:
-        """Apply one op; the counter's value after it."""
-        server = self._server(op.key)
-        key = op.key.encode()
-        if op.hits < 0:
-            [line] = await server.run([b"decr %s %d\r\n" % (key, -op.hits)])
-            return int(line) if line.isdigit() else 0
-        for _ in range(2):
-            [line] = await server.run([b"incr %s %d\r\n" % (key, op.hits)])
-            if line.isdigit():
-                return int(line)
-            # NOT_FOUND: create it with the window's expiry; NOT_STORED means another
-            # writer created it first, so increment again.
-            [line] = await server.run(
-                [b"add %s 0 %d %d\r\n%d\r\n" % (key, self._ttl(op), len(str(op.hits)), op.hits)]
-            )
-            if line == b"STORED":
-                return op.hits
-        raise BackendError(f"memcached {server}: counter {op.key} could not be created")
-
-    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
-        try:
-            results = await self._apply(ops, stop_when_over)
-        except BackendError:
-            self.healthy = False
-            raise
-        self.healthy = True
-        return results
-
-    async def _apply(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[CounterResult]:
-        skip: set[int] = set()
-        read = [op.key for i, op in enumerate(ops) if op.hits == 0]
-        if stop_when_over:
-            current = await self._get([op.key for op in ops])
-            over = over_limit(ops, [current[op.key] for op in ops])
-            if over:
-                skip = set(range(len(ops))) - over
-            read = [ops[i].key for i in skip] + read
-        values = await self._get(read) if read else {}
-        results: list[CounterResult] = []
-        for i, op in enumerate(ops):
-            if i in skip or op.hits == 0:
-                results.append(CounterResult(values.get(op.key, 0), 0))
-                continue
-            after = await self._change(op)
-            # A give-back reports only the value after it (the engine reads nothing else).
-            results.append(CounterResult(after, max(op.hits, 0)))
-        return results
-
-    async def close(self) -> None:
-        for server in self._servers:
-            await server.close()
+__all__ = ["MemcacheBackend"]
 
 
 class MemcacheBackend(InProcessStores):
-    """Counters in memcached (``MEMCACHE_HOST_PORT``); every other algorithm's state (burst
-    tiers, copies, node buckets, sliding windows) in process."""
+    """Counters in memcached (``MEMCACHE_HOST_PORT``); every other rule kind's state in
+    process."""
 
     name = "memcache"
 
@@ -204,17 +29,17 @@ class MemcacheBackend(InProcessStores):
         clock: Clock | None = None,
     ) -> None:
         clock = clock or SystemClock()
-        servers = [_Server(host, port, timeout) for host, port in addresses]
+        servers = [MemcacheServer(host, port, timeout) for host, port in addresses]
         self.addresses = list(addresses)
         super().__init__(clock)
-        self.counters = MemcacheFixedWindows(servers, jitter_max)
+        self.counters = COUNTERS.memcache_store(servers, jitter_max)
         self._stores[COUNTERS.name] = self.counters
 
     async def start(self) -> None:
         return None
 
     def healthy(self) -> bool:
-        return self.counters.healthy
+        return bool(self.counters.healthy)
 
     async def close(self) -> None:
         await self.counters.close()

@@ -12,7 +12,7 @@ state one descriptor counts in, for explain, the console and resets.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,12 +27,14 @@ from ferryman.stats import Stats
 __all__ = [
     "Algorithm",
     "Call",
+    "Counters",
     "Item",
     "Limiter",
     "Prepared",
     "Rate",
     "StoreOptions",
     "Target",
+    "Timed",
 ]
 
 
@@ -125,6 +127,50 @@ class Limiter(Protocol):
     ) -> None:
         """Each item's status from the replies of :meth:`calls`, in the same order, stats
         counted, the outcome tallied."""
+        ...
+
+
+#: Times one store call: ``timed(items, call)`` (the engine's telemetry).
+Timed = Callable[[int, Awaitable[Any]], Awaitable[Any]]
+
+
+class Counters(Limiter, Protocol):
+    """The limiter of the kind that also counts the limits Envoy sends with a descriptor,
+    and answers a request made only of its plain rules with no plan at all (compiled once
+    per distinct request)."""
+
+    @property
+    def local(self) -> Any:
+        """Its over-limit cache (LOCAL_CACHE_SIZE_IN_BYTES), or None."""
+        ...
+
+    def override(
+        self,
+        index: int,
+        limit: RateLimit,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> Item:
+        """An item for a limit sent with the descriptor, in place of any configured one."""
+        ...
+
+    def compile(
+        self,
+        prepared: Sequence[Any],
+        entries: Sequence[Sequence[tuple[str, str]]],
+        hits: Sequence[int],
+    ) -> Any | None:
+        """What answers a request whose descriptors were ``prepared`` by this limiter (None
+        for the others), or None when it cannot be answered without a plan."""
+        ...
+
+    async def run(
+        self, store: Any, compiled: Any, now: float, timed: Timed
+    ) -> tuple[list[Status | None], Tally]:
+        """The statuses and tally of a compiled request, from one store call. Raises
+        BackendError when the store fails."""
         ...
 
 

@@ -12,14 +12,13 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from ferryman.algorithms import ALGORITHMS, BY_NAME, COUNTERS
-from ferryman.algorithms.fixed_window.limiter import PlainCounter, WindowLimiter
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config
-from ferryman.core.algorithm import Limiter
+from ferryman.core.algorithm import Counters, Limiter
 from ferryman.core.answers import (
     Code,
     Decision,
@@ -72,7 +71,7 @@ class _Prepared:
     descriptors: Sequence[DescriptorRequest]
     hits_addend: int
     matches: list[Match]
-    plain: tuple[PlainCounter, ...] | None
+    compiled: Any  # what the counters' limiter answers it with, or None
 
 
 @dataclass(slots=True)
@@ -124,16 +123,14 @@ class RateLimitEngine:
         self._stats = stats
         self.options = opts = options or EngineOptions()
         self.limiters: dict[str, Limiter] = {a.name: a.limiter(opts, stats) for a in ALGORITHMS}
-        counters = self.limiters[COUNTERS.name]
-        assert isinstance(counters, WindowLimiter)
-        self._counters = counters
+        self._counters = cast(Counters, self.limiters[COUNTERS.name])
         self._rules: dict[Rule, tuple[Limiter, Any]] = {}
         self._rules_of: Config | None = None
         self._prepared: OrderedDict[Hashable, _Prepared] = OrderedDict()
 
     @property
     def local_cache(self) -> Any:
-        """The fixed windows' over-limit cache (LOCAL_CACHE_SIZE_IN_BYTES), or None."""
+        """The counters' over-limit cache (LOCAL_CACHE_SIZE_IN_BYTES), or None."""
         return self._counters.local
 
     def limiter(self, name: str) -> Limiter:
@@ -188,8 +185,8 @@ class RateLimitEngine:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(key)
-        if prepared.plain is not None:
-            return await self._plain(prepared, prepared.plain)
+        if prepared.compiled is not None:
+            return await self._compiled(prepared)
         return await self._decide(
             prepared.domain, prepared.descriptors, prepared.hits_addend, prepared.matches
         )
@@ -201,9 +198,9 @@ class RateLimitEngine:
         request_hits = hits_addend or 1
         hits = [d.hits_of(request_hits) for d in descriptors]
         counters = self._counters
-        windows = [m[1] if m is not None and m[0] is counters else None for m in matches]
-        plain = counters.compile(windows, [d.entries for d in descriptors], hits)
-        return _Prepared(domain, descriptors, hits_addend, matches, plain)
+        own = [m[1] if m is not None and m[0] is counters else None for m in matches]
+        compiled = counters.compile(own, [d.entries for d in descriptors], hits)
+        return _Prepared(domain, descriptors, hits_addend, matches, compiled)
 
     def _not_found(
         self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int
@@ -230,18 +227,20 @@ class RateLimitEngine:
             return self._degraded(error, descriptors)
         return self._decision(domain, descriptors, hits_addend, plan.statuses, tally)
 
-    async def _plain(self, request: _Prepared, counters: tuple[PlainCounter, ...]) -> Decision:
-        """A request of plain windows only, compiled: one store call, no plan."""
-        now = self._clock.now()
-        windows = self._counters
-        ops = windows.plain_ops(counters, now)
-        store = self._backend.store(COUNTERS.name)
-        apply = store.apply(ops, stop_when_over=self.options.stop_when_over)
+    async def _compiled(self, request: _Prepared) -> Decision:
+        """A request the counters answer whole, compiled: one store call, no plan."""
+        name = COUNTERS.name
+
+        def timed(items: int, call: Awaitable[Any]) -> Awaitable[Any]:
+            return self.timed(name, items, call)
+
+        store = self._backend.store(name)
         try:
-            results = await self.timed(COUNTERS.name, len(ops), apply)
+            statuses, tally = await self._counters.run(
+                store, request.compiled, self._clock.now(), timed
+            )
         except BackendError as error:
             return self._degraded(error, request.descriptors)
-        statuses, tally = windows.plain_answer(counters, results, now)
         return self._decision(
             request.domain, request.descriptors, request.hits_addend, statuses, tally
         )

@@ -68,6 +68,12 @@ class FixedWindowAlgorithm:
 
         return RedisFixedWindows(connection, options.jitter_max)
 
+    def memcache_store(self, servers: Sequence[Any], jitter_max: int) -> Any:
+        """The counters in memcached (BACKEND_TYPE=memcache), on ``servers``."""
+        from ferryman.algorithms.fixed_window.memcache import MemcacheFixedWindows
+
+        return MemcacheFixedWindows(servers, jitter_max)
+
     def routed_store(self, main: Any, per_second: Any) -> FixedWindowStore:
         """Per-second counters to ``per_second``, the others to ``main`` (REDIS_PERSECOND)."""
         from ferryman.algorithms.fixed_window.redis import RoutedFixedWindows

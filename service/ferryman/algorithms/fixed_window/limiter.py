@@ -23,7 +23,7 @@ from ferryman.algorithms.fixed_window.model import (
     window_start,
 )
 from ferryman.algorithms.fixed_window.spec import FixedWindow
-from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.algorithm import Algorithm, Call, Timed
 from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import cache_key, segment, stats_key
 from ferryman.core.rules import RateLimit, Rule
@@ -201,7 +201,7 @@ class WindowLimiter:
         """The counters of a request whose descriptors (each ``prepared``, with its
         ``entries`` and ``hits``) are all plain windows that add hits, replace no other rule
         and skip no local cache: such a request is answered by :meth:`run` alone. None for
-        any other request."""
+        any other request (``prepared`` is None where another kind prepared the rule)."""
         if self.local is not None or not prepared:
             return None
         ratio = self.opts.near_limit_ratio
@@ -228,6 +228,15 @@ class WindowLimiter:
                 CounterOp(key, c.hits, c.window.limit.requests_per_unit, start + seconds, seconds)
             )
         return ops
+
+    async def run(
+        self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float, timed: Timed
+    ) -> tuple[list[Status | None], Tally]:
+        """A compiled request (:meth:`compile`): one store call, no plan."""
+        ops = self.plain_ops(compiled, now)
+        apply = store.apply(ops, stop_when_over=self.opts.stop_when_over)
+        results = await timed(len(ops), apply)
+        return self.plain_answer(compiled, results, now)
 
     def plain_answer(
         self, counters: Sequence[PlainCounter], results: Sequence[CounterResult], now: float
