@@ -219,8 +219,8 @@ def test_istio_reference_filters_reach_the_reference_configmap(
     envoyfilters = ROOT / "k8s/istio-reference/envoyfilters.yaml"
     run = envoy_cli(capsys, "check", str(envoyfilters), "--config", str(config), "--strict")
     assert run.code == 0, run.out + run.err
-    assert "-> ratelimit.PATH_/productpage: fixed window 1/minute when header :path" in run.out
-    assert "-> ratelimit.PATH: fixed window 100/minute" in run.out
+    assert "-> ratelimit.PATH_/productpage: fixed window 1 per minute when header :path" in run.out
+    assert "-> ratelimit.PATH: fixed window 100 per minute" in run.out
 
 
 def test_a_consistent_pair_is_clean_even_when_strict(
@@ -232,8 +232,8 @@ def test_a_consistent_pair_is_clean_even_when_strict(
         capsys, "check", str(_envoy(tmp_path, ENVOY)), "--config", str(config), "--strict"
     )
     assert run.code == 0, run.out
-    assert "-> shop.tenant.plan_gold: fixed window 5/second" in run.out
-    assert "-> shop.user: fixed window 10/minute" in run.out
+    assert "-> shop.tenant.plan_gold: fixed window 5 per second" in run.out
+    assert "-> shop.user: fixed window 10 per minute" in run.out
     assert run.out.endswith("ok: 3 entries, 0 errors, 0 warnings\n")
 
 
@@ -352,5 +352,5 @@ def test_generate_then_check_round_trips_with_a_header_mapping(
     assert "header_name: x-user" in run.out and "descriptor_value: checkout" in run.out
     checked = envoy_cli(capsys, "check", str(_envoy(tmp_path, run.out)), "--config", str(config))
     assert checked.code == 0, checked.out
-    assert "-> shop.tenant.plan_gold: fixed window 5/second when header plan = gold" in checked.out
+    assert "-> shop.tenant.plan_gold: fixed window 5 per second when header plan = gold" in checked.out
     assert "no Envoy entry reaches" not in checked.out

@@ -108,7 +108,7 @@ class LuaScript:
     @classmethod
     def of(cls, package: str, *names: str) -> LuaScript:
         """The script made of the files ``names`` in ``package`` (e.g.
-        ``ferryman.algorithms.burst``), in order: shared functions first, the script last."""
+        an algorithm's package), in order: shared functions first, the script last."""
         files = resources.files(package)
         return cls(_DEADLINE + "".join(files.joinpath(name).read_text("utf-8") for name in names))
 

@@ -76,7 +76,7 @@ def _step(level: Level, key: str, value: str) -> tuple[Rule | None, dict[str, An
 
 
 def describe_rule(rule: Rule) -> dict[str, Any]:
-    """A rule as plain data: its kind (fixed_window, burst_tiers, copies...) and numbers."""
+    """A rule as plain data: its kind and numbers, as its algorithm describes them."""
     out: dict[str, Any] = {
         "stats_key": rule.stats_key,
         "source": rule.source,

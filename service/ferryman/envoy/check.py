@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferryman.algorithms import BY_NAME
 from ferryman.config.model import Config
 from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Level, Rule
@@ -126,15 +127,9 @@ def _hint(level: Level, root: Level, parts: Sequence[Part], stop: dict[str, Any]
 
 
 def short(rule: dict[str, Any]) -> str:
-    kind = rule.get("kind")
-    if kind == "fixed_window":
-        text = f"fixed window {rule['requests_per_unit']}/{rule['unit']}"
-    elif kind == "burst_tiers":
-        text = str(rule["tiers"])
-    elif kind == "copies":
-        text = str(rule["copies"])
-    else:
-        text = str(kind)
+    kind = str(rule.get("kind"))
+    algorithm = BY_NAME.get(kind)
+    text = algorithm.text(rule) if algorithm is not None else kind
     if rule.get("shadow_mode"):
         text += " (shadow mode)"
     return text

@@ -12,7 +12,6 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 from opentelemetry.util.types import Attributes
 
-from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.backends.base import ConnectionState, Watched
 from ferryman.stats import (
     CALL,
@@ -26,6 +25,16 @@ from ferryman.stats import (
     Stats,
     total_requests,
 )
+
+
+class SizedCache(Protocol):
+    """An in-process cache as its gauges read it (the counters' over-limit cache)."""
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
 
 # Sub-millisecond answers are the norm; seconds mean a stuck backend.
 LATENCY_BUCKETS = (
@@ -354,7 +363,7 @@ def backend_instruments(meter: Meter, backend: Watched) -> None:
 def stats_instruments(
     meter: Meter,
     stats: Stats,
-    local_cache: OverLimitCache | None,
+    local_cache: SizedCache | None,
     methods: Sequence[str],
 ) -> None:
     """Create the instruments that read ``stats`` (calls of each gRPC method in

@@ -22,7 +22,6 @@ from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ferryman._version import __version__
-from ferryman.algorithms.fixed_window.local_cache import OverLimitCache
 from ferryman.backends.base import Backend, Watched
 from ferryman.engine import ALGORITHMS, BackendTimer
 from ferryman.settings import Settings
@@ -33,6 +32,7 @@ from ferryman.telemetry.instruments import (
     CapacityView,
     HoldsView,
     Milliseconds,
+    SizedCache,
     backend_instruments,
     capacity_instruments,
     holds_instruments,
@@ -163,7 +163,7 @@ class Telemetry:
     def observe(
         self,
         stats: Stats,
-        local_cache: OverLimitCache | None = None,
+        local_cache: SizedCache | None = None,
         methods: Sequence[str] = ("ShouldRateLimit",),
     ) -> None:
         """Create the instruments that read ``stats`` (calls of each gRPC method in
