@@ -88,12 +88,33 @@ class BurstAlgorithm:
     async def peek(self, store: BurstStore, target: Target, now: float) -> dict[str, Any]:
         node, tenant, policy = target.state
         seen = await store.peek(node, tenant, policy, now)
-        return {"tier": seen.current, "last_second": seen.last_second}
+        tiers = [
+            {
+                "limit": tier.limit,
+                "window": tier.window,
+                "active": tier.active,
+                "cooldown": tier.cooldown,
+                "phase": state.phase,
+                "hits": state.hits,
+                "entered": state.entered,
+                "active_until": state.active_until,
+                "cooldown_until": state.cooldown_until,
+            }
+            for tier, state in zip(policy.tiers, seen.tiers, strict=True)
+        ]
+        return {
+            "tenant": tenant,
+            "now": seen.now,
+            "current": seen.current,
+            "last_second": seen.last_second,
+            "hard_limit": policy.hard_limit,
+            "tiers": tiers,
+        }
 
     def now_text(self, fields: Mapping[str, Any]) -> str:
-        if "tier" not in fields:
+        if "current" not in fields:
             return ""
-        tier = f"tier {fields['tier']}" if fields["tier"] else "no tier active"
+        tier = f"tier {fields['current']}" if fields["current"] else "no tier active"
         return f"{tier}, {fields['last_second']} in the last second"
 
     async def reset(self, store: BurstStore, target: Target) -> bool:

@@ -28,7 +28,6 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ferryman.algorithms import BY_NAME, algorithm_of
-from ferryman.algorithms.burst import BURST_TIERS, BurstPolicy, node_key
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
@@ -217,37 +216,26 @@ class Console:
         }
 
     async def tenant(self, domain: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
-        """One tenant's burst tiers now; RequestError / NotFoundError for a descriptor that
-        does not reach a burst-tier node."""
-        rule = self.engine.resolve(domain, entries, (BURST_TIERS.name,), "burst tiers")[-1]
-        policy = rule.limit
-        assert isinstance(policy, BurstPolicy)
-        node, tenant = node_key(self.engine.options.cache_key_prefix, rule, entries)
+        """One tenant's tiers now, read through its rule's kind without counting;
+        RequestError / NotFoundError for a descriptor that reaches no node with tiers."""
+        path = self.engine.resolve(domain, entries, tuple(BY_NAME), "a limit")
+        rule = path[-1]
+        assert rule.limit is not None
+        algorithm = algorithm_of(rule.limit.kind)
         now = self.clock.now()  # as the engine decides (a Redis store may use its own clock)
-        seen = await self.backend.store(BURST_TIERS.name).peek(node, tenant, policy, now)
+        target = algorithm.target(self.engine.options, domain, path, entries, now)
+        seen = {}
+        if target is not None:
+            seen = await algorithm.peek(self.backend.store(algorithm.name), target, now)
+        if "tiers" not in seen:
+            raise RequestError(
+                "descriptor", f"{rule.stats_key} has no tiers to show: it is not a burst-tier node"
+            )
         return {
             "domain": domain,
             "entries": [list(e) for e in entries],
             "series": series_label(rule.stats_path or None),
-            "tenant": tenant,
-            "now": seen.now,
-            "current": seen.current,
-            "last_second": seen.last_second,
-            "hard_limit": policy.hard_limit,
-            "tiers": [
-                {
-                    "limit": tier.limit,
-                    "window": tier.window,
-                    "active": tier.active,
-                    "cooldown": tier.cooldown,
-                    "phase": state.phase,
-                    "hits": state.hits,
-                    "entered": state.entered,
-                    "active_until": state.active_until,
-                    "cooldown_until": state.cooldown_until,
-                }
-                for tier, state in zip(policy.tiers, seen.tiers, strict=True)
-            ],
+            **seen,
         }
 
     def _sessions_panel(self) -> dict[str, Any]:
