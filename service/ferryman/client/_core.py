@@ -243,11 +243,35 @@ def _copies(
 ) -> tuple[str, Entries, int, int]:
     """A request for copies, checked: its domain, entries, copies and the fewest accepted."""
     entries = normalize_descriptor(descriptor)
+    copies, least = _least(copies, min_copies)
+    return _domain(domain), entries, copies, least
+
+
+def _least(copies: int, min_copies: int | None) -> tuple[int, int]:
+    """The copies asked for and the fewest accepted, checked."""
     copies = _count(copies, "copies", 1)
     least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
     if least > copies:
         raise RequestError("min_copies", f"{least} is more than copies ({copies})")
-    return _domain(domain), entries, copies, least
+    return copies, least
+
+
+def _rate_limited(resources: Sequence[Resource]) -> Resource | None:
+    """Check the resources of a multi-resource hold; the rate-limited one, if any."""
+    if isinstance(resources, str | bytes) or not isinstance(resources, Sequence):
+        raise TypeError("resources: expected a sequence of ferryman.Resource")
+    for i, r in enumerate(resources):
+        if not isinstance(r, Resource):
+            raise TypeError(f"resources[{i}]: expected a ferryman.Resource, got {r!r}")
+    if not resources:
+        raise ValueError("resources: expected at least one resource")
+    rated = [r for r in resources if r.rate_limited]
+    if len(rated) > 1:
+        raise ValueError(
+            f"resources: at most one may be rate-limited (hits cannot be given back), "
+            f"got {len(rated)}"
+        )
+    return rated[0] if rated else None
 
 
 def _session_gone(error: grpc.RpcError) -> bool:
@@ -349,7 +373,6 @@ class ClientCore:
         answer = yield Send(_protocol.SHOULD_RATE_LIMIT, request)
         if isinstance(answer, grpc.RpcError):
             self._fail(answer, f"ShouldRateLimit {domain}")
-            self._counters.add("degraded")
             return RateLimitResult(
                 code=Code.OK,
                 statuses=tuple(DescriptorStatus(Code.OK, None, 0, None) for _ in all_entries),
@@ -395,7 +418,6 @@ class ClientCore:
             answer = yield Send(_protocol.LIMITER_REQUEST, request)
             if isinstance(answer, grpc.RpcError):
                 self._fail(answer, f"Request {domain} {_shown(entries)}")
-                self._counters.add("degraded")
                 return RateResult(
                     success=True,
                     copies=least,
@@ -414,14 +436,7 @@ class ClientCore:
                     True, context.granted, schedule.elapsed, attempts, context=context
                 )
             if self.kill_switch:
-                self._counters.add("overridden")
-                log.warning(
-                    "kill switch: rejection of %d copies of %s %s overridden, %d granted",
-                    copies,
-                    domain,
-                    _shown(entries),
-                    least,
-                )
+                self._overridden(copies, domain, entries, least)
                 return RateResult(
                     True, least, schedule.elapsed, attempts, overridden=True, context=context
                 )
@@ -450,7 +465,6 @@ class ClientCore:
         )
         if isinstance(answer, grpc.RpcError):
             self._fail(answer, f"Allow {namespace}/{bucket}")
-            self._counters.add("degraded")
             return AllowResult("OK", max(tokens, 1), degraded=True)
         assert isinstance(answer, quota_service_pb2.AllowResponse)
         status = quota_service_pb2.AllowResponse.Status.Name(answer.status)
@@ -512,7 +526,6 @@ class ClientCore:
         def done(
             copies: int,
             *,
-            groups: tuple[str, ...] = (),
             degraded: bool = False,
             overridden: bool = False,
             session: SessionRef | None = None,
@@ -524,7 +537,7 @@ class ClientCore:
                 copies=copies,
                 waited=schedule.elapsed,
                 attempts=attempts,
-                groups=groups,
+                groups=tuple(g.name for g in context.groups) if session and context else (),
                 degraded=degraded,
                 overridden=overridden,
                 context=context,
@@ -532,39 +545,21 @@ class ClientCore:
             )
 
         while True:
-            session = yield OpenSession()
-            if isinstance(session, grpc.RpcError):
-                self._fail(session, f"{least} copies of {domain} {_shown(entries)}")
-                self._counters.add("degraded")
-                return done(least, degraded=True)
-            assert isinstance(session, SessionRef)
-            attempts += 1
-            self._counters.add("calls")
-            answer = yield Send(_protocol.LIMITER_RESERVE, request, session)
+            session, answer, fresh = yield from self._session_send_flow(
+                _protocol.LIMITER_RESERVE, request, fresh
+            )
+            if session is not None:
+                attempts += 1
             if isinstance(answer, grpc.RpcError):
-                if _session_gone(answer) and not fresh:
-                    self._forget(session)
-                    fresh = True
-                    attempts -= 1
-                    continue
                 self._fail(answer, f"{least} copies of {domain} {_shown(entries)}")
-                self._counters.add("degraded")
                 return done(least, degraded=True)
             assert isinstance(answer, limiter_pb2.ReserveResponse)
             context = _protocol.reserve_context(answer)
             if context.granted > 0:
                 self._counters.add("granted")
-                groups = tuple(g.name for g in context.groups)
-                return done(context.granted, groups=groups, session=session)
+                return done(context.granted, session=session)
             if self.kill_switch:
-                self._counters.add("overridden")
-                log.warning(
-                    "kill switch: rejection of %d copies of %s %s overridden, %d granted",
-                    copies,
-                    domain,
-                    _shown(entries),
-                    least,
-                )
+                self._overridden(copies, domain, entries, least)
                 return done(least, overridden=True)
             delay = schedule.next_delay()
             if delay is None:
@@ -572,6 +567,35 @@ class ClientCore:
                 return done(0)
             self._counters.add("retries")
             yield Sleep(delay)
+
+    def _session_send_flow(
+        self, method: str, request: Request, fresh: bool
+    ) -> Flow[tuple[SessionRef | None, Answer, bool]]:
+        """Send in the open session, or once per flow in a new one if the service forgot it."""
+        # Gives the session (None if none opened), the answer, and whether one was replaced.
+        while True:
+            session = yield OpenSession()
+            if isinstance(session, grpc.RpcError):
+                return None, session, fresh
+            assert isinstance(session, SessionRef)
+            self._counters.add("calls")
+            answer = yield Send(method, request, session)
+            if isinstance(answer, grpc.RpcError) and _session_gone(answer) and not fresh:
+                self._forget(session)
+                fresh = True
+                continue
+            return session, answer, fresh
+
+    def _overridden(self, copies: int, domain: str, entries: Entries, least: int) -> None:
+        """Count and log a rejection that the kill switch turns into ``least`` copies."""
+        self._counters.add("overridden")
+        log.warning(
+            "kill switch: rejection of %d copies of %s %s overridden, %d granted",
+            copies,
+            domain,
+            _shown(entries),
+            least,
+        )
 
     def release_flow(self, hold: HoldState, copies: int | None, *, quiet: bool) -> Flow[None]:
         """Give back ``copies`` (None: all the hold has left).
@@ -672,18 +696,7 @@ class ClientCore:
         least = _count(min_copies, "min_copies", 1)
         start = time.monotonic()
         if transfer_id.startswith(LOCAL_TRANSFER):
-            domain, entries, copies, degraded, overridden = _parse_local_transfer_id(transfer_id)
-            self._counters.add("degraded" if degraded else "overridden")
-            return HoldState(
-                domain=domain,
-                entries=entries,
-                success=True,
-                copies=copies,
-                waited=0.0,
-                attempts=0,
-                degraded=degraded,
-                overridden=overridden and not degraded,
-            )
+            return self._seize_locally(transfer_id)
         request = _protocol.seize_request(transfer_id)
         attempts = 0
         fresh = False
@@ -706,7 +719,6 @@ class ClientCore:
                     continue
                 failure = answer
             self._fail(failure, f"{least} copies of transfer {transfer_id}")
-            self._counters.add("degraded")
             return HoldState(
                 domain="",
                 entries=(),
@@ -727,6 +739,21 @@ class ClientCore:
             attempts=attempts,
             groups=tuple(answer.groups),
             session=session,
+        )
+
+    def _seize_locally(self, transfer_id: str) -> HoldState:
+        """The copies of a transfer granted locally, which never reached the service."""
+        domain, entries, copies, degraded, overridden = _parse_local_transfer_id(transfer_id)
+        self._counters.add("degraded" if degraded else "overridden")
+        return HoldState(
+            domain=domain,
+            entries=entries,
+            success=True,
+            copies=copies,
+            waited=0.0,
+            attempts=0,
+            degraded=degraded,
+            overridden=overridden and not degraded,
         )
 
     def release_all_flow(self, holds: Sequence[HoldState], *, quiet: bool) -> Flow[None]:
@@ -758,23 +785,8 @@ class ClientCore:
         granted. Each hold is appended to ``held`` as soon as it exists, so that the driver
         releases it whatever happens; on a failure the flow releases them itself.
         """
-        if isinstance(resources, str | bytes) or not isinstance(resources, Sequence):
-            raise TypeError("resources: expected a sequence of ferryman.Resource")
-        for i, r in enumerate(resources):
-            if not isinstance(r, Resource):
-                raise TypeError(f"resources[{i}]: expected a ferryman.Resource, got {r!r}")
-        if not resources:
-            raise ValueError("resources: expected at least one resource")
-        rated = [r for r in resources if r.rate_limited]
-        if len(rated) > 1:
-            raise ValueError(
-                f"resources: at most one may be rate-limited (hits cannot be given back), "
-                f"got {len(rated)}"
-            )
-        copies = _count(copies, "copies", 1)
-        least = copies if min_copies is None else _count(min_copies, "min_copies", 1)
-        if least > copies:
-            raise RequestError("min_copies", f"{least} is more than copies ({copies})")
+        rated = _rate_limited(resources)
+        copies, least = _least(copies, min_copies)
         max_wait = _seconds(max_wait, "max_wait")
         start = time.monotonic()
 
@@ -784,37 +796,20 @@ class ClientCore:
         def failed(resource: Resource, rate: RateResult | None = None) -> MultiHold[HoldState]:
             return MultiHold(False, 0, (), rate, time.monotonic() - start, failed=resource)
 
-        n = copies
-        for resource in resources:
-            if resource.rate_limited:
-                continue
-            hold = yield from self.reserve_flow(
-                resource.domain, resource.descriptor, n, least, left()
-            )
-            if not hold.success:
-                yield from self.release_all_flow(held, quiet=True)
-                held.clear()
-                return failed(resource)
-            held.append(hold)
-            if hold.copies < n:
-                n = hold.copies
-                for earlier in held[:-1]:
-                    if earlier.copies > n:
-                        yield from self.release_flow(earlier, earlier.copies - n, quiet=False)
+        n, refused = yield from self._hold_copies_flow(resources, copies, least, left, held)
+        if refused is not None:
+            return failed(refused)
         rate: RateResult | None = None
-        if rated:
+        if rated is not None:
             rate = yield from self.request_rate_flow(
-                rated[0].domain, rated[0].descriptor, n, least, left()
+                rated.domain, rated.descriptor, n, least, left()
             )
             if not rate.success:
-                yield from self.release_all_flow(held, quiet=True)
-                held.clear()
-                return failed(rated[0], rate)
+                yield from self._let_go_flow(held)
+                return failed(rated, rate)
             if rate.copies < n:
                 n = rate.copies
-                for hold in held:
-                    if hold.copies > n:
-                        yield from self.release_flow(hold, hold.copies - n, quiet=False)
+                yield from self._trim_flow(held, n)
         parts: list[HoldState | RateResult] = [*held, *([rate] if rate else [])]
         return MultiHold(
             True,
@@ -826,8 +821,43 @@ class ClientCore:
             overridden=any(p.overridden for p in parts),
         )
 
+    def _hold_copies_flow(
+        self,
+        resources: Sequence[Resource],
+        n: int,
+        least: int,
+        left: Callable[[], float],
+        held: list[HoldState],
+    ) -> Flow[tuple[int, Resource | None]]:
+        """Hold the copy-limited resources in order: the copies each has, or the one refused."""
+        for resource in resources:
+            if resource.rate_limited:
+                continue
+            hold = yield from self.reserve_flow(
+                resource.domain, resource.descriptor, n, least, left()
+            )
+            if not hold.success:
+                yield from self._let_go_flow(held)
+                return n, resource
+            held.append(hold)
+            if hold.copies < n:
+                n = hold.copies
+                yield from self._trim_flow(held[:-1], n)
+        return n, None
+
+    def _trim_flow(self, holds: Sequence[HoldState], n: int) -> Flow[None]:
+        """Release what each hold has beyond ``n`` copies."""
+        for hold in holds:
+            if hold.copies > n:
+                yield from self.release_flow(hold, hold.copies - n, quiet=False)
+
+    def _let_go_flow(self, held: list[HoldState]) -> Flow[None]:
+        """Release every hold of a multi-resource hold that failed, and forget them."""
+        yield from self.release_all_flow(held, quiet=True)
+        held.clear()
+
     def _fail(self, error: grpc.RpcError, what: str) -> None:
-        """Raise for a client error or when failing closed; log the degraded answer otherwise."""
+        """Raise for a client error or when failing closed; else log and count a degraded answer."""
         translated = _protocol.translate(error, self.target)
         if isinstance(translated, RequestError) or not self.fail_open:
             self._counters.add("errors")
@@ -840,6 +870,7 @@ class ClientCore:
             translated.details,
             what,
         )
+        self._counters.add("degraded")
 
 
 def _looks_like_pair(item: object) -> bool:

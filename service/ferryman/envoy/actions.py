@@ -102,67 +102,60 @@ def _matched(kind: str) -> str:
 
 def parts_of(actions: Sequence[Any]) -> tuple[Part, ...]:
     """The entries the actions of one ``rate_limits`` entry add, in order."""
-    parts: list[Part] = []
-    for action in actions:
-        if action.source_cluster is not None:
-            parts.append(Part("source_cluster", None, "source cluster"))
-        elif action.destination_cluster is not None:
-            parts.append(Part("destination_cluster", None, "destination cluster"))
-        elif action.request_headers is not None:
-            a = action.request_headers
-            parts.append(_header_part(a.descriptor_key, a.header_name, a.skip_if_absent, "header"))
-        elif action.query_parameters is not None:
-            a = action.query_parameters
-            parts.append(
-                _header_part(
-                    a.descriptor_key, a.query_parameter_name, a.skip_if_absent, "query parameter"
-                )
-            )
-        elif action.remote_address is not None:
-            parts.append(Part("remote_address", None, "client address"))
-        elif action.masked_remote_address is not None:
-            parts.append(Part("masked_remote_address", None, "masked client address"))
-        elif action.generic_key is not None:
-            a = action.generic_key
-            problem = "" if a.descriptor_value else "generic_key has no descriptor_value"
-            parts.append(
-                Part(a.descriptor_key or "generic_key", a.descriptor_value, "", problem=problem)
-            )
-        elif action.header_value_match is not None:
-            a = action.header_value_match
-            parts.append(
-                Part(
-                    a.descriptor_key or "header_match",
-                    a.descriptor_value,
-                    "",
-                    drops=_matched("headers"),
-                )
-            )
-        elif action.query_parameter_value_match is not None:
-            a = action.query_parameter_value_match
-            parts.append(
-                Part(
-                    a.descriptor_key or "query_match",
-                    a.descriptor_value,
-                    "",
-                    drops=_matched("query parameters"),
-                )
-            )
-        elif action.metadata is not None or action.dynamic_metadata is not None:
-            a = action.metadata or action.dynamic_metadata
-            drops = "" if a.default_value else "the metadata is missing"
-            parts.append(
-                Part(
-                    a.descriptor_key,
-                    None,
-                    "metadata",
-                    drops=drops,
-                    optional=bool(getattr(a, "skip_if_absent", False)),
-                )
-            )
-        else:
-            parts.append(Part("?", None, "an action this check does not model"))
-    return tuple(parts)
+    return tuple(_read_part(action) or _other_part(action) for action in actions)
+
+
+def _read_part(action: Any) -> Part | None:
+    """The entry of an action that reads a cluster, header, query parameter or address."""
+    if action.source_cluster is not None:
+        return Part("source_cluster", None, "source cluster")
+    if action.destination_cluster is not None:
+        return Part("destination_cluster", None, "destination cluster")
+    if action.request_headers is not None:
+        a = action.request_headers
+        return _header_part(a.descriptor_key, a.header_name, a.skip_if_absent, "header")
+    if action.query_parameters is not None:
+        a = action.query_parameters
+        return _header_part(
+            a.descriptor_key, a.query_parameter_name, a.skip_if_absent, "query parameter"
+        )
+    if action.remote_address is not None:
+        return Part("remote_address", None, "client address")
+    if action.masked_remote_address is not None:
+        return Part("masked_remote_address", None, "masked client address")
+    return None
+
+
+def _other_part(action: Any) -> Part:
+    """The entry of any other action: a fixed value, metadata, or one not modelled here."""
+    if action.generic_key is not None:
+        a = action.generic_key
+        problem = "" if a.descriptor_value else "generic_key has no descriptor_value"
+        return Part(a.descriptor_key or "generic_key", a.descriptor_value, "", problem=problem)
+    if action.header_value_match is not None:
+        a = action.header_value_match
+        return Part(
+            a.descriptor_key or "header_match", a.descriptor_value, "", drops=_matched("headers")
+        )
+    if action.query_parameter_value_match is not None:
+        a = action.query_parameter_value_match
+        return Part(
+            a.descriptor_key or "query_match",
+            a.descriptor_value,
+            "",
+            drops=_matched("query parameters"),
+        )
+    if action.metadata is not None or action.dynamic_metadata is not None:
+        a = action.metadata or action.dynamic_metadata
+        drops = "" if a.default_value else "the metadata is missing"
+        return Part(
+            a.descriptor_key,
+            None,
+            "metadata",
+            drops=drops,
+            optional=bool(getattr(a, "skip_if_absent", False)),
+        )
+    return Part("?", None, "an action this check does not model")
 
 
 def route_label(route: Any, index: int) -> str:

@@ -156,6 +156,23 @@ def _entry(
         "results": [],
     }
     report.entries.append(shown)
+    if _report_problems(report, entry):
+        return
+    for name in domains:
+        domain = config.domains.get(name)
+        if domain is None:
+            continue  # reported once, with the filter or override naming it
+        result: dict[str, Any] = {"domain": name, "reaches": [], "stops": []}
+        shown["results"].append(result)
+        for seq in sequences(entry.parts):
+            for outcome in walk(domain.root, seq, ()):
+                _record(result, outcome, domain.root, seq, reached)
+        if not result["reaches"]:
+            report.add("error", entry.file, entry.where, _never(name, entry, result["stops"]))
+
+
+def _report_problems(report: Report, entry: Entry) -> bool:
+    """Report what Envoy rejects or drops in ``entry``; whether Envoy rejects it."""
     broken = [p.problem for p in entry.parts if p.problem]
     for problem in broken:
         report.add("error", entry.file, entry.where, f"{problem}: Envoy rejects this entry")
@@ -168,41 +185,40 @@ def _entry(
                 f"Envoy sends no descriptor when the {part.drops.removesuffix(' missing')} is "
                 f"missing (add skip_if_absent: true to send the rest, or make sure it is set)",
             )
-    if broken:
+    return bool(broken)
+
+
+def _record(
+    result: dict[str, Any],
+    outcome: _Outcome,
+    root: Level,
+    seq: tuple[Part, ...],
+    reached: set[Rule],
+) -> None:
+    """One walk in a domain's result: the rule with a limit it reaches, or where it stops."""
+    last = outcome.path[-1] if outcome.path else None
+    if outcome.stop is None and last is not None and last.limit is not None:
+        rule = describe_rule(last)
+        if outcome.values:
+            rule["only_when"] = list(outcome.values)
+        result["reaches"].append(rule)
+        reached.add(outcome.path[-1])
         return
-    for name in domains:
-        domain = config.domains.get(name)
-        if domain is None:
-            continue  # reported once, with the filter or override naming it
-        result: dict[str, Any] = {"domain": name, "reaches": [], "stops": []}
-        shown["results"].append(result)
-        for seq in sequences(entry.parts):
-            for outcome in walk(domain.root, seq, ()):
-                last = outcome.path[-1] if outcome.path else None
-                if outcome.stop is None and last is not None and last.limit is not None:
-                    rule = describe_rule(last)
-                    if outcome.values:
-                        rule["only_when"] = list(outcome.values)
-                    result["reaches"].append(rule)
-                    reached.add(outcome.path[-1])
-                    continue
-                stop = outcome.stop
-                if stop is None:
-                    last = outcome.path[-1]
-                    stop = {
-                        "level": len(outcome.path),
-                        "key": last.key,
-                        "value": last.value,
-                        "expected": _offered(last.children),
-                        "no_limit": last.stats_key,
-                    }
-                else:
-                    hint = _hint(_level_at(domain.root, outcome.path), domain.root, seq, stop)
-                    if hint:
-                        stop["hint"] = hint
-                result["stops"].append(stop)
-        if not result["reaches"]:
-            report.add("error", entry.file, entry.where, _never(name, entry, result["stops"]))
+    stop = outcome.stop
+    if stop is None:
+        last = outcome.path[-1]
+        stop = {
+            "level": len(outcome.path),
+            "key": last.key,
+            "value": last.value,
+            "expected": _offered(last.children),
+            "no_limit": last.stats_key,
+        }
+    else:
+        hint = _hint(_level_at(root, outcome.path), root, seq, stop)
+        if hint:
+            stop["hint"] = hint
+    result["stops"].append(stop)
 
 
 def _never(domain: str, entry: Entry, stops: list[dict[str, Any]]) -> str:
