@@ -19,38 +19,38 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman.apis.capacity import CapacityService, CapacityServicer
+from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.console import Console, LatencyRecorder
+from ferryman.apis.console.buckets import BucketTable
+from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
+from ferryman.apis.holds import HoldManager
+from ferryman.apis.leased import LeasedResources
+from ferryman.apis.limiter import METHODS as LIMITER_METHODS
+from ferryman.apis.limiter import LimiterServicer
+from ferryman.apis.pages import Pages
+from ferryman.apis.quota import (
+    QuotaEventHub,
+    QuotaEventsServicer,
+    QuotaServicer,
+)
+from ferryman.apis.rls import METHODS as RLS_METHODS
+from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.config.xds import XdsClient
+from ferryman.edge.decoding import GuardedServer
+from ferryman.edge.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.edge.rpc import Edge, Method
+from ferryman.edge.tls import TlsFiles
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server import event_loop
-from ferryman.server.capacity import CapacityService, CapacityServicer
-from ferryman.server.config_api import ConfigApi
-from ferryman.server.console import Console, LatencyRecorder
-from ferryman.server.console.buckets import BucketTable
-from ferryman.server.decoding import GuardedServer
-from ferryman.server.edge import Edge, Method
-from ferryman.server.envoy_routes import EnvoyRoutes, read_routes
-from ferryman.server.holds import HoldManager
-from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
-from ferryman.server.leased import LeasedResources
-from ferryman.server.limiter import METHODS as LIMITER_METHODS
-from ferryman.server.limiter import LimiterServicer
-from ferryman.server.pages import Pages
-from ferryman.server.quota import (
-    QuotaEventHub,
-    QuotaEventsServicer,
-    QuotaServicer,
-)
-from ferryman.server.rls import METHODS as RLS_METHODS
-from ferryman.server.rls import RateLimitServicer
-from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env

@@ -18,8 +18,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry.trace import Status, StatusCode
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
+from ferryman.edge.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
 from ferryman.errors import BackendError, FerrymanError, status_of
-from ferryman.server.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
 

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
+from ferryman.apis.pages import read_now
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
+from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.engine.explain import Explanation
 from ferryman.engine.model import EngineOptions
 from ferryman.errors import FerrymanError, NotFoundError, RequestError, status_of
-from ferryman.server.http import HttpRequest, HttpResponse
-from ferryman.server.pages import read_now
 
 __all__ = ["EnvoyRoutes", "read_routes"]
 

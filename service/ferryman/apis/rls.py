@@ -8,10 +8,10 @@ from typing import Any
 import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman.apis.convert import decision_to_proto, encode_decision, request_from_proto
+from ferryman.edge.decoding import answers_encoded
+from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
-from ferryman.server.convert import decision_to_proto, encode_decision, request_from_proto
-from ferryman.server.decoding import answers_encoded
-from ferryman.server.edge import Method
 from ferryman.stats import CALL
 
 __all__ = ["METHODS", "SEEN_BYTES", "RateLimitServicer"]

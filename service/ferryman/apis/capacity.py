@@ -26,9 +26,9 @@ from ferryman.algorithms.leases.election import (
 )
 from ferryman.algorithms.leases.model import Lease, ResourceTemplate, find_template
 from ferryman.algorithms.leases.state import Band, LeaseState, TemplateSource
+from ferryman.apis.capacity_parent import ParentClient
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
-from ferryman.server.capacity_parent import ParentClient
 from ferryman.settings import Settings
 from ferryman.tasks import cancel
 

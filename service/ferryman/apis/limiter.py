@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.apis.holds import HoldManager, Session
 from ferryman.config.model import Rule
+from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
 from ferryman.errors import RequestError
-from ferryman.server.edge import Method
-from ferryman.server.holds import HoldManager, Session
 from ferryman.stats import REQUEST_CALL
 
 __all__ = ["METHODS", "LimiterServicer"]

@@ -13,22 +13,22 @@ from urllib.parse import parse_qs
 from google.protobuf import json_format
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.apis.capacity import CapacityService
+from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.holds import HoldManager
+from ferryman.apis.leased import LeasedResources
+from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 from ferryman.config.model import Unit
 from ferryman.config.reloader import ConfigHolder
+from ferryman.edge.http import HttpRequest, HttpResponse
+from ferryman.edge.tls import TlsFiles
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import Explanation, explain, parse_descriptor
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
-from ferryman.server.capacity import CapacityService
-from ferryman.server.config_api import ConfigApi
-from ferryman.server.holds import HoldManager
-from ferryman.server.http import HttpRequest, HttpResponse
-from ferryman.server.leased import LeasedResources
-from ferryman.server.rls import RateLimitServicer
-from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
