@@ -169,3 +169,27 @@ def test_only_the_command_line_and_one_server_function_import_the_envoy_tools() 
         "assert not [m for m in sys.modules if m.startswith(names)]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _long_functions(root: Path, most: int) -> list[str]:
+    """Every function under ``root`` longer than ``most`` lines (from ``def`` to its end)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > most:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} {lines}")
+    return found
+
+
+def test_long_function_finder_finds_a_planted_one(tmp_path: Path) -> None:
+    """The checker itself: a function of 4 lines is over 3, one of 3 is not."""
+    (tmp_path / "probe.py").write_text("def f():\n    a = 1\n    b = 2\n    return a + b\n")
+    assert len(_long_functions(tmp_path, 3)) == 1 and _long_functions(tmp_path, 4) == []
+
+
+def test_no_function_of_the_server_edge_or_apis_is_over_60_lines() -> None:
+    """The wiring, the transport and the protocols read one screen per function."""
+    for part in ("server", "edge", "apis"):
+        assert _long_functions(PACKAGE / part, 60) == [], part

@@ -43,7 +43,6 @@ class Service(Protocol):
     holder: ConfigHolder
     engine: RateLimitEngine
     backend: Backend
-    rls: RateLimitServicer
     holds: HoldManager
     capacity: CapacityService
     leased: LeasedResources | None
@@ -61,6 +60,7 @@ class Pages:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self._rls = RateLimitServicer(service.engine)
 
     async def json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
@@ -79,7 +79,7 @@ class Pages:
             self.service.stats.inc(f"{CALL}.service_error")
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         try:
-            response = await self.service.rls.respond(message)
+            response = await self._rls.respond(message)
         except FerrymanError as exc:
             status = status_of(exc)
             self.service.stats.inc(f"{CALL}.{status.counter}")

@@ -1,138 +1,36 @@
-"""The quota service's API, ``quotaservice.QuotaService/Allow``, on token buckets; and its
-events: counted in Stats (hence metrics) and streamed by ``ferryman.v1.QuotaEvents/Watch``."""
+"""The quota service's API, ``quotaservice.QuotaService/Allow``, on token buckets (its
+events are in ``quota_events``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from opentelemetry.metrics import CallbackOptions, Observation
 
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman._version import __version__
 from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
+from ferryman.apis import api
+from ferryman.apis.quota_events import QUOTA, Kind, QuotaEvent, QuotaEventHub
 from ferryman.config.quota import NAME
 from ferryman.config.reloader import ConfigHolder
+from ferryman.edge.rpc import Method
 from ferryman.errors import BackendError
 from ferryman.stats import Stats
-from ferryman.telemetry import SCOPE, Telemetry
 
-__all__ = [
-    "EVENT_KINDS",
-    "MAX_SUBSCRIBERS",
-    "QUOTA",
-    "QuotaEventHub",
-    "QuotaEventsServicer",
-    "QuotaServicer",
-]
+__all__ = ["API", "METHODS", "SERVICE", "QuotaServicer"]
 
 log = logging.getLogger("ferryman.quota")
 
-QUOTA = "ratelimit.service.quota"
-Kind = limiter_pb2.QuotaEvent.Kind
-# Event kinds by their stat names (``ratelimit.service.quota.<name>``).
-EVENT_KINDS: dict[str, int] = {
-    "tokens_served": Kind.TOKENS_SERVED,
-    "tokens_served_with_wait": Kind.TOKENS_SERVED_WITH_WAIT,
-    "timeout": Kind.TIMEOUT,
-    "too_many_tokens_requested": Kind.TOO_MANY_TOKENS_REQUESTED,
-    "bucket_miss": Kind.BUCKET_MISS,
-    "too_many_buckets": Kind.TOO_MANY_BUCKETS,
-    "bucket_created": Kind.BUCKET_CREATED,
-    "bucket_removed": Kind.BUCKET_REMOVED,
-}
-_STAT = {kind: f"{QUOTA}.{name}" for name, kind in EVENT_KINDS.items()}
+SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
+# Allow answers every problem with a status of its own: nothing for the edge to map.
+METHODS = {"Allow": Method("ratelimit.service.call.allow")}
 _BY_STATUS = {
     Status.REJECTED_TIMEOUT: Kind.TIMEOUT,
     Status.REJECTED_TOO_MANY_TOKENS_REQUESTED: Kind.TOO_MANY_TOKENS_REQUESTED,
     Status.REJECTED_TOO_MANY_BUCKETS: Kind.TOO_MANY_BUCKETS,
 }
-MAX_SUBSCRIBERS = 64
-SUBSCRIBER_QUEUE = 1024
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaEvent:
-    kind: int
-    namespace: str
-    bucket: str
-    dynamic: bool = False
-    tokens: int = 0
-    wait_millis: int = 0
-
-
-class _Subscriber:
-    __slots__ = ("dropped", "namespace", "queue")
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        # None: the server is stopping, the stream ends.
-        self.queue: asyncio.Queue[QuotaEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
-        self.dropped = 0
-
-
-class QuotaEventHub:
-    """Counts every event and hands it to the subscribers (bounded queues: a slow one loses
-    events, and Allow never waits for it)."""
-
-    def __init__(self, stats: Stats) -> None:
-        self._stats = stats
-        self._subscribers: set[_Subscriber] = set()
-
-    def emit(self, event: QuotaEvent) -> None:
-        self._stats.inc(_STAT[event.kind])
-        for sub in self._subscribers:
-            if sub.namespace and sub.namespace != event.namespace:
-                continue
-            try:
-                sub.queue.put_nowait(event)
-            except asyncio.QueueFull:
-                sub.dropped += 1
-
-    @contextlib.contextmanager
-    def subscribe(self, namespace: str) -> Iterator[_Subscriber]:
-        sub = _Subscriber(namespace)
-        self._subscribers.add(sub)
-        try:
-            yield sub
-        finally:
-            self._subscribers.discard(sub)
-
-    def close(self) -> None:
-        """End every stream (at shutdown, so that none holds the server's grace period)."""
-        for sub in self._subscribers:
-            while sub.queue.full():
-                sub.queue.get_nowait()
-            sub.queue.put_nowait(None)
-
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)
-
-    def observe(self, telemetry: Telemetry) -> None:
-        """A metric counting the events by kind (read from Stats when collected)."""
-        if telemetry.meter_provider is None:
-            return
-        meter = telemetry.meter_provider.get_meter(SCOPE, __version__)
-        stats = self._stats
-
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [
-                Observation(stats.get(f"{QUOTA}.{name}"), {"event": name}) for name in EVENT_KINDS
-            ]
-
-        meter.create_observable_counter(
-            "ratelimit_service_quota_events",
-            callbacks=[observe],
-            description="Token bucket events of quotaservice Allow calls, by event.",
-        )
 
 
 class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
@@ -218,32 +116,18 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
         emit(QuotaEvent(kind, namespace, bucket, dynamic, tokens, result.wait_millis))
 
 
-class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
-    """Watch: the events of this server from the call's start, while the caller reads."""
-
-    def __init__(self, hub: QuotaEventHub) -> None:
-        self._hub = hub
-
-    async def Watch(
-        self, request: limiter_pb2.WatchQuotaEventsRequest, context: Context
-    ) -> AsyncIterator[limiter_pb2.QuotaEvent]:
-        if self._hub.subscribers >= MAX_SUBSCRIBERS:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"at most {MAX_SUBSCRIBERS} quota event streams at once",
-            )
-        with self._hub.subscribe(request.namespace) as sub:
-            while True:
-                event = await sub.queue.get()
-                if event is None:
-                    return
-                dropped, sub.dropped = sub.dropped, 0
-                yield limiter_pb2.QuotaEvent(
-                    kind=event.kind,  # type: ignore[arg-type]
-                    namespace=event.namespace,
-                    bucket=event.bucket,
-                    dynamic=event.dynamic,
-                    tokens=event.tokens,
-                    wait_millis=event.wait_millis,
-                    dropped=dropped,
-                )
+API = api.API(
+    SERVICE,
+    quota_service_pb2_grpc.add_QuotaServiceServicer_to_server,
+    api.built(
+        lambda parts: QuotaServicer(
+            parts.holder,
+            parts.quota_store,
+            parts.quota_events,
+            parts.stats,
+            fail_open=parts.settings.fail_open,
+        )
+    ),
+    methods=METHODS,
+    health=(SERVICE.full_name,),
+)
