@@ -34,8 +34,8 @@ from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
 
-class Service(Protocol):
-    """The parts of the running service that the pages read (``ferryman.server.app.Service``)."""
+class ServiceView(Protocol):
+    """What the pages read of the running service (``ferryman.server.app.Service``)."""
 
     settings: Settings
     stats: Stats
@@ -58,7 +58,7 @@ class Service(Protocol):
 class Pages:
     """Handlers over one Service's parts; each answers from state, counting nothing but /json."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceView) -> None:
         self.service = service
         self._rls = RateLimitServicer(service.engine)
 

@@ -11,7 +11,7 @@ import grpc
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
 from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
 from ferryman.apis import api
-from ferryman.apis.quota_events import QUOTA, Kind, QuotaEvent, QuotaEventHub
+from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
 from ferryman.config.quota import NAME
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.rpc import Method
@@ -84,7 +84,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
         quota = config.quota if config is not None else None
         found = quota.lookup(namespace, bucket) if quota is not None else None
         if found is None:
-            self._hub.emit(QuotaEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
+            self._hub.emit(BucketEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
             return Status.REJECTED_NO_BUCKET, 0, 0
         ref, spec = found
         allowed = spec.wait_timeout_millis
@@ -106,14 +106,14 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
     ) -> None:
         emit = self._hub.emit
         for name in result.removed:
-            emit(QuotaEvent(Kind.BUCKET_REMOVED, namespace, name, True))
+            emit(BucketEvent(Kind.BUCKET_REMOVED, namespace, name, True))
         if result.created:
-            emit(QuotaEvent(Kind.BUCKET_CREATED, namespace, bucket, True))
+            emit(BucketEvent(Kind.BUCKET_CREATED, namespace, bucket, True))
         if result.status is Status.OK:
             kind = Kind.TOKENS_SERVED_WITH_WAIT if result.wait_millis > 0 else Kind.TOKENS_SERVED
         else:
             kind = _BY_STATUS[result.status]
-        emit(QuotaEvent(kind, namespace, bucket, dynamic, tokens, result.wait_millis))
+        emit(BucketEvent(kind, namespace, bucket, dynamic, tokens, result.wait_millis))
 
 
 API = api.API(

@@ -27,7 +27,7 @@ __all__ = [
     "MAX_SUBSCRIBERS",
     "QUOTA",
     "SERVICE",
-    "QuotaEvent",
+    "BucketEvent",
     "QuotaEventHub",
     "QuotaEventsServicer",
 ]
@@ -54,7 +54,9 @@ METHODS = {"Watch": Method("ratelimit.service.call.watch")}
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaEvent:
+class BucketEvent:
+    """One event of a token bucket (``kind`` is a QuotaEvent.Kind), as the hub counts it."""
+
     kind: int
     namespace: str
     bucket: str
@@ -69,7 +71,7 @@ class _Subscriber:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         # None: the server is stopping, the stream ends.
-        self.queue: asyncio.Queue[QuotaEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        self.queue: asyncio.Queue[BucketEvent | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
         self.dropped = 0
 
 
@@ -81,7 +83,7 @@ class QuotaEventHub:
         self._stats = stats
         self._subscribers: set[_Subscriber] = set()
 
-    def emit(self, event: QuotaEvent) -> None:
+    def emit(self, event: BucketEvent) -> None:
         self._stats.inc(_STAT[event.kind])
         for sub in self._subscribers:
             if sub.namespace and sub.namespace != event.namespace:
