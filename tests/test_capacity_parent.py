@@ -12,8 +12,8 @@ import pytest
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman.algorithms.leases.state import LeaseState
+from ferryman.apis.capacity_parent import ParentClient
 from ferryman.clock import ManualClock
-from ferryman.server.capacity_parent import ParentClient
 
 START = 1_700_000_000.0
 LEASE = 3

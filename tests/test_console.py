@@ -13,10 +13,10 @@ from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets, MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Recent
+from ferryman.apis.console import Console
+from ferryman.apis.console.buckets import BucketTable
+from ferryman.apis.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.clock import ManualClock
-from ferryman.server.console import Console
-from ferryman.server.console.buckets import BucketTable
-from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving
 from ferryman.stats import CALL, Stats
 
 from helpers.capacity import resources_yaml
@@ -204,7 +204,7 @@ def test_the_page_and_its_files_are_served_from_the_package(
         ("/console/console.css", "console.css"),
     ):
         assert path.encode() in page
-        shipped = resources.files("ferryman.server.console").joinpath(name).read_bytes()
+        shipped = resources.files("ferryman.apis.console").joinpath(name).read_bytes()
         assert server.http("GET", path, debug=True) == (200, shipped)
     # Offline: nothing is fetched from another host.
     assert b"http://" not in page.replace(b"http://www.w3.org", b"")

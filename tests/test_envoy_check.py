@@ -352,5 +352,7 @@ def test_generate_then_check_round_trips_with_a_header_mapping(
     assert "header_name: x-user" in run.out and "descriptor_value: checkout" in run.out
     checked = envoy_cli(capsys, "check", str(_envoy(tmp_path, run.out)), "--config", str(config))
     assert checked.code == 0, checked.out
-    assert "-> shop.tenant.plan_gold: fixed window 5 per second when header plan = gold" in checked.out
+    assert (
+        "-> shop.tenant.plan_gold: fixed window 5 per second when header plan = gold" in checked.out
+    )
     assert "no Envoy entry reaches" not in checked.out

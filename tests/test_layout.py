@@ -89,7 +89,15 @@ def test_algorithms_and_connections_sit_below_engine_backends_and_server() -> No
     assert edges["core"] <= {"clock", "durations", "errors", "stats"}
     assert not edges.get("clock") and not edges.get("tasks")  # the leaves import nothing
     assert edges["connections"] <= {"errors"}
-    assert "server" not in edges["engine"] and "telemetry" not in edges["engine"]
+    assert not edges["engine"] & {"server", "apis", "edge", "telemetry"}
+
+
+def test_the_process_sits_on_the_apis_and_the_apis_on_the_edge() -> None:
+    """The transport knows no protocol, and no protocol knows the process that wires them."""
+    edges = import_graph()
+    assert "apis" in edges["server"] and "edge" in edges["apis"]  # the graph was read
+    assert not edges["edge"] & {"apis", "server", "engine", "config", "backends", "algorithms"}
+    assert "server" not in edges["apis"]
 
 
 def test_pure_parts_import_without_grpc_or_the_client() -> None:
@@ -140,26 +148,50 @@ def test_envoy_import_sites_are_found_at_any_depth(tmp_path: Path) -> None:
 
 def test_only_the_command_line_and_one_server_function_import_the_envoy_tools() -> None:
     """``ferryman.envoy`` (and envoy-data-plane, an optional extra) stays out of the service:
-    the command line uses it; in the server, only the function that reads ENVOY_CONFIG_FILES
+    the command line uses it; in the APIs, only the function that reads ENVOY_CONFIG_FILES
     at start, and only when the setting is given. Importing the server loads none of it."""
     edges = import_graph()
     assert sorted(part for part, targets in edges.items() if "envoy" in targets) == [
+        "apis",
         "cli",
-        "server",
     ]
     sites = {
         str(path.relative_to(PACKAGE)): found
-        for path in (PACKAGE / "server").rglob("*.py")
+        for path in (PACKAGE / "apis").rglob("*.py")
         if (found := _envoy_import_sites(path))
     }
-    assert list(sites) == ["server/envoy_routes.py"], sites
-    assert set(sites["server/envoy_routes.py"]) == {"read_routes"}, sites
+    assert list(sites) == ["apis/envoy_routes.py"], sites
+    assert set(sites["apis/envoy_routes.py"]) == {"read_routes"}, sites
     code = (
         "import sys\n"
         "import ferryman.cli, ferryman.server.app\n"
-        "from ferryman.server.envoy_routes import read_routes\n"
+        "from ferryman.apis.envoy_routes import read_routes\n"
         "assert read_routes(()) is None\n"
         "names = ('envoy_data_plane', 'ferryman.envoy')\n"
         "assert not [m for m in sys.modules if m.startswith(names)]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _long_functions(root: Path, most: int) -> list[str]:
+    """Every function under ``root`` longer than ``most`` lines (from ``def`` to its end)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > most:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} {lines}")
+    return found
+
+
+def test_long_function_finder_finds_a_planted_one(tmp_path: Path) -> None:
+    """The checker itself: a function of 4 lines is over 3, one of 3 is not."""
+    (tmp_path / "probe.py").write_text("def f():\n    a = 1\n    b = 2\n    return a + b\n")
+    assert len(_long_functions(tmp_path, 3)) == 1 and _long_functions(tmp_path, 4) == []
+
+
+def test_no_function_of_the_server_edge_or_apis_is_over_60_lines() -> None:
+    """The wiring, the transport and the protocols read one screen per function."""
+    for part in ("server", "edge", "apis"):
+        assert _long_functions(PACKAGE / part, 60) == [], part

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.apis.rls import SEEN_BYTES, RateLimitServicer
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
@@ -20,7 +21,6 @@ from ferryman.config.reloader import ConfigHolder
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.engine import PLANS
 from ferryman.errors import BackendError
-from ferryman.server.rls import SEEN_BYTES, RateLimitServicer
 from ferryman.stats import Stats
 
 from helpers.server import EPOCH, descriptor

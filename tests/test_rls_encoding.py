@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.apis.convert import decision_to_proto, encode_decision
+from ferryman.apis.rls import METHODS
 from ferryman.core.rules import RateLimit, Unit
 from ferryman.engine import Code, Decision, Status
-from ferryman.server.convert import decision_to_proto, encode_decision
-from ferryman.server.rls import METHODS
 
 UINT32 = 2**32 - 1
 

@@ -21,8 +21,8 @@ import pytest
 
 import ferryman
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman.edge.tls import TlsFiles
 from ferryman.errors import ServiceUnavailableError, SettingsError
-from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings
 
 from helpers.certs import Authority, Pem

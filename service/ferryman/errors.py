@@ -21,6 +21,7 @@ Every exception derives from :class:`FerrymanError`::
     │                          malformed entry
     ├── AuthenticationError    a config API call has no valid bearer token
     │   └── PermissionDeniedError ...or its token may read but not write
+    ├── TooManyStreamsError    the server serves as many streams of a kind as it allows
     ├── ServiceUnavailableError the client got no answer from the ferryman service
     │                          (raised only with fail_open=False; otherwise it degrades)
     └── RateLimitedError       the client interceptor refused an outgoing gRPC call: its
@@ -62,6 +63,7 @@ __all__ = [
     "SettingsError",
     "StaleVersionError",
     "StoreError",
+    "TooManyStreamsError",
     "UnsupportedMediaTypeError",
     "status_of",
 ]
@@ -180,6 +182,10 @@ class LeaseLostError(BackendError):
     """This server's lease lapsed and its holds were freed; its sessions must end."""
 
 
+class TooManyStreamsError(FerrymanError):
+    """The server already serves as many streams of this kind as it allows; try later."""
+
+
 class ServiceUnavailableError(FerrymanError):
     """The client got no usable answer from the ferryman service at ``target``.
 
@@ -256,6 +262,7 @@ STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
         BackendError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         BackendTimeoutError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         LeaseLostError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
+        TooManyStreamsError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
         ServiceUnavailableError: ErrorStatus("UNAVAILABLE", 503, _CLIENT),
         RateLimitedError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
     }

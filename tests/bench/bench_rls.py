@@ -510,12 +510,12 @@ async def in_process(counts: Sequence[int], seed: int, rounds: int = 7) -> list[
     """Ferryman's own work per request without gRPC: the RLS servicer called in a loop on
     2,000 distinct requests (memory backend, the benchmark's config), each answer serialized
     as gRPC would; CPU per request (min/median of ``rounds``), one line per count."""
+    from ferryman.apis.rls import RateLimitServicer
     from ferryman.backends.memory import MemoryBackend
     from ferryman.clock import SystemClock
     from ferryman.config.loader import load_sources
     from ferryman.config.reloader import ConfigHolder
     from ferryman.engine import RateLimitEngine
-    from ferryman.server.rls import RateLimitServicer
     from ferryman.stats import Stats
 
     lines = []

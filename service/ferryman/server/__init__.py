@@ -1,1 +1,1 @@
-"""gRPC and HTTP servers."""
+"""One ferryman process: the wiring of its parts (``app``), its workers and its event loop."""

@@ -1,94 +1,69 @@
-"""Wiring: configuration, backend, engine, gRPC and HTTP servers, and graceful shutdown."""
+"""Wiring: configuration, backend, engine, the APIs of ``ferryman.apis.APIS``, the gRPC and
+HTTP servers, and graceful shutdown.
+
+What runs is started in the order of ``Service._lifespan`` and stopped in reverse, each
+part an async context manager (as aiohttp's cleanup contexts): a start that fails part way
+leaves the stack holding exactly what was started, and ``stop`` unwinds that.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import socket
-import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 
-from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman.algorithms.leased_limit import LEASED_LIMIT
+from ferryman.apis import APIS
+from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
+from ferryman.apis.capacity import CapacityService
+from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.console import Console, LatencyRecorder
+from ferryman.apis.console.buckets import BucketTable
+from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
+from ferryman.apis.holds import HoldManager
+from ferryman.apis.leased import LeasedResources
+from ferryman.apis.pages import Pages
+from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.config.xds import XdsClient
+from ferryman.edge.decoding import GuardedServer
+from ferryman.edge.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.edge.ports import PORT_NAMES, bind_grpc, listen, probe_port
+from ferryman.edge.rpc import Edge
+from ferryman.edge.tls import TlsFiles
 from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.server import event_loop
-from ferryman.server.capacity import CapacityService, CapacityServicer
-from ferryman.server.config_api import ConfigApi
-from ferryman.server.console import Console, LatencyRecorder
-from ferryman.server.console.buckets import BucketTable
-from ferryman.server.decoding import GuardedServer
-from ferryman.server.edge import Edge, Method
-from ferryman.server.envoy_routes import EnvoyRoutes, read_routes
-from ferryman.server.holds import HoldManager
-from ferryman.server.http import HttpRequest, HttpResponse, HttpServer
-from ferryman.server.leased import LeasedResources
-from ferryman.server.limiter import METHODS as LIMITER_METHODS
-from ferryman.server.limiter import LimiterServicer
-from ferryman.server.pages import Pages
-from ferryman.server.quota import (
-    QuotaEventHub,
-    QuotaEventsServicer,
-    QuotaServicer,
-)
-from ferryman.server.rls import METHODS as RLS_METHODS
-from ferryman.server.rls import RateLimitServicer
-from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings, check_redis_url, split_address
-from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
+from ferryman.stats import Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env
 from ferryman.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from ferryman.backends.redis import RedisBackend
 
 __all__ = [
     "Service",
     "engine_options",
     "grpc_server_options",
     "make_backend",
+    "run",
     "statsd_sink",
 ]
 
 log = logging.getLogger("ferryman")
-
-RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"]
-LIMITER_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["Limiter"]
-QUOTA_EVENTS_SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["QuotaEvents"]
-QUOTA_SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
-# Allow answers every problem with a status of its own: nothing for the edge to map.
-QUOTA_METHODS = {"Allow": Method("ratelimit.service.call.allow")}
-CAPACITY_SERVICE = doorman_pb2.DESCRIPTOR.services_by_name["Capacity"]
-CAPACITY_METHODS = {
-    "Discovery": Method("ratelimit.service.call.discovery"),
-    "GetCapacity": Method("ratelimit.service.call.get_capacity"),
-    "GetServerCapacity": Method("ratelimit.service.call.get_server_capacity"),
-    "ReleaseCapacity": Method("ratelimit.service.call.release_capacity"),
-}
-HEALTH_NAMES = (
-    "",
-    "ratelimit",
-    "envoy.service.ratelimit.v3.RateLimitService",
-    "ferryman.v1.Limiter",
-    "quotaservice.QuotaService",
-    "doorman.Capacity",
-)
-
 
 # The debug port's endpoints, at /help (the console is at /).
 DEBUG_HELP = (
@@ -104,8 +79,6 @@ DEBUG_HELP = (
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
     "/api/v1/counters/reset: the config API (bearer tokens of ADMIN_TOKENS_FILE)\n"
 )
-
-SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 # Clients may ping a quiet connection this often (the Python client: every 10 s by default).
 CLIENT_PING_INTERVAL_MS = 1_000
@@ -201,79 +174,120 @@ def make_backend(settings: Settings, clock: Clock) -> Backend:
         return MemcacheBackend(
             s.memcache_servers, jitter_max=s.expiration_jitter_max_seconds, clock=clock
         )
-    from ferryman.backends.redis import (
-        RedisBackend,
-        RoutedBackend,
-        parse_backend_url,
-        target_from_env_style,
-    )
+    if s.backend == "redis":
+        return _redis_from_env(s)
+    if s.backend.startswith(("redis", "rediss", "unix")):
+        from ferryman.backends.redis import RedisBackend, parse_backend_url
 
-    jitter = s.expiration_jitter_max_seconds
-    window, limit = s.redis_pipeline_window, s.redis_pipeline_limit
+        target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
+        return RedisBackend(
+            replace(
+                target,
+                pipeline_window=s.redis_pipeline_window,
+                pipeline_limit=s.redis_pipeline_limit,
+                **_redis_tls(s),
+            ),
+            jitter_max=s.expiration_jitter_max_seconds,
+        )
+    raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
+
+
+def _redis_tls(s: Settings) -> dict[str, Any]:
     # As the reference: one set of TLS files for every Redis that uses TLS.
-    tls: dict[str, Any] = {
+    return {
         "tls_ca_cert": s.redis_tls_cacert,
         "tls_client_cert": s.redis_tls_client_cert,
         "tls_client_key": s.redis_tls_client_key,
         "tls_check_hostname": not s.redis_tls_skip_hostname_verification,
     }
-    if s.backend == "redis":
-        check_redis_url(s.redis_type, s.redis_url, s.redis_socket_type, "REDIS")
-        if s.redis_persecond:
-            check_redis_url(
-                s.redis_persecond_type,
-                s.redis_persecond_url,
-                s.redis_persecond_socket_type,
-                "REDIS_PERSECOND",
-            )
-        main = RedisBackend(
-            replace(
-                target_from_env_style(
-                    s.redis_type,
-                    s.redis_url,
-                    s.redis_socket_type,
-                    s.redis_auth,
-                    s.redis_tls,
-                    s.redis_pool_size,
-                    s.redis_timeout,
-                ),
-                pipeline_window=window,
-                pipeline_limit=limit,
-                sentinel_password=s.redis_sentinel_auth or None,
-                **tls,
-            ),
-            jitter_max=jitter,
+
+
+def _redis_from_env(s: Settings) -> Backend:
+    """BACKEND_TYPE=redis: REDIS_* (and REDIS_PERSECOND_* for the per-second limits)."""
+    from ferryman.backends.redis import RedisBackend, RoutedBackend, target_from_env_style
+
+    check_redis_url(s.redis_type, s.redis_url, s.redis_socket_type, "REDIS")
+    if s.redis_persecond:
+        check_redis_url(
+            s.redis_persecond_type,
+            s.redis_persecond_url,
+            s.redis_persecond_socket_type,
+            "REDIS_PERSECOND",
         )
-        if not s.redis_persecond:
-            return main
-        per_second = RedisBackend(
-            replace(
-                target_from_env_style(
-                    s.redis_persecond_type,
-                    s.redis_persecond_url,
-                    s.redis_persecond_socket_type,
-                    s.redis_persecond_auth,
-                    s.redis_persecond_tls,
-                    s.redis_persecond_pool_size,
-                    s.redis_timeout
-                    if s.redis_persecond_timeout is None
-                    else s.redis_persecond_timeout,
-                ),
-                pipeline_window=s.redis_persecond_pipeline_window,
-                pipeline_limit=s.redis_persecond_pipeline_limit,
-                sentinel_password=s.redis_persecond_sentinel_auth or None,
-                **tls,
-            ),
-            jitter_max=jitter,
-        )
-        return RoutedBackend(main, per_second)
-    if s.backend.startswith(("redis", "rediss", "unix")):
-        target = parse_backend_url(s.backend, s.redis_pool_size, s.redis_timeout)
-        return RedisBackend(
-            replace(target, pipeline_window=window, pipeline_limit=limit, **tls),
-            jitter_max=jitter,
-        )
-    raise SettingsError(f"--backend {s.backend!r}: use memory or a redis:// URL")
+    main = target_from_env_style(
+        s.redis_type,
+        s.redis_url,
+        s.redis_socket_type,
+        s.redis_auth,
+        s.redis_tls,
+        s.redis_pool_size,
+        s.redis_timeout,
+    )
+    backend = RedisBackend(
+        replace(
+            main,
+            pipeline_window=s.redis_pipeline_window,
+            pipeline_limit=s.redis_pipeline_limit,
+            sentinel_password=s.redis_sentinel_auth or None,
+            **_redis_tls(s),
+        ),
+        jitter_max=s.expiration_jitter_max_seconds,
+    )
+    if not s.redis_persecond:
+        return backend
+    return RoutedBackend(backend, _redis_per_second(s))
+
+
+def _redis_per_second(s: Settings) -> RedisBackend:
+    from ferryman.backends.redis import RedisBackend, target_from_env_style
+
+    target = target_from_env_style(
+        s.redis_persecond_type,
+        s.redis_persecond_url,
+        s.redis_persecond_socket_type,
+        s.redis_persecond_auth,
+        s.redis_persecond_tls,
+        s.redis_persecond_pool_size,
+        s.redis_timeout if s.redis_persecond_timeout is None else s.redis_persecond_timeout,
+    )
+    return RedisBackend(
+        replace(
+            target,
+            pipeline_window=s.redis_persecond_pipeline_window,
+            pipeline_limit=s.redis_persecond_pipeline_limit,
+            sentinel_password=s.redis_persecond_sentinel_auth or None,
+            **_redis_tls(s),
+        ),
+        jitter_max=s.expiration_jitter_max_seconds,
+    )
+
+
+def config_source(settings: Settings, holder: ConfigHolder, stats: Stats) -> Reloader | XdsClient:
+    """Where the configuration comes from: the directory, or an xDS management server."""
+    if settings.config_type == "GRPC_XDS_SOTW":
+        return XdsClient(settings, holder, stats)
+    return Reloader(
+        settings.config_dir,
+        holder,
+        stats,
+        ignore_dotfiles=settings.ignore_dotfiles,
+        merge_domains=settings.merge_domain_config,
+        watch_root=settings.runtime_root if settings.watch_root else None,
+    )
+
+
+@asynccontextmanager
+async def paired(
+    start: Callable[[], Awaitable[None]] | None, stop: Callable[[], Awaitable[None]]
+) -> AsyncIterator[None]:
+    """One part's start and stop as a context: stopped even when its start fails part way
+    (the stops are safe to call on a part that did not start)."""
+    try:
+        if start is not None:
+            await start()
+        yield
+    finally:
+        await stop()
 
 
 class Service:
@@ -301,19 +315,7 @@ class Service:
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         if isinstance(self.backend, MemoryBackend):
             self.backend.counters.report = self.stats.inc
-        # Where the configuration comes from: the directory, or an xDS management server.
-        self.reloader: Reloader | XdsClient = (
-            XdsClient(settings, self.holder, self.stats)
-            if settings.config_type == "GRPC_XDS_SOTW"
-            else Reloader(
-                settings.config_dir,
-                self.holder,
-                self.stats,
-                ignore_dotfiles=settings.ignore_dotfiles,
-                merge_domains=settings.merge_domain_config,
-                watch_root=settings.runtime_root if settings.watch_root else None,
-            )
-        )
+        self.reloader = config_source(settings, self.holder, self.stats)
         self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
             self.holder,
@@ -323,13 +325,30 @@ class Service:
             engine_options(settings),
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
-        self.rls = RateLimitServicer(self.engine)
         self._edge = Edge(self.stats, self.telemetry)
-        self.telemetry.observe(
-            self.stats,
-            self.engine.local_cache,
-            [*RLS_METHODS, *LIMITER_METHODS, *QUOTA_METHODS, *CAPACITY_METHODS],
-        )
+        self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
+        self._make_stateful(settings)
+        self.console = self._make_console(settings)
+        if isinstance(self.backend, Watched):
+            self.telemetry.observe_backend(self.backend)
+        self.grpc_port = 0
+        self.http_port = 0
+        self.debug_port = 0
+        self.prometheus_port: int | None = None
+        # The loop start() ran on (uvloop or asyncio), for the start line and /status.
+        self.event_loop = ""
+        self.tls: TlsFiles | None = None
+        self.statsd = statsd_sink(settings, self.stats)
+        self._make_pages(settings, routes)
+        self._grpc: grpc.aio.Server | None = None
+        self._stack = AsyncExitStack()
+        # The APIs' drain steps, the last registered first.
+        self._drains: list[Callable[[], Awaitable[None]]] = []
+        self._grace: float | None = None
+        self._stopping = False
+
+    def _make_stateful(self, settings: Settings) -> None:
+        """The services that hold state for the APIs (and the console and pages)."""
         self.holds = HoldManager(
             self.engine,
             self.backend,
@@ -340,24 +359,17 @@ class Service:
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
         self.quota_events = QuotaEventHub(self.stats)
         self.quota_events.observe(self.telemetry)
-        self.quota = QuotaServicer(
-            self.holder,
-            self.backend.quota_store(settings.cache_key_prefix, self.clock),
-            self.quota_events,
-            self.stats,
-            fail_open=settings.fail_open,
-        )
+        self.quota_store = self.backend.quota_store(settings.cache_key_prefix, self.clock)
         self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
         self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
             self.leased = LeasedResources(
-                settings.doorman_parent,
-                self.holder,
-                self.engine.limiter(LEASED_LIMIT.name),
-                self.clock,
+                settings.doorman_parent, self.holder, self.engine, self.clock
             )
-        self.console = Console(
+
+    def _make_console(self, settings: Settings) -> Console:
+        console = Console(
             self.stats,
             self.holder,
             self.holds,
@@ -369,27 +381,17 @@ class Service:
             envoy_files=settings.envoy_config_files,
             help_text=DEBUG_HELP,
         )
-        self.console.add_panel("capacity", "Capacity leases", self.capacity.panel)
-        self.console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
-        buckets = BucketTable(self.quota.store, self.backend.store("token_bucket"), self.clock)
-        self.console.add_panel("buckets", "Token buckets", buckets.read)
-        if isinstance(self.backend, Watched):
-            self.telemetry.observe_backend(self.backend)
-        self.grpc_port = 0
-        self.http_port = 0
-        self.debug_port = 0
-        self.prometheus_port: int | None = None
-        # The loop start() ran on (uvloop or asyncio), for the start line and /status.
-        self.event_loop = ""
-        self._grpc: grpc.aio.Server | None = None
-        self._health = HealthServicer()
+        console.add_panel("capacity", "Capacity leases", self.capacity.panel)
+        console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
+        buckets = BucketTable.of(self.quota_store, self.backend, self.clock)
+        console.add_panel("buckets", "Token buckets", buckets.read)
+        return console
+
+    def _make_pages(self, settings: Settings, routes: Any) -> None:
+        """The config API and the pages of the HTTP, debug and metrics ports."""
         self.pages = Pages(self)
         self.envoy_routes = EnvoyRoutes(
-            routes,
-            self.holder,
-            self.engine.options,
-            self.backend,
-            self.clock,
+            routes, self.holder, self.engine.options, self.backend, self.clock
         )
         self._http = HttpServer(
             {
@@ -407,7 +409,7 @@ class Service:
             self.backend,
             self.engine,
             self.clock,
-            self.quota.store,
+            self.quota_store,
         )
         self._debug = HttpServer(
             {
@@ -422,20 +424,17 @@ class Service:
             },
             "debug",
         )
-        self._metrics: HttpServer | None = None
+        prometheus = self.telemetry.prometheus is not None
         self.mapping = (
             StatsdMapping.from_file(settings.prometheus_mapper_yaml)
-            if settings.prometheus_mapper_yaml and self.telemetry.prometheus is not None
+            if settings.prometheus_mapper_yaml and prometheus
             else None
         )
-        if self.telemetry.prometheus is not None:
+        self._metrics: HttpServer | None = None
+        if prometheus:
             self._metrics = HttpServer(
                 {("GET", settings.prometheus_path): self.pages.prometheus}, "prometheus"
             )
-        self._stopping = False
-        self._health_task: asyncio.Task[None] | None = None
-        self.tls: TlsFiles | None = None
-        self.statsd = statsd_sink(settings, self.stats)
 
     def healthy(self) -> bool:
         """Whether the service can answer. By default whatever the backend's state (its
@@ -459,98 +458,155 @@ class Service:
         # before anything else starts (and before gRPC's own resolver logs about it).
         if s.workers == 1:  # workers share their ports: each may bind what another holds
             for host, port, what in self._ports():
-                _probe_port(host, port, what)
+                probe_port(host, port, what)
         for name in s.ignored:
             log.warning(
                 "%s is set: ferryman accepts it but it changes nothing here "
                 "(see the README, Migrating from envoyproxy/ratelimit)",
                 name,
             )
-        self.tls = tls = TlsFiles.from_settings(s)
+        self.tls = TlsFiles.from_settings(s)
         self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
-        await self.backend.start()
-        if s.redis_startup_wait and isinstance(self.backend, Watched):
-            await wait_until_up(
-                self.backend,
-                s.redis_startup_initial_interval,
-                s.redis_startup_max_interval,
-                s.redis_startup_max_elapsed_time,
-            )
-        await self.config_api.start()
+        for part in self._lifespan():
+            await self._stack.enter_async_context(part)
+        log.info(*self._serving_line())
+
+    def _lifespan(self) -> Iterator[AbstractAsyncContextManager[None]]:
+        """What start() enters, in order; stop() leaves them in reverse."""
+        if self.statsd is not None:  # stopped late: the last flush carries every call
+            yield paired(self.statsd.start, self.statsd.stop)
+        yield self._backend_up()
+        yield paired(self.config_api.start, self.config_api.stop)
+        yield paired(self._start_reloader, self.reloader.stop)
+        yield paired(self.holds.start, self.holds.stop)
+        yield paired(self._start_console, self.console.stop)
+        yield self._apis()
+        yield self._listening()
+        yield self._serving()
+
+    @asynccontextmanager
+    async def _backend_up(self) -> AsyncIterator[None]:
+        s = self.settings
+        try:
+            await self.backend.start()
+            if s.redis_startup_wait and isinstance(self.backend, Watched):
+                await wait_until_up(
+                    self.backend,
+                    s.redis_startup_initial_interval,
+                    s.redis_startup_max_interval,
+                    s.redis_startup_max_elapsed_time,
+                )
+            yield
+        finally:
+            await self.backend.close()
+
+    async def _start_reloader(self) -> None:
         if not self.config_api.owns_config:  # CONFIG_STORE=redis: Redis decides, not files
             await self.reloader.start()
-        await self.holds.start()
+
+    async def _start_console(self) -> None:
         self.console.start()
-        if self.statsd is not None:
-            await self.statsd.start()
+
+    @asynccontextmanager
+    async def _apis(self) -> AsyncIterator[None]:
+        """The gRPC server, bound, with every API of the registry served on it."""
+        s, tls = self.settings, self.tls
         server = grpc.aio.server(options=grpc_server_options(s))
         # Registered through the guard, so that a request that does not decode is counted
         # and refused with INVALID_ARGUMENT, not logged one traceback at a time.
         guarded = GuardedServer(
             server,
             self.stats,
-            {SHOULD_RATE_LIMIT: (TOTAL_REQUESTS, f"{CALL}.service_error")},
+            undecodable_stats(APIS),
             authorize=tls.authorize if tls is not None and tls.client_san else None,
         )
         self.undecodable = guarded.reporter
-        edge = self._edge
-        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(self.rls, RLS_SERVICE, RLS_METHODS), guarded
-        )
-        limiter_pb2_grpc.add_LimiterServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(LimiterServicer(self.engine, self.holds), LIMITER_SERVICE, LIMITER_METHODS),
-            guarded,
-        )
-        quota_service_pb2_grpc.add_QuotaServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(self.quota, QUOTA_SERVICE, QUOTA_METHODS), guarded
-        )
-        limiter_pb2_grpc.add_QuotaEventsServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(QuotaEventsServicer(self.quota_events), QUOTA_EVENTS_SERVICE, {}), guarded
-        )
-        doorman_pb2_grpc.add_CapacityServicer_to_server(  # type: ignore[no-untyped-call]
-            edge.wrap(CapacityServicer(self.capacity), CAPACITY_SERVICE, CAPACITY_METHODS),
-            guarded,
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, guarded)
         self._grpc = server
-        # As the reference: GRPC_UDS replaces GRPC_HOST:GRPC_PORT (gRPC removes a socket file
-        # left by a previous run).
-        address = f"unix:{s.grpc_uds}" if s.grpc_uds else f"{_host(s.grpc_host)}:{s.grpc_port}"
         try:
-            if tls is None:
-                port = server.add_insecure_port(address)
-            else:
-                port = server.add_secure_port(address, tls.grpc_credentials())
-        except RuntimeError:
-            if s.grpc_uds:
-                raise SettingsError(
-                    f"cannot listen on the unix socket GRPC_UDS={s.grpc_uds!r}: check that "
-                    "its directory exists and is writable and that no file is in the way"
-                ) from None
-            raise SettingsError(
-                _bind_problem(s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"], "cannot listen")
-            ) from None
-        if not s.grpc_uds:
-            self.grpc_port = port
-        await self.capacity.start(self.grpc_port)
-        if self.leased is not None:
-            await self.leased.start(self.capacity.address)
-        await server.start()
-        self._health_task = asyncio.create_task(self._track_health(), name="ferryman-health")
+            async with AsyncExitStack() as served:
+                # Bound first: an API may need the port (capacity advertises its address).
+                self.grpc_port = bind_grpc(server, s, tls)
+                parts = self._parts()
+                for api in APIS:
+                    servicer = await served.enter_async_context(api.serve(parts))
+                    if api.edge:
+                        servicer = self._edge.wrap(servicer, api.service, api.methods)
+                    api.register(servicer, guarded)
+                    if api.drain is not None:
+                        self._drains.insert(0, partial(api.drain, servicer))
+                yield
+        finally:
+            self._drains.clear()
+            if self._grpc is not None:  # bound, never served
+                await self._grpc.stop(self._grace)
+                self._grpc = None
+
+    def _parts(self) -> Parts:
+        return Parts(
+            settings=self.settings,
+            clock=self.clock,
+            stats=self.stats,
+            holder=self.holder,
+            engine=self.engine,
+            holds=self.holds,
+            quota_store=self.quota_store,
+            quota_events=self.quota_events,
+            capacity=self.capacity,
+            leased=self.leased,
+            healthy=self.healthy,
+            health_names=health_names(APIS),
+            grpc_port=self.grpc_port,
+        )
+
+    @asynccontextmanager
+    async def _listening(self) -> AsyncIterator[None]:
+        """The HTTP, debug and metrics ports: closed once the gRPC calls have drained."""
+        s, tls = self.settings, self.tls
         shared = s.workers > 1
         context = tls.ssl_context() if tls is not None else None
-        self.http_port = await _listen(
-            self._http, s.host, s.port, _PORT_NAMES["http"], context, shared
-        )
-        self.debug_port = await _listen(
-            self._debug, s.debug_host, s.debug_port, _PORT_NAMES["debug"], context, shared
-        )
-        if self._metrics is not None:
-            host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
-            self.prometheus_port = await _listen(
-                self._metrics, host, port, "PROMETHEUS_ADDR", context, shared
+        try:
+            self.http_port = await listen(
+                self._http, s.host, s.port, PORT_NAMES["http"], context, shared
             )
-        log.info(
+            self.debug_port = await listen(
+                self._debug, s.debug_host, s.debug_port, PORT_NAMES["debug"], context, shared
+            )
+            if self._metrics is not None:
+                host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
+                self.prometheus_port = await listen(
+                    self._metrics, host, port, "PROMETHEUS_ADDR", context, shared
+                )
+            yield
+        finally:
+            await self._http.stop()
+            await self._debug.stop()
+            if self._metrics is not None:
+                await self._metrics.stop()
+
+    @asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        """The gRPC server serving; on the way out, the APIs drain, then the calls."""
+        server = self._grpc
+        assert server is not None
+        try:
+            await server.start()
+            yield
+        finally:
+            try:
+                for drain in self._drains:
+                    await drain()
+            finally:
+                self._drains.clear()
+                await server.stop(self._grace)
+                self._grpc = None
+
+    def _serving_line(self) -> tuple[Any, ...]:
+        s, tls = self.settings, self.tls
+        extras = (
+            self.telemetry.describe(),
+            self.statsd.describe() if self.statsd is not None else "",
+        )
+        return (
             "ferryman serving%s: grpc %s, http :%d, debug :%d%s, backend %s, config %s, "
             "event loop %s; %s",
             "" if tls is None else " over TLS" + (" (mutual)" if tls.mutual else ""),
@@ -561,24 +617,17 @@ class Service:
             self.backend.name,
             self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
             self.event_loop,
-            "; ".join(
-                part
-                for part in (
-                    self.telemetry.describe(),
-                    self.statsd.describe() if self.statsd is not None else "",
-                )
-                if part
-            ),
+            "; ".join(part for part in extras if part),
         )
 
     def _ports(self) -> list[tuple[str, int, str]]:
         s = self.settings
         ports = [
-            (s.host, s.port, _PORT_NAMES["http"]),
-            (s.debug_host, s.debug_port, _PORT_NAMES["debug"]),
+            (s.host, s.port, PORT_NAMES["http"]),
+            (s.debug_host, s.debug_port, PORT_NAMES["debug"]),
         ]
         if not s.grpc_uds:
-            ports.insert(0, (s.grpc_host, s.grpc_port, _PORT_NAMES["grpc"]))
+            ports.insert(0, (s.grpc_host, s.grpc_port, PORT_NAMES["grpc"]))
         if self._metrics is not None:
             host, port = split_address(s.prometheus_addr, "PROMETHEUS_ADDR")
             ports.append((host, port, "PROMETHEUS_ADDR"))
@@ -586,116 +635,18 @@ class Service:
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let in-flight ones finish (up to ``grace`` seconds), close."""
-        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        self._grace = self.settings.shutdown_grace_seconds if grace is None else grace
         self._stopping = True
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.wait({self._health_task}, timeout=1)
-            self._health_task = None
-        await self._health.enter_graceful_shutdown()
-        self.quota_events.close()
-        if self._grpc is not None:
-            await self._grpc.stop(grace)
-            self._grpc = None
-        await self._http.stop()
-        await self._debug.stop()
-        if self._metrics is not None:
-            await self._metrics.stop()
-        if self.leased is not None:
-            await self.leased.stop()
-        await self.capacity.stop()
-        await self.console.stop()
-        await self.config_api.stop()
-        await self.reloader.stop()
-        await self.holds.stop()
-        await self.backend.close()
-        if self.statsd is not None:
-            await self.statsd.stop()  # the last flush carries every call
-        # Last, so that the final push carries every call.
-        await asyncio.to_thread(self.telemetry.shutdown)
-
-    async def _track_health(self) -> None:
-        """Mirror healthy() into the gRPC health service as it changes."""
-        serving = None
-        while not self._stopping:
-            now = self.healthy()
-            if now != serving:
-                status = (
-                    health_pb2.HealthCheckResponse.SERVING
-                    if now
-                    else health_pb2.HealthCheckResponse.NOT_SERVING
-                )
-                for name in HEALTH_NAMES:
-                    await self._health.set(name, status)
-                serving = now
-            await asyncio.sleep(0.2)
+        try:
+            await self._stack.aclose()
+        finally:
+            # Last, so that the final push carries every call.
+            await asyncio.to_thread(self.telemetry.shutdown)
 
     async def _healthcheck(self, request: HttpRequest) -> HttpResponse:
         if self.healthy():
             return HttpResponse(200, b"OK")
         return HttpResponse(500, b"unhealthy")
-
-
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-# What an operator sets to move each port: the variable and the flag.
-_PORT_NAMES = {
-    "grpc": "GRPC_PORT / --grpc-port",
-    "http": "PORT / --http-port",
-    "debug": "DEBUG_PORT / --debug-port",
-}
-_BIND_HINTS = {
-    errno.EADDRINUSE: "already in use: stop the process that holds it "
-    "(`ss -ltnp` names it) or choose another port",
-    errno.EACCES: "permission denied: ports below 1024 need privileges; choose a higher port",
-    errno.EADDRNOTAVAIL: "this host has no such address: check the host setting",
-}
-
-
-def _bind_problem(host: str, port: int, what: str, reason: str) -> str:
-    shown = f"{_host(host) or '*'}:{port}"
-    return f"cannot listen on {shown} ({what}): {reason}"
-
-
-def _bind_error(host: str, port: int, what: str, exc: OSError) -> SettingsError:
-    if isinstance(exc, socket.gaierror):
-        reason = f"unknown host {host!r}: check the host setting"
-    else:
-        reason = _BIND_HINTS.get(exc.errno or 0, exc.strerror or str(exc))
-    return SettingsError(_bind_problem(host, port, what, reason))
-
-
-def _probe_port(host: str, port: int, what: str) -> None:
-    """Raise SettingsError when ``host:port`` cannot be listened on (port 0 always can)."""
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as sock:
-            # As the servers themselves bind: a port in TIME_WAIT is free to take.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-    except OSError as exc:
-        raise _bind_error(host, port, what, exc) from None
-
-
-async def _listen(
-    server: HttpServer,
-    host: str,
-    port: int,
-    what: str,
-    tls: ssl.SSLContext | None = None,
-    reuse_port: bool = False,
-) -> int:
-    try:
-        return await server.start(host, port, tls, reuse_port)
-    except OSError as exc:
-        raise _bind_error(host, port, what, exc) from None
 
 
 async def run(service: Service, stop: asyncio.Event) -> None:

@@ -2,7 +2,7 @@
 
 ``model`` holds the values, ``algorithms`` divides a capacity, ``state`` grants and expires
 leases and ``election`` picks one master among replicas. A server that leases from a parent
-does so through ``ferryman.server.capacity_parent``.
+does so through ``ferryman.apis.capacity_parent``.
 """
 
 from ferryman.algorithms.leases.algorithms import Division, allocate, divide

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ferryman.algorithms.token_bucket import TOKEN_BUCKET
 from ferryman.algorithms.token_bucket.model import (
     BucketSpec,
     BucketStore,
@@ -14,6 +15,7 @@ from ferryman.algorithms.token_bucket.model import (
     Standing,
     quota_label,
 )
+from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 
 __all__ = ["COLUMNS", "TOP", "BucketTable", "node_label"]
@@ -52,6 +54,11 @@ class BucketTable:
         self.nodes = nodes
         self.clock = clock
         self.top = top
+
+    @classmethod
+    def of(cls, quota: BucketStore, backend: Backend, clock: Clock) -> BucketTable:
+        """The table of the quota service's buckets and ``backend``'s node buckets."""
+        return cls(quota, backend.store(TOKEN_BUCKET.name), clock)
 
     async def read(self) -> dict[str, Any]:
         refs = self.quota.recent.items()

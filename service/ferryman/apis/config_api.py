@@ -41,6 +41,7 @@ from ferryman.config.store import (
     diff_documents,
     relative_documents,
 )
+from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.reset import ResetResult, reset_counters, reset_quota_bucket
 from ferryman.errors import (
@@ -56,7 +57,6 @@ from ferryman.errors import (
     UnsupportedMediaTypeError,
     status_of,
 )
-from ferryman.server.http import HttpRequest, HttpResponse
 from ferryman.settings import Settings
 from ferryman.stats import Stats
 

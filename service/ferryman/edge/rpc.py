@@ -1,9 +1,13 @@
 """The edge every gRPC API shares: one wrapper around each method of each servicer that
 counts the call, times it, traces it, and turns a ferryman error into its gRPC status
 (from ``errors.STATUSES``, the one table), so that a servicer only converts messages.
+Streaming methods go through it as well: counted on entry, their errors answered from the
+same table, whenever in the stream they are raised.
 
-The caller's deadline (less a margin, see ``ferryman.connections.deadline``) is handed down to the
-backend connection, which answers with the failure policy before it passes."""
+The caller's deadline of a unary call (less a margin, see ``ferryman.connections.deadline``)
+is handed down to the backend connection, which answers with the failure policy before it
+passes. A stream's deadline is not: it bounds the stream, not the backend calls made for it
+(a session's holds are released after it ends)."""
 
 from __future__ import annotations
 
@@ -15,11 +19,11 @@ from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry import trace
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
+from ferryman.edge.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
 from ferryman.errors import BackendError, FerrymanError, status_of
-from ferryman.server.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
 
@@ -40,12 +44,14 @@ def grpc_status(error: FerrymanError) -> tuple[grpc.StatusCode, str]:
 
 @dataclass(frozen=True)
 class Method:
-    """What the edge records of one method: the prefix of its error counters, and the span
-    attributes read from its request and its response (for the methods that have them)."""
+    """What the edge records of one method: the prefix of its error counters, the span
+    attributes read from its request and its response (for the unary methods that have
+    them), and the counters a request to it that does not decode adds to the guard's own."""
 
     counters: str
     request_attributes: Callable[[Any], Mapping[str, str | int]] | None = None
     response_attributes: Callable[[Any], Mapping[str, str | int]] | None = None
+    undecodable: tuple[str, ...] = ()
 
 
 class Edge:
@@ -55,36 +61,36 @@ class Edge:
         self._stats = stats
         self._latency = telemetry.request_latency if telemetry is not None else None
         self._telemetry = telemetry if telemetry is not None and telemetry.tracer else None
-        self.methods: list[str] = []
 
     def wrap(self, servicer: Any, service: ServiceDescriptor, methods: Mapping[str, Method]) -> Any:
-        """``servicer`` with each unary method of ``service`` wrapped (``methods`` says how);
-        streaming methods are counted on entry only."""
+        """``servicer`` with each method of ``service`` wrapped (``methods`` says how; a
+        method missing from it is an error at start, not a call that escapes the edge)."""
         for m in service.methods:
-            self.methods.append(m.name)
             fn = getattr(servicer, m.name)
+            method = methods[m.name]
             if m.client_streaming or m.server_streaming:
-                setattr(servicer, m.name, self._counted_stream(m.name, fn))
+                setattr(servicer, m.name, self._stream(m.name, method, fn))
             else:
-                setattr(
-                    servicer, m.name, self._unary(service.full_name, m.name, methods[m.name], fn)
-                )
+                setattr(servicer, m.name, self._unary(service.full_name, m.name, method, fn))
         return servicer
 
-    def _counted_stream(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _stream(self, name: str, method: Method, fn: Callable[..., Any]) -> Callable[..., Any]:
         stats = self._stats
         total = total_requests(name)
+        counters = method.counters
 
-        async def counted(request: Any, context: Context) -> AsyncIterator[Any]:
+        async def streamed(request: Any, context: Context) -> AsyncIterator[Any]:
             stats.inc(total)
             replies = fn(request, context)
             try:
                 async for reply in replies:
                     yield reply
+            except FerrymanError as error:
+                await self._fail(error, counters, context)
             finally:
                 await replies.aclose()
 
-        return counted
+        return streamed
 
     async def _fail(self, error: FerrymanError, counters: str, context: Context) -> NoReturn:
         code, message = grpc_status(error)
@@ -160,7 +166,7 @@ class Edge:
             except FerrymanError as error:
                 failed = error
                 code, message = grpc_status(error)
-                span.set_status(Status(StatusCode.ERROR, message))
+                span.set_status(trace.Status(trace.StatusCode.ERROR, message))
                 span.set_attribute("rpc.grpc.status_code", code.value[0])
             else:
                 span.set_attribute("rpc.grpc.status_code", 0)

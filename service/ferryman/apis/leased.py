@@ -10,13 +10,13 @@ import math
 import os
 import socket
 
-from ferryman.algorithms.leased_limit import LeasedLimit, LeasedLimiter
+from ferryman.algorithms.leased_limit import LEASED_LIMIT, LeasedLimit, LeasedLimiter
 from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
-from ferryman.core.algorithm import Limiter
 from ferryman.core.rules import Level
+from ferryman.engine import RateLimitEngine
 from ferryman.tasks import cancel
 
 __all__ = ["LeasedResources", "leased_resources"]
@@ -52,7 +52,10 @@ def _number(value: float) -> float:
 class LeasedResources:
     """Keeps one lease per leased resource of the config, from ``parent``."""
 
-    def __init__(self, parent: str, holder: ConfigHolder, limiter: Limiter, clock: Clock) -> None:
+    def __init__(
+        self, parent: str, holder: ConfigHolder, engine: RateLimitEngine, clock: Clock
+    ) -> None:
+        limiter = engine.limiter(LEASED_LIMIT.name)
         assert isinstance(limiter, LeasedLimiter)
         self.parent = parent
         self._holder = holder

@@ -20,9 +20,9 @@ from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.answers import EngineOptions
+from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.engine.explain import Explanation, read_now
 from ferryman.errors import FerrymanError, NotFoundError, RequestError, status_of
-from ferryman.server.http import HttpRequest, HttpResponse
 
 __all__ = ["EnvoyRoutes", "read_routes"]
 

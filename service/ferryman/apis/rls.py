@@ -8,13 +8,16 @@ from typing import Any
 import grpc
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from ferryman.apis import api
+from ferryman.apis.convert import decision_to_proto, encode_decision, request_from_proto
+from ferryman.edge.decoding import answers_encoded
+from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
-from ferryman.server.convert import decision_to_proto, encode_decision, request_from_proto
-from ferryman.server.decoding import answers_encoded
-from ferryman.server.edge import Method
-from ferryman.stats import CALL
+from ferryman.stats import CALL, TOTAL_REQUESTS
 
-__all__ = ["METHODS", "SEEN_BYTES", "RateLimitServicer"]
+__all__ = ["API", "METHODS", "SEEN_BYTES", "SERVICE", "RateLimitServicer"]
+
+SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"]
 
 #: The largest request whose conversion the engine keeps (in serialized bytes; Envoy's are
 #: a few hundred): with the engine's PLANS, a few MiB in all, whatever the callers send.
@@ -36,8 +39,16 @@ def _response_attributes(response: bytes) -> Mapping[str, str | int]:
     return {"ratelimit.code": _CODE_NAMES[code]}
 
 
-#: What the edge records of each method.
-METHODS = {"ShouldRateLimit": Method(CALL, _request_attributes, _response_attributes)}
+#: What the edge records of each method. As the reference, a request that does not decode
+#: is counted as a call that failed.
+METHODS = {
+    "ShouldRateLimit": Method(
+        CALL,
+        _request_attributes,
+        _response_attributes,
+        undecodable=(TOTAL_REQUESTS, f"{CALL}.service_error"),
+    )
+}
 
 
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
@@ -64,3 +75,13 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
         """The answer to one request, whichever port it came in on; raises FerrymanError."""
         domain, descriptors, hits = request_from_proto(request)
         return decision_to_proto(await self._engine.should_rate_limit(domain, descriptors, hits))
+
+
+API = api.API(
+    SERVICE,
+    rls_pb2_grpc.add_RateLimitServiceServicer_to_server,
+    api.built(lambda parts: RateLimitServicer(parts.engine)),
+    methods=METHODS,
+    # "ratelimit": the name the reference's health service answers to.
+    health=("ratelimit", SERVICE.full_name),
+)

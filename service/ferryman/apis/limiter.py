@@ -14,22 +14,26 @@ from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.algorithms.burst import BURST_TIERS, BurstLimiter
 from ferryman.algorithms.token_bucket import TOKEN_BUCKET, NodeBucket
 from ferryman.algorithms.token_bucket.limiter import BucketLimiter
+from ferryman.apis import api
+from ferryman.apis.holds import HoldManager, Session
 from ferryman.core.rules import Rule
+from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
-from ferryman.errors import RequestError
-from ferryman.server.edge import Method
-from ferryman.server.holds import HoldManager, Session
+from ferryman.errors import LeaseLostError, RequestError
 from ferryman.stats import REQUEST_CALL
 
-__all__ = ["METHODS", "LimiterServicer"]
+__all__ = ["API", "METHODS", "SERVICE", "LimiterServicer"]
 
 log = logging.getLogger("ferryman.limiter")
 
 SESSION_METADATA = "ferryman-session"
 
-#: What the edge records of each unary method: the prefix of its error counters.
+SERVICE = limiter_pb2.DESCRIPTOR.services_by_name["Limiter"]
+
+#: What the edge records of each method: the prefix of its error counters.
 METHODS = {
+    "Session": Method("ratelimit.service.call.session"),
     "Reserve": Method("ratelimit.service.call.reserve"),
     "Release": Method("ratelimit.service.call.release"),
     "Transfer": Method("ratelimit.service.call.transfer"),
@@ -71,13 +75,8 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         except StopAsyncIteration:
             return
         if not first.HasField("open"):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be open"
-            )
-        try:
-            check_name(first.open.client_name, "open.client_name", required=False)
-        except RequestError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise RequestError("open", "the first message of a session must be open")
+        check_name(first.open.client_name, "open.client_name", required=False)
         session = self._holds.open(first.open.client_name)
         replies: asyncio.Queue[limiter_pb2.SessionEvent | None] = asyncio.Queue()
 
@@ -99,7 +98,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
                 if ended in done:
                     nxt.cancel()
                     yield Event(closing=Event.Closing(reason=session.reason))
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, session.reason)
+                    raise LeaseLostError(session.reason)
                 reply = nxt.result()
                 if reply is None:
                     break
@@ -273,3 +272,12 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if not granted and min_copies <= spec.size + spec.max_debt_millis * spec.fill_rate / 1e3:
             _duration(take.next_token(spec), reply.retry_after)
         return reply
+
+
+API = api.API(
+    SERVICE,
+    limiter_pb2_grpc.add_LimiterServicer_to_server,
+    api.built(lambda parts: LimiterServicer(parts.engine, parts.holds)),
+    methods=METHODS,
+    health=(SERVICE.full_name,),
+)

@@ -14,29 +14,29 @@ from google.protobuf import json_format
 
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms import algorithm_of
+from ferryman.apis.capacity import CapacityService
+from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.holds import HoldManager
+from ferryman.apis.leased import LeasedResources
+from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.rules import Unit
+from ferryman.edge.http import HttpRequest, HttpResponse
+from ferryman.edge.tls import TlsFiles
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor, read_now
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
-from ferryman.server.capacity import CapacityService
-from ferryman.server.config_api import ConfigApi
-from ferryman.server.holds import HoldManager
-from ferryman.server.http import HttpRequest, HttpResponse
-from ferryman.server.leased import LeasedResources
-from ferryman.server.rls import RateLimitServicer
-from ferryman.server.tls import TlsFiles
 from ferryman.settings import Settings
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
 
-class Service(Protocol):
-    """The parts of the running service that the pages read (``ferryman.server.app.Service``)."""
+class ServiceView(Protocol):
+    """What the pages read of the running service (``ferryman.server.app.Service``)."""
 
     settings: Settings
     stats: Stats
@@ -44,7 +44,6 @@ class Service(Protocol):
     holder: ConfigHolder
     engine: RateLimitEngine
     backend: Backend
-    rls: RateLimitServicer
     holds: HoldManager
     capacity: CapacityService
     leased: LeasedResources | None
@@ -60,8 +59,9 @@ class Service(Protocol):
 class Pages:
     """Handlers over one Service's parts; each answers from state, counting nothing but /json."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceView) -> None:
         self.service = service
+        self._rls = RateLimitServicer(service.engine)
 
     async def json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
@@ -80,7 +80,7 @@ class Pages:
             self.service.stats.inc(f"{CALL}.service_error")
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         try:
-            response = await self.service.rls.respond(message)
+            response = await self._rls.respond(message)
         except FerrymanError as exc:
             status = status_of(exc)
             self.service.stats.inc(f"{CALL}.{status.counter}")

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import grpc
@@ -26,15 +27,17 @@ from ferryman.algorithms.leases.election import (
 )
 from ferryman.algorithms.leases.model import Lease, ResourceTemplate, find_template
 from ferryman.algorithms.leases.state import Band, LeaseState, TemplateSource
+from ferryman.apis import api
+from ferryman.apis.capacity_parent import ParentClient
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
-from ferryman.server.capacity_parent import ParentClient
+from ferryman.edge.rpc import Method
 from ferryman.settings import Settings
 from ferryman.tasks import cancel
 
 R = TypeVar("R", doorman_pb2.GetCapacityResponse, doorman_pb2.GetServerCapacityResponse)
 
-__all__ = ["CapacityService", "CapacityServicer"]
+__all__ = ["API", "METHODS", "SERVICE", "CapacityService", "CapacityServicer"]
 
 log = logging.getLogger("ferryman.capacity")
 
@@ -42,6 +45,14 @@ SWEEP_EVERY = 1.0
 MAX_LISTED_CLIENTS = 1000  # per resource on the debug page
 CONSOLE_LEASES = 30  # leases listed on the console, the biggest first
 _MAX_CACHED = 10_000
+
+SERVICE = doorman_pb2.DESCRIPTOR.services_by_name["Capacity"]
+METHODS = {
+    "Discovery": Method("ratelimit.service.call.discovery"),
+    "GetCapacity": Method("ratelimit.service.call.get_capacity"),
+    "GetServerCapacity": Method("ratelimit.service.call.get_server_capacity"),
+    "ReleaseCapacity": Method("ratelimit.service.call.release_capacity"),
+}
 
 
 class ConfiguredTemplates(TemplateSource):
@@ -461,3 +472,29 @@ def _check_server_request(request: doorman_pb2.GetServerCapacityRequest) -> str:
             if band.num_clients < 0:
                 return f"resource[{i}].wants[{j}].num_clients must not be negative"
     return _check_resource_ids(request.resource)
+
+
+@asynccontextmanager
+async def serve(parts: api.Parts) -> AsyncIterator[CapacityServicer]:
+    """The capacity side while the API is served: the election (and the parent client) on
+    this server's address, then the leases the engine takes from a parent, which are
+    stopped first."""
+    capacity, leased = parts.capacity, parts.leased
+    try:
+        await capacity.start(parts.grpc_port)
+        if leased is not None:
+            await leased.start(capacity.address)
+        yield CapacityServicer(capacity)
+    finally:
+        if leased is not None:
+            await leased.stop()
+        await capacity.stop()
+
+
+API = api.API(
+    SERVICE,
+    doorman_pb2_grpc.add_CapacityServicer_to_server,
+    serve,
+    methods=METHODS,
+    health=(SERVICE.full_name,),
+)

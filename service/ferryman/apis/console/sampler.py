@@ -169,6 +169,17 @@ def series_label(path: tuple[str, ...] | None) -> str:
     return f"{path[0]}: {'.'.join(path[1:])}" if len(path) > 1 else path[0]
 
 
+def _backend_sample(latency: dict[str, float], dt: float) -> dict[str, float]:
+    """The backend's calls and errors per second, and its latency, over one interval."""
+    return {
+        "calls": round(latency["calls"] / dt, 3),
+        "errors": round(latency["errors"] / dt, 3),
+        "mean_ms": round(latency["mean_ms"], 4),
+        "p99_ms": round(latency["p99_ms"], 4),
+        "max_ms": round(latency["max_ms"], 4),
+    }
+
+
 def _busiest(rates: dict[str, float], n: int = PER_SAMPLE) -> dict[str, float]:
     return {k: round(v, 3) for k, v in heapq.nlargest(n, rates.items(), key=lambda kv: kv[1])}
 
@@ -315,13 +326,7 @@ class Sampler:
             "shadow": round(min(shadow, over) / dt, 3),
             "domains": _busiest(domains),
             "rules": _busiest(rules),
-            "backend": {
-                "calls": round(latency["calls"] / dt, 3),
-                "errors": round(latency["errors"] / dt, 3),
-                "mean_ms": round(latency["mean_ms"], 4),
-                "p99_ms": round(latency["p99_ms"], 4),
-                "max_ms": round(latency["max_ms"], 4),
-            },
+            "backend": _backend_sample(latency, dt),
             "errors": {k: round(v, 3) for k, v in errors.items()},
             "tiers": {k: {t: round(r, 3) for t, r in v.items()} for k, v in busiest_tiers},
             "bursts": dict(heapq.nlargest(PER_SAMPLE, bursts.items(), key=lambda kv: kv[1])),

@@ -28,16 +28,16 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ferryman.algorithms import BY_NAME, algorithm_of
+from ferryman.apis.console.sampler import LatencyRecorder, Sampler, SpaceSaving, series_label
+from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.rules import Level, Rule
+from ferryman.edge.http import Handler, HttpRequest, HttpResponse
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import parse_descriptor
 from ferryman.errors import FerrymanError, RequestError, status_of
-from ferryman.server.console.sampler import LatencyRecorder, Sampler, SpaceSaving, series_label
-from ferryman.server.holds import HoldManager
-from ferryman.server.http import Handler, HttpRequest, HttpResponse
 from ferryman.stats import Stats
 
 __all__ = ["Console", "LatencyRecorder", "Panel", "Sampler", "SpaceSaving"]

@@ -1,0 +1,23 @@
+"""The protocols ferryman answers, and the services that hold their state (holds, capacity
+leases, token buckets, the config API, the console and the debug pages).
+
+``APIS`` is the one registry of the gRPC services: a protocol is its module, which declares
+one ``API`` (see ``ferryman.apis.api``), and one line here. The service registers, starts
+and reports the health of each in this order, and stops them in reverse.
+"""
+
+from __future__ import annotations
+
+from ferryman.apis import capacity, health, limiter, quota, quota_events, rls
+from ferryman.apis.api import API
+
+__all__ = ["API", "APIS"]
+
+APIS: tuple[API, ...] = (
+    rls.API,
+    limiter.API,
+    quota.API,
+    quota_events.API,
+    capacity.API,
+    health.API,  # last: the first to drain, so that probes see NOT_SERVING at once
+)

@@ -1,0 +1,64 @@
+"""``grpc.health.v1.Health``: the service's health under every name the APIs declare, kept
+in step with ``healthy()``; NOT_SERVING for good once the server starts draining."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from ferryman.apis import api
+from ferryman.tasks import cancel
+
+__all__ = ["API", "SERVICE"]
+
+SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
+# How often healthy() is read: a change reaches watchers within this.
+EVERY = 0.2
+
+
+@asynccontextmanager
+async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
+    servicer = HealthServicer()
+    tracker = asyncio.create_task(
+        _track(servicer, parts.healthy, parts.health_names), name="ferryman-health"
+    )
+    try:
+        yield servicer
+    finally:
+        await cancel(tracker)
+
+
+async def _track(
+    servicer: HealthServicer, healthy: Callable[[], bool], names: tuple[str, ...]
+) -> None:
+    """Mirror ``healthy()`` into the health service as it changes."""
+    serving = None
+    while True:
+        now = healthy()
+        if now != serving:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if now
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in names:
+                await servicer.set(name, status)
+            serving = now
+        await asyncio.sleep(EVERY)
+
+
+async def _drain(servicer: HealthServicer) -> None:
+    await servicer.enter_graceful_shutdown()
+
+
+API = api.API(
+    SERVICE,
+    health_pb2_grpc.add_HealthServicer_to_server,
+    serve,
+    drain=_drain,
+    edge=False,
+)

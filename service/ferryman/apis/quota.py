@@ -1,0 +1,133 @@
+"""The quota service's API, ``quotaservice.QuotaService/Allow``, on token buckets (its
+events are in ``quota_events``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
+from ferryman.apis import api
+from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
+from ferryman.config.quota import NAME
+from ferryman.config.reloader import ConfigHolder
+from ferryman.edge.rpc import Method
+from ferryman.errors import BackendError
+from ferryman.stats import Stats
+
+__all__ = ["API", "METHODS", "SERVICE", "QuotaServicer"]
+
+log = logging.getLogger("ferryman.quota")
+
+SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
+# Allow answers every problem with a status of its own: nothing for the edge to map.
+METHODS = {"Allow": Method("ratelimit.service.call.allow")}
+_BY_STATUS = {
+    Status.REJECTED_TIMEOUT: Kind.TIMEOUT,
+    Status.REJECTED_TOO_MANY_TOKENS_REQUESTED: Kind.TOO_MANY_TOKENS_REQUESTED,
+    Status.REJECTED_TOO_MANY_BUCKETS: Kind.TOO_MANY_BUCKETS,
+}
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
+    """Allow: every answer is a status, never a gRPC error."""
+
+    def __init__(
+        self,
+        holder: ConfigHolder,
+        store: BucketStore,
+        hub: QuotaEventHub,
+        stats: Stats,
+        *,
+        fail_open: bool,
+    ) -> None:
+        self._holder = holder
+        self.store = store
+        self._hub = hub
+        self._stats = stats
+        self._fail_open = fail_open
+
+    async def Allow(
+        self, request: quota_service_pb2.AllowRequest, context: Context
+    ) -> quota_service_pb2.AllowResponse:
+        status, granted, wait = await self.allow(
+            request.namespace,
+            request.bucket_name,
+            request.tokens_requested,
+            request.max_wait_millis_override if request.max_wait_time_override else None,
+        )
+        return quota_service_pb2.AllowResponse(
+            status=int(status),  # type: ignore[arg-type]
+            tokens_granted=granted,
+            wait_millis=wait,
+        )
+
+    async def allow(
+        self, namespace: str, bucket: str, tokens: int, max_wait_millis: int | None
+    ) -> tuple[Status, int, int]:
+        """(status, tokens granted, wait in milliseconds) for one request."""
+        self._stats.inc(f"{QUOTA}.allow")
+        if (
+            tokens < 0
+            or (max_wait_millis is not None and max_wait_millis < 0)
+            or not NAME.fullmatch(namespace)
+            or not NAME.fullmatch(bucket)
+        ):
+            self._stats.inc(f"{QUOTA}.invalid_request")
+            return Status.REJECTED_INVALID_REQUEST, 0, 0
+        tokens = max(tokens, 1)
+        config = self._holder.config
+        quota = config.quota if config is not None else None
+        found = quota.lookup(namespace, bucket) if quota is not None else None
+        if found is None:
+            self._hub.emit(BucketEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
+            return Status.REJECTED_NO_BUCKET, 0, 0
+        ref, spec = found
+        allowed = spec.wait_timeout_millis
+        if max_wait_millis is not None:
+            allowed = min(allowed, max_wait_millis)
+        try:
+            result = await self.store.take(ref, spec, tokens, allowed)
+        except BackendError as exc:
+            self._stats.inc(f"{QUOTA}.store_error")
+            log.warning("token bucket store error: %s", exc)
+            if self._fail_open:
+                return Status.OK, tokens, 0
+            return Status.REJECTED_SERVER_ERROR, 0, 0
+        self._events(namespace, bucket, ref.dynamic, tokens, result)
+        return result.status, result.tokens_granted, result.wait_millis
+
+    def _events(
+        self, namespace: str, bucket: str, dynamic: bool, tokens: int, result: TakeResult
+    ) -> None:
+        emit = self._hub.emit
+        for name in result.removed:
+            emit(BucketEvent(Kind.BUCKET_REMOVED, namespace, name, True))
+        if result.created:
+            emit(BucketEvent(Kind.BUCKET_CREATED, namespace, bucket, True))
+        if result.status is Status.OK:
+            kind = Kind.TOKENS_SERVED_WITH_WAIT if result.wait_millis > 0 else Kind.TOKENS_SERVED
+        else:
+            kind = _BY_STATUS[result.status]
+        emit(BucketEvent(kind, namespace, bucket, dynamic, tokens, result.wait_millis))
+
+
+API = api.API(
+    SERVICE,
+    quota_service_pb2_grpc.add_QuotaServiceServicer_to_server,
+    api.built(
+        lambda parts: QuotaServicer(
+            parts.holder,
+            parts.quota_store,
+            parts.quota_events,
+            parts.stats,
+            fail_open=parts.settings.fail_open,
+        )
+    ),
+    methods=METHODS,
+    health=(SERVICE.full_name,),
+)
