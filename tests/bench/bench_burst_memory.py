@@ -18,8 +18,8 @@ for ``--seconds`` simulated seconds. Then the state left behind is measured:
 - memory backend: tracemalloc's traced memory after minus before, divided by N, split into
   the tenant states and the expiry heap; and a sys.getsizeof-based deep size of one tenant.
 
-How the load is driven: in process, through ferryman's own burst-tier limiter
-(``BurstLimiter.take``, what ``ferryman.v1.Limiter/Request`` calls) over a
+How the load is driven: in process, through ferryman's own engine
+(``RateLimitEngine.request``, what ``ferryman.v1.Limiter/Request`` calls) over a
 ``RedisBackend(server_time=False)`` or a ``MemoryBackend``, with a fake clock that advances
 by 1/(N*rate) s at each request. So keys, node and tenant names are exactly the server's,
 time runs as fast as the machine can go (10k tenants at 3/s for 5 s is 150k decisions, which
@@ -57,12 +57,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
-from ferryman.algorithms.burst import BURST_TIERS, BurstLimiter, BurstPolicy
-from ferryman.algorithms.burst.model import BurstOutcome
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, RedisTarget
 from ferryman.config.loader import load_sources
 from ferryman.config.model import Config
+from ferryman.core.algorithm import Granted
 from ferryman.engine import RateLimitEngine
 from ferryman.stats import Stats
 
@@ -136,15 +135,9 @@ class Report:
         return out
 
 
-async def request_rate(
-    engine: RateLimitEngine, entries: tuple[tuple[str, str], ...]
-) -> tuple[BurstPolicy, BurstOutcome]:
+async def request_rate(engine: RateLimitEngine, entries: tuple[tuple[str, str], ...]) -> Granted:
     """One ferryman.v1 Request of one hit on the burst-tier node, as the server makes it."""
-    path = engine.resolve(DOMAIN, entries, (BURST_TIERS.name,), "burst tiers")
-    limiter = engine.limiter(BURST_TIERS.name)
-    assert isinstance(limiter, BurstLimiter)
-    store = engine.store(BURST_TIERS.name)
-    return await limiter.take(store, DOMAIN, entries, path, 1, 1, engine.now(), lambda c: c)
+    return await engine.request(DOMAIN, entries, 1, 1, 0)
 
 
 def engine_for(backend: Any, clock: TickClock) -> RateLimitEngine:
@@ -194,7 +187,7 @@ async def drive(
             else:
                 outcomes = await asyncio.gather(*calls)
             requests += len(outcomes)
-            granted += sum(outcome.granted for _, outcome in outcomes)
+            granted += sum(outcome.granted for outcome in outcomes)
     return requests, granted
 
 

@@ -11,12 +11,8 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman.algorithms.burst import BURST_TIERS, BurstLimiter
-from ferryman.algorithms.token_bucket import TOKEN_BUCKET, NodeBucket
-from ferryman.algorithms.token_bucket.limiter import BucketLimiter
 from ferryman.apis import api
 from ferryman.apis.holds import HoldManager, Session
-from ferryman.core.rules import Rule
 from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
@@ -197,80 +193,16 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
 
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
-        engine = self._engine
-        kinds = (BURST_TIERS.name, TOKEN_BUCKET.name)
-        path = engine.resolve(request.domain, entries, kinds, "burst tiers or a token bucket")
-        if isinstance(path[-1].limit, NodeBucket):
-            return await self._bucket_request(request, entries, path, copies, min_copies)
-        bursts = engine.limiter(BURST_TIERS.name)
-        assert isinstance(bursts, BurstLimiter)
-        policy, outcome = await bursts.take(
-            engine.store(BURST_TIERS.name),
-            request.domain,
-            entries,
-            path,
-            copies,
-            min_copies,
-            engine.now(),
-            lambda call: engine.timed(BURST_TIERS.name, 1, call),
-        )
-        reply = limiter_pb2.RateResponse(
-            granted=outcome.granted,
-            active_tier_index=outcome.tier_index,
-            active_tier_limit=outcome.tier_limit,
-            active_tier_hits=outcome.tier_hits,
-            tenant_hits_last_second=outcome.tenant_last_second,
-            global_hits_last_second=outcome.global_last_second,
-            burst=outcome.burst,
-            limited_by_hard_limit=outcome.limited_by_hard_limit,
-            limited_by_global_limit=outcome.limited_by_global_limit,
-        )
-        if policy.hard_limit is not None:
-            reply.hard_limit = policy.hard_limit
-        if policy.global_limit is not None:
-            reply.global_limit = policy.global_limit
-        if math.isfinite(outcome.tier_window):
-            _duration(outcome.tier_window, reply.active_tier_window)
-        if math.isfinite(outcome.retry_after):
-            _duration(outcome.retry_after, reply.retry_after)
-        return reply
-
-    async def _bucket_request(
-        self,
-        request: limiter_pb2.RateRequest,
-        entries: tuple[tuple[str, str], ...],
-        path: list[Rule],
-        copies: int,
-        min_copies: int,
-    ) -> limiter_pb2.RateResponse:
-        """Request on a token-bucket node: the hits now, after a wait, or none."""
         max_wait = request.max_wait
         if max_wait.seconds < 0 or max_wait.nanos < 0:
             raise RequestError("max_wait", "must not be negative")
         wait_ms = min(max_wait.seconds * 1000 + max_wait.nanos // 1_000_000, 2**31 - 1)
-        engine = self._engine
-        limit = path[-1].limit
-        assert isinstance(limit, NodeBucket)
-        spec = limit.spec
-        buckets = engine.limiter(TOKEN_BUCKET.name)
-        assert isinstance(buckets, BucketLimiter)
-        granted, take = await buckets.take(
-            engine.store(TOKEN_BUCKET.name),
-            request.domain,
-            entries,
-            path,
-            (copies, min_copies, wait_ms),
-            engine.now,
-            lambda call: engine.timed(TOKEN_BUCKET.name, 1, call),
-        )
-        reply = limiter_pb2.RateResponse(
-            granted=granted, tokens_remaining=max(0, math.floor(take.stored))
-        )
-        if granted and take.wait_millis > 0:
-            _duration(take.wait_millis / 1000, reply.wait)
-        # Hits beyond the size and the debt allowed never pass: no retry_after for them.
-        if not granted and min_copies <= spec.size + spec.max_debt_millis * spec.fill_rate / 1e3:
-            _duration(take.next_token(spec), reply.retry_after)
+        got = await self._engine.request(request.domain, entries, copies, min_copies, wait_ms)
+        reply = limiter_pb2.RateResponse(granted=got.granted)
+        for name, value in got.fields.items():
+            setattr(reply, name, value)
+        for name, seconds in got.durations.items():
+            _duration(seconds, getattr(reply, name))
         return reply
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from yaml.nodes import Node
 
@@ -26,12 +26,15 @@ from ferryman.stats import Stats
 
 __all__ = [
     "Algorithm",
+    "Ask",
     "Call",
     "Counters",
+    "Granted",
     "Item",
     "Limiter",
     "Prepared",
     "Rate",
+    "Requests",
     "StoreOptions",
     "Target",
     "Timed",
@@ -172,6 +175,39 @@ class Counters(Limiter, Protocol):
         """The statuses and tally of a compiled request, from one store call. Raises
         BackendError when the store fails."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """ferryman.v1's ``Request`` on the node at the end of ``path``: up to ``copies`` hits,
+    at least ``min_copies`` or none, after a wait of at most ``max_wait_millis`` where the
+    kind can wait."""
+
+    domain: str
+    entries: tuple[tuple[str, str], ...]
+    path: tuple[Rule, ...]
+    copies: int
+    min_copies: int
+    max_wait_millis: int
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A ``Request``'s answer as the fields of ``ferryman.v1.RateResponse``: ``granted``,
+    the kind's counts and flags, and its durations in seconds."""
+
+    granted: int
+    fields: Mapping[str, int | bool]
+    durations: Mapping[str, float]
+
+
+@runtime_checkable
+class Requests(Protocol):
+    """A limiter that answers ferryman.v1's ``Request`` (some hits now, a few or none)."""
+
+    async def request(
+        self, store: Any, ask: Ask, now: Callable[[], float], timed: Timed
+    ) -> Granted: ...
 
 
 class Algorithm(Protocol):

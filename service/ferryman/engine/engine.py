@@ -18,7 +18,7 @@ from ferryman.algorithms import ALGORITHMS, BY_NAME, COUNTERS
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
 from ferryman.config.model import Config
-from ferryman.core.algorithm import Counters, Limiter
+from ferryman.core.algorithm import Ask, Counters, Granted, Limiter, Requests
 from ferryman.core.answers import (
     Code,
     Decision,
@@ -376,6 +376,31 @@ class RateLimitEngine:
         return Decision(code, final, headers, meta)
 
     # -- ferryman.v1 ------------------------------------------------------------------------
+
+    async def request(
+        self,
+        domain: str,
+        entries: tuple[tuple[str, str], ...],
+        copies: int,
+        min_copies: int,
+        max_wait_millis: int,
+    ) -> Granted:
+        """ferryman.v1's ``Request``: up to ``copies`` hits (at least ``min_copies`` or
+        none) on a node whose kind answers it, or a client error naming what the
+        descriptor reaches instead."""
+        kinds = [name for name, limiter in self.limiters.items() if isinstance(limiter, Requests)]
+        path = self.resolve(domain, entries, kinds, " or ".join(k.replace("_", " ") for k in kinds))
+        rule = path[-1]
+        assert rule.limit is not None
+        name = rule.limit.kind
+        limiter = self.limiters[name]
+        assert isinstance(limiter, Requests)
+        ask = Ask(domain, entries, tuple(path), copies, min_copies, max_wait_millis)
+
+        def timed(items: int, call: Awaitable[Any]) -> Awaitable[Any]:
+            return self.timed(name, items, call)
+
+        return await limiter.request(self._backend.store(name), ask, self._clock.now, timed)
 
     def resolve(
         self, domain: str, entries: Sequence[tuple[str, str]], kinds: Sequence[str], wanted: str

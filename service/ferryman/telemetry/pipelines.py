@@ -15,6 +15,7 @@ from opentelemetry.propagators.b3 import B3MultiFormat
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -85,49 +86,64 @@ class Telemetry:
             readers.append(otlp_metric_reader(settings))
         resource = telemetry_resource(settings) if readers or settings.tracing_enabled else None
         if readers:
-            self.meter_provider = MeterProvider(
-                metric_readers=readers,
-                resource=resource,
-                exemplar_filter=AlwaysOffExemplarFilter(),
-                shutdown_on_exit=False,
-            )
-            self.meter = meter = self.meter_provider.get_meter(SCOPE, __version__)
-            if settings.prometheus_response_time_as_milliseconds:
-                # The reference's legacy form: the same name, the values in milliseconds.
-                self.request_latency = Milliseconds(
-                    meter.create_histogram(
-                        "ratelimit_service_response_time_seconds",
-                        unit="ms",
-                        description="Time to answer a call, by gRPC method (milliseconds).",
-                        explicit_bucket_boundaries_advisory=[b * 1000 for b in LATENCY_BUCKETS],
-                    )
-                )
-            else:
-                self.request_latency = meter.create_histogram(
+            self._start_metrics(readers, resource)
+        if settings.tracing_enabled:
+            self._start_traces(tracer_provider, span_exporters, resource)
+
+    def _start_metrics(self, readers: list[MetricReader], resource: Resource | None) -> None:
+        """The meter provider over ``readers``, with the request and backend latencies."""
+        settings = self.settings
+        self.meter_provider = MeterProvider(
+            metric_readers=readers,
+            resource=resource,
+            exemplar_filter=AlwaysOffExemplarFilter(),
+            shutdown_on_exit=False,
+        )
+        self.meter = meter = self.meter_provider.get_meter(SCOPE, __version__)
+        if settings.prometheus_response_time_as_milliseconds:
+            # The reference's legacy form: the same name, the values in milliseconds.
+            self.request_latency = Milliseconds(
+                meter.create_histogram(
                     "ratelimit_service_response_time_seconds",
-                    unit="s",
-                    description="Time to answer a call, by gRPC method.",
-                    explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+                    unit="ms",
+                    description="Time to answer a call, by gRPC method (milliseconds).",
+                    explicit_bucket_boundaries_advisory=[b * 1000 for b in LATENCY_BUCKETS],
                 )
-            self.backend_latency = meter.create_histogram(
-                "ratelimit_service_backend_response_time_seconds",
+            )
+        else:
+            self.request_latency = meter.create_histogram(
+                "ratelimit_service_response_time_seconds",
                 unit="s",
-                description="Time of one backend call (all the counters of a request).",
+                description="Time to answer a call, by gRPC method.",
                 explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
             )
+        self.backend_latency = meter.create_histogram(
+            "ratelimit_service_backend_response_time_seconds",
+            unit="s",
+            description="Time of one backend call (all the counters of a request).",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+        )
 
-        if settings.tracing_enabled:
-            provider = tracer_provider or TracerProvider(
-                sampler=ParentBased(TraceIdRatioBased(settings.tracing_sampling_rate)),
-                resource=resource,
-                shutdown_on_exit=False,
-            )
-            for exporter in span_exporters:
-                provider.add_span_processor(SimpleSpanProcessor(exporter))
-            if settings.otlp_traces_endpoint:
-                provider.add_span_processor(otlp_span_processor(settings))
-            self.tracer_provider = provider
-            self.tracer = provider.get_tracer(SCOPE, __version__)
+    def _start_traces(
+        self,
+        tracer_provider: TracerProvider | None,
+        span_exporters: Sequence[SpanExporter],
+        resource: Resource | None,
+    ) -> None:
+        """The tracer provider (``tracer_provider`` if given), exporting to
+        ``span_exporters`` and to OTLP when an endpoint is set."""
+        settings = self.settings
+        provider = tracer_provider or TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(settings.tracing_sampling_rate)),
+            resource=resource,
+            shutdown_on_exit=False,
+        )
+        for exporter in span_exporters:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        if settings.otlp_traces_endpoint:
+            provider.add_span_processor(otlp_span_processor(settings))
+        self.tracer_provider = provider
+        self.tracer = provider.get_tracer(SCOPE, __version__)
 
     @property
     def metrics_enabled(self) -> bool:

@@ -5,12 +5,12 @@ from the store's outcome (the current tier shown as the limit); and ferryman.v1'
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy, BurstRequest, BurstStore
-from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally, unit_for
 from ferryman.core.keys import stats_key
 from ferryman.core.rules import RateLimit, Rule
@@ -18,8 +18,6 @@ from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
 
 __all__ = ["BurstItem", "BurstLimiter", "BurstRule", "node_key"]
-
-T = TypeVar("T")
 
 
 def node_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> tuple[str, str]:
@@ -73,11 +71,11 @@ class BurstLimiter:
         if hits < 0:  # burst tiers record grants only; nothing to give back
             return Status(Code.OK)
         key, parts = stats_key(domain, entries, prepared.path)
-        request = self.request(prepared.rule, entries, hits, hits)
+        request = self.request_of(prepared.rule, entries, hits, hits)
         rule = prepared.rule
         return BurstItem(index, rule, prepared.policy, request, key, parts, hits, prepared.quota)
 
-    def request(
+    def request_of(
         self, rule: Rule, entries: Sequence[tuple[str, str]], copies: int, min_copies: int
     ) -> BurstRequest:
         """The store's request for ``copies`` hits (at least ``min_copies``) of a tenant."""
@@ -133,31 +131,47 @@ class BurstLimiter:
         code = Code.OVER_LIMIT if over else Code.OK
         return Status(code, limit, 0 if over else remaining, reset, b.quota, window)
 
-    async def take(
-        self,
-        store: BurstStore,
-        domain: str,
-        entries: Sequence[tuple[str, str]],
-        path: Sequence[Rule],
-        copies: int,
-        min_copies: int,
-        now: float,
-        timed: Callable[[Awaitable[BurstOutcome]], Awaitable[BurstOutcome]],
-    ) -> tuple[BurstPolicy, BurstOutcome]:
-        """ferryman.v1's ``Request`` on a burst-tier node (``path`` leads to it): up to
-        ``copies`` hits, at least ``min_copies`` or none. With FAIL_OPEN a backend error
+    async def request(
+        self, store: BurstStore, ask: Ask, now: Callable[[], float], timed: Timed
+    ) -> Granted:
+        """ferryman.v1's ``Request`` on a burst-tier node: up to ``copies`` hits, at least
+        ``min_copies`` or none (a burst tier cannot wait). With FAIL_OPEN a backend error
         grants them all (counted)."""
-        rule = path[-1]
-        assert isinstance(rule.limit, BurstPolicy)
-        request = self.request(rule, entries, copies, min_copies)
-        key, parts = stats_key(domain, entries, path)
+        rule = ask.path[-1]
+        policy = rule.limit
+        assert isinstance(policy, BurstPolicy)
+        request = self.request_of(rule, ask.entries, ask.copies, ask.min_copies)
         try:
-            outcome = await timed(store.decide(request, now))
+            outcome = await timed(1, store.decide(request, now()))
         except BackendError:
             if not self.opts.fail_open:
                 raise
             self.stats.inc(f"{REQUEST_CALL}.degraded")
-            outcome = BurstOutcome(copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
-            return rule.limit, outcome
-        self.count(key, parts, copies, outcome, False)
-        return rule.limit, outcome
+            outcome = BurstOutcome(ask.copies, 0, 0, 0, math.inf, False, False, False, 0, 0, 0.0)
+            return _granted(policy, outcome)
+        key, parts = stats_key(ask.domain, ask.entries, ask.path)
+        self.count(key, parts, ask.copies, outcome, False)
+        return _granted(policy, outcome)
+
+
+def _granted(policy: BurstPolicy, outcome: BurstOutcome) -> Granted:
+    fields: dict[str, int | bool] = {
+        "active_tier_index": outcome.tier_index,
+        "active_tier_limit": outcome.tier_limit,
+        "active_tier_hits": outcome.tier_hits,
+        "tenant_hits_last_second": outcome.tenant_last_second,
+        "global_hits_last_second": outcome.global_last_second,
+        "burst": outcome.burst,
+        "limited_by_hard_limit": outcome.limited_by_hard_limit,
+        "limited_by_global_limit": outcome.limited_by_global_limit,
+    }
+    if policy.hard_limit is not None:
+        fields["hard_limit"] = policy.hard_limit
+    if policy.global_limit is not None:
+        fields["global_limit"] = policy.global_limit
+    durations: dict[str, float] = {}
+    if math.isfinite(outcome.tier_window):
+        durations["active_tier_window"] = outcome.tier_window
+    if math.isfinite(outcome.retry_after):
+        durations["retry_after"] = outcome.retry_after
+    return Granted(outcome.granted, fields, durations)

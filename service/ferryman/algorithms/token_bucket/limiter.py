@@ -6,14 +6,14 @@ the reset; and ferryman.v1's ``Request`` on a bucket node, which may wait."""
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ferryman.algorithms.token_bucket.model import BucketSpec, NodeBucketStore, NodeTake
 from ferryman.algorithms.token_bucket.model import Status as TakeStatus
 from ferryman.algorithms.token_bucket.spec import NodeBucket
-from ferryman.core.algorithm import Algorithm, Call
+from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key
 from ferryman.core.rules import UNIT_SECONDS, RateLimit, Rule
@@ -145,31 +145,22 @@ class BucketLimiter:
         shown = remaining if granted else 0
         return Status(code, limit, shown, reset, item.quota, window, spec.size)
 
-    async def take(
-        self,
-        store: NodeBucketStore,
-        domain: str,
-        entries: Sequence[tuple[str, str]],
-        path: Sequence[Rule],
-        counts: tuple[int, int, int],
-        now: Callable[[], float],
-        timed: Callable[[Awaitable[NodeTake]], Awaitable[NodeTake]],
-    ) -> tuple[int, NodeTake]:
-        """ferryman.v1's ``Request`` on a bucket node: ``counts`` is (copies, min_copies,
-        max_wait_millis): ``copies`` tokens, else ``min_copies``, else none, granted after a
-        wait of at most ``max_wait_millis`` (and the node's wait_timeout_millis).
-        (granted, the answer)."""
-        copies, min_copies, max_wait_millis = counts
-        rule = path[-1]
+    async def request(
+        self, store: NodeBucketStore, ask: Ask, now: Callable[[], float], timed: Timed
+    ) -> Granted:
+        """ferryman.v1's ``Request`` on a bucket node: ``copies`` tokens, else
+        ``min_copies``, else none, granted after a wait of at most ``max_wait_millis`` (and
+        the node's wait_timeout_millis)."""
+        rule = ask.path[-1]
         assert isinstance(rule.limit, NodeBucket)
         spec = rule.limit.spec
-        stats, parts = stats_key(domain, entries, path)
-        key = bucket_key(self.opts.cache_key_prefix, rule, entries)
-        wait = self.wait_allowed(spec, max_wait_millis)
+        key = bucket_key(self.opts.cache_key_prefix, rule, ask.entries)
+        wait = self.wait_allowed(spec, ask.max_wait_millis)
         granted, take = 0, None
         try:
-            for n in (copies, min_copies) if min_copies < copies else (copies,):
-                take = await timed(store.take(key, spec, n, wait, now()))
+            counts = (ask.copies, ask.min_copies) if ask.min_copies < ask.copies else (ask.copies,)
+            for n in counts:
+                take = await timed(1, store.take(key, spec, n, wait, now()))
                 if take.status is TakeStatus.OK:
                     granted = n
                     break
@@ -177,9 +168,25 @@ class BucketLimiter:
             if not self.opts.fail_open:
                 raise
             self.stats.inc(f"{REQUEST_CALL}.degraded")
-            return copies, NodeTake(TakeStatus.OK, 0, float(spec.size), 0.0)
+            return Granted(ask.copies, {"tokens_remaining": spec.size}, {})
         assert take is not None
+        self._count_request(ask, key, granted, take)
+        return _granted(spec, ask, granted, take)
+
+    def _count_request(self, ask: Ask, key: str, granted: int, take: NodeTake) -> None:
+        rule = ask.path[-1]
+        assert isinstance(rule.limit, NodeBucket)
+        stats, parts = stats_key(ask.domain, ask.entries, ask.path)
         quota = rule.quota_mode or self.opts.quota_mode
-        item = BucketItem(0, rule, spec, key, stats, parts, copies, quota)
+        item = BucketItem(0, rule, rule.limit.spec, key, stats, parts, ask.copies, quota)
         self.count(item, granted > 0, take.wait_millis > 0)
-        return granted, take
+
+
+def _granted(spec: BucketSpec, ask: Ask, granted: int, take: NodeTake) -> Granted:
+    durations: dict[str, float] = {}
+    if granted and take.wait_millis > 0:
+        durations["wait"] = take.wait_millis / 1000
+    # Hits beyond the size and the debt allowed never pass: no retry_after for them.
+    if not granted and ask.min_copies <= spec.size + spec.max_debt_millis * spec.fill_rate / 1e3:
+        durations["retry_after"] = take.next_token(spec)
+    return Granted(granted, {"tokens_remaining": max(0, math.floor(take.stored))}, durations)
