@@ -10,7 +10,7 @@ import pytest
 
 from ferryman.config.loader import digest_sources, load_directory, load_sources
 from ferryman.config.model import Config
-from ferryman.core.rules import RateLimit, Rule, Unit
+from ferryman.core.rules import Rule, Unit, UnitLimit
 from ferryman.errors import ConfigError, ConfigProblem
 
 from helpers import rate_of
@@ -769,7 +769,7 @@ def test_rate_limit_and_rule_fields_load() -> None:
         name="shop.yaml",
     )
     gold = rule_at(config, "shop", ("plan", "gold"))
-    assert rate_of(gold) == RateLimit(
+    assert rate_of(gold) == UnitLimit(
         requests_per_unit=4294967295,
         unit=Unit.HOUR,
         unlimited=False,
@@ -787,13 +787,13 @@ def test_rate_limit_and_rule_fields_load() -> None:
     assert (gold.stats_key, gold.source) == ("shop.plan_gold", "shop.yaml:3")
 
     cart = rule_at(config, "shop", ("plan", "gold"), ("path", "/cart/42"))
-    assert rate_of(cart) == RateLimit(requests_per_unit=0, unit=Unit.MINUTE)
+    assert rate_of(cart) == UnitLimit(requests_per_unit=0, unit=Unit.MINUTE)
     assert (cart.share_threshold, cart.shadow_mode, cart.quota_mode) == (True, False, False)
     assert dict(cart.metadata) == {}
     assert (cart.stats_key, cart.source) == ("shop.plan_gold.path_/cart/*", "shop.yaml:20")
 
     internal = rule_at(config, "shop", ("internal", "anything"))
-    assert rate_of(internal) == RateLimit(requests_per_unit=0, unit=None, unlimited=True)
+    assert rate_of(internal) == UnitLimit(requests_per_unit=0, unit=None, unlimited=True)
 
     whitelisted = rule_at(config, "shop", ("whitelisted", "x"))
     assert rate_of(whitelisted) is None
@@ -876,9 +876,9 @@ def test_yaml_merge_keys_load_like_the_reference() -> None:
     )
     limits = [rate_of(r) for r in config.domains["anchors"].root.rules]
     assert limits == [
-        RateLimit(10, Unit.MINUTE),
-        RateLimit(20, Unit.MINUTE),
-        RateLimit(3, Unit.HOUR, name="first"),
+        UnitLimit(10, Unit.MINUTE),
+        UnitLimit(20, Unit.MINUTE),
+        UnitLimit(3, Unit.HOUR, name="first"),
     ]
 
 

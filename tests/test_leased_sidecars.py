@@ -133,7 +133,7 @@ def test_without_a_parent_a_leased_node_runs_on_its_safe_capacity(procs: Procs) 
         ("leased_limit: [a]", "expected a map"),
         (
             "leased_limit: {resource: a}\n    rate_limit: {unit: second, requests_per_unit: 1}",
-            "either leased_limit or rate_limit",
+            "not both rate_limit and leased_limit",
         ),
     ],
 )

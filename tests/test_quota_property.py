@@ -99,7 +99,7 @@ def test_memory_and_redis_decide_identically(
     limit: int,
     trace: list[tuple[str, int, int, int]],
 ) -> None:
-    """Status, wait, bucket creation and idle removals agree take by take."""
+    """TakeStatus, wait, bucket creation and idle removals agree take by take."""
     assert replay_redis(redis_url, spec, dynamic, limit, trace) == replay_memory(
         spec, dynamic, limit, trace
     )

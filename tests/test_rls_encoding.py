@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.apis.convert import decision_to_proto, encode_decision
 from ferryman.apis.rls import METHODS
-from ferryman.core.rules import RateLimit, Unit
+from ferryman.core.rules import Unit, UnitLimit
 from ferryman.engine import Code, Decision, Status
 
 UINT32 = 2**32 - 1
@@ -25,7 +25,7 @@ numbers = st.one_of(
 limits = st.one_of(
     st.none(),
     st.builds(
-        RateLimit,
+        UnitLimit,
         numbers,
         st.one_of(st.none(), st.sampled_from(list(Unit))),
         name=st.sampled_from(["", "per_user", "é" * 70]),
@@ -43,7 +43,7 @@ decisions = st.builds(
     Decision,
     st.sampled_from(list(Code)),
     st.lists(statuses, max_size=5).map(tuple),
-    st.one_of(st.just(()), st.just((("RateLimit-Limit", "5"), ("RateLimit-Remaining", "4")))),
+    st.one_of(st.just(()), st.just((("UnitLimit-Limit", "5"), ("UnitLimit-Remaining", "4")))),
     st.one_of(st.none(), st.just({"domain": "d", "descriptors": []})),
 )
 
@@ -58,7 +58,7 @@ def test_one_limit_object_is_encoded_once_and_a_new_one_anew() -> None:
     """Encoded limits are kept by object: a new limit (a reloaded rule) is never answered
     with the encoding of one that went before it."""
     for n in range(1, 200):
-        limit = RateLimit(n, Unit.MINUTE, name=f"r{n}")
+        limit = UnitLimit(n, Unit.MINUTE, name=f"r{n}")
         answer = encode_decision(Decision(Code.OK, (Status(Code.OK, limit, n - 1, 5),)))
         status = rls_pb2.RateLimitResponse.FromString(answer).statuses[0]
         assert status.current_limit.requests_per_unit == n
@@ -75,7 +75,7 @@ def test_span_attributes_read_the_code_from_the_encoded_answer() -> None:
 
 @pytest.mark.parametrize("remaining", [-1, -200, UINT32 + 1, 2**40])
 def test_a_count_out_of_range_is_refused_as_the_message_refuses_it(remaining: int) -> None:
-    decision = Decision(Code.OK, (Status(Code.OK, RateLimit(5, Unit.SECOND), remaining, 1),))
+    decision = Decision(Code.OK, (Status(Code.OK, UnitLimit(5, Unit.SECOND), remaining, 1),))
     with pytest.raises(ValueError, match="out of range"):
         decision_to_proto(decision).SerializeToString()
     with pytest.raises(ValueError, match="out of range"):

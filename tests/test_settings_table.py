@@ -24,9 +24,9 @@ from ferryman.settings.kinds import (
     Boolean,
     Choice,
     Integer,
-    Kind,
     LogLevel,
     Port,
+    SettingKind,
     Text,
 )
 from ferryman.settings.model import VARIABLES, declared, every_setting
@@ -197,7 +197,7 @@ def test_every_variable_read_in_the_package_is_declared() -> None:
             assert settings_package in path.parents, f"{path}: a variable read by no name"
 
 
-def _sample(kind: Kind) -> tuple[str, str, object]:
+def _sample(kind: SettingKind) -> tuple[str, str, object]:
     """A value for the variable, another for the flag, and what the flag's gives."""
     if isinstance(kind, Port):
         return "9001", "9002", 9002

@@ -49,7 +49,7 @@ class SlowBackend(MemoryBackend):
 
     def __init__(self, clock: Clock, delay: float) -> None:
         super().__init__(clock)
-        self.windows = self.slow = SlowWindows(clock, delay)
+        self._stores["fixed_window"] = self.slow = SlowWindows(clock, delay)
 
 
 def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(

@@ -16,7 +16,7 @@ from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
-from ferryman.core.rules import RateLimit, Unit
+from ferryman.core.rules import Unit, UnitLimit
 from ferryman.engine import DescriptorRequest, EngineOptions, RateLimitEngine
 from ferryman.stats import Stats
 
@@ -70,7 +70,7 @@ POOL: tuple[DescriptorRequest, ...] = (
     DescriptorRequest((("sh", "s1"),)),
     DescriptorRequest((("sh", "s2"),)),
     DescriptorRequest((("nomatch", "1"),)),
-    DescriptorRequest((("o", "1"),), limit=RateLimit(4, Unit.MINUTE)),
+    DescriptorRequest((("o", "1"),), limit=UnitLimit(4, Unit.MINUTE)),
 )
 
 

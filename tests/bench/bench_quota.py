@@ -43,7 +43,7 @@ import redis
 
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
 from ferryman.algorithms.token_bucket.memory import MemoryTokenBucketStore
-from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, Status
+from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, TakeStatus
 from ferryman.algorithms.token_bucket.redis import RedisTokenBucketStore
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
@@ -240,7 +240,7 @@ def memory_store_bytes(n: int) -> float:
     before = tracemalloc.get_traced_memory()[0]
     for i in range(n):  # the names are counted: the store keeps them
         ref = BucketRef(NAMESPACE, f"b{i}", True)
-        assert store.take_at(ref, TEMPLATE, 1, 0, now).status is Status.OK
+        assert store.take_at(ref, TEMPLATE, 1, 0, now).status is TakeStatus.OK
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert len(store) == n

@@ -643,7 +643,7 @@ class ConfigApi:
             entries.append((item["key"], item["value"]))
         engine = self._engine
         result = await reset_counters(
-            self._backend,
+            self._backend.store,
             self._holder.config,
             domain,
             entries,

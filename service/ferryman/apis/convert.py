@@ -9,7 +9,7 @@ from google.protobuf import struct_pb2
 
 from ferryman._proto.envoy.config.core.v3 import base_pb2
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman.core.rules import RateLimit, Unit
+from ferryman.core.rules import Unit, UnitLimit
 from ferryman.engine import Code, Decision, DescriptorRequest
 from ferryman.errors import RequestError
 
@@ -36,7 +36,7 @@ def request_from_proto(
                     f"descriptors[{i}].limit.unit",
                     f"unknown unit {d.limit.unit} (SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR)",
                 )
-            limit = RateLimit(d.limit.requests_per_unit, unit)
+            limit = UnitLimit(d.limit.requests_per_unit, unit)
         hits = d.hits_addend.value if d.HasField("hits_addend") else None
         descriptors.append(
             DescriptorRequest(
@@ -89,7 +89,7 @@ _UINT32 = 2**32 - 1
 
 #: Encoded current_limit messages, by the limit's id (the entry holds the limit, so its id
 #: stays its own); cleared when full.
-_LIMITS: dict[int, tuple[RateLimit, bytes]] = {}
+_LIMITS: dict[int, tuple[UnitLimit, bytes]] = {}
 _LIMITS_MAX = 4096
 
 
@@ -109,7 +109,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _limit_field(limit: RateLimit) -> bytes:
+def _limit_field(limit: UnitLimit) -> bytes:
     """DescriptorStatus.current_limit of ``limit``, tag and length included."""
     kept = _LIMITS.get(id(limit))
     if kept is not None:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman.algorithms.token_bucket.model import BucketStore, Status, TakeResult
+from ferryman.algorithms.token_bucket.model import BucketStore, TakeResult, TakeStatus
 from ferryman.apis import api
 from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
 from ferryman.config.quota import NAME
@@ -26,9 +26,9 @@ SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
 # Allow answers every problem with a status of its own: nothing for the edge to map.
 METHODS = {"Allow": Method("ratelimit.service.call.allow")}
 _BY_STATUS = {
-    Status.REJECTED_TIMEOUT: Kind.TIMEOUT,
-    Status.REJECTED_TOO_MANY_TOKENS_REQUESTED: Kind.TOO_MANY_TOKENS_REQUESTED,
-    Status.REJECTED_TOO_MANY_BUCKETS: Kind.TOO_MANY_BUCKETS,
+    TakeStatus.REJECTED_TIMEOUT: Kind.TIMEOUT,
+    TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED: Kind.TOO_MANY_TOKENS_REQUESTED,
+    TakeStatus.REJECTED_TOO_MANY_BUCKETS: Kind.TOO_MANY_BUCKETS,
 }
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -68,7 +68,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
 
     async def allow(
         self, namespace: str, bucket: str, tokens: int, max_wait_millis: int | None
-    ) -> tuple[Status, int, int]:
+    ) -> tuple[TakeStatus, int, int]:
         """(status, tokens granted, wait in milliseconds) for one request."""
         self._stats.inc(f"{QUOTA}.allow")
         if (
@@ -78,14 +78,14 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             or not NAME.fullmatch(bucket)
         ):
             self._stats.inc(f"{QUOTA}.invalid_request")
-            return Status.REJECTED_INVALID_REQUEST, 0, 0
+            return TakeStatus.REJECTED_INVALID_REQUEST, 0, 0
         tokens = max(tokens, 1)
         config = self._holder.config
         quota = config.quota if config is not None else None
         found = quota.lookup(namespace, bucket) if quota is not None else None
         if found is None:
             self._hub.emit(BucketEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
-            return Status.REJECTED_NO_BUCKET, 0, 0
+            return TakeStatus.REJECTED_NO_BUCKET, 0, 0
         ref, spec = found
         allowed = spec.wait_timeout_millis
         if max_wait_millis is not None:
@@ -96,8 +96,8 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             self._stats.inc(f"{QUOTA}.store_error")
             log.warning("token bucket store error: %s", exc)
             if self._fail_open:
-                return Status.OK, tokens, 0
-            return Status.REJECTED_SERVER_ERROR, 0, 0
+                return TakeStatus.OK, tokens, 0
+            return TakeStatus.REJECTED_SERVER_ERROR, 0, 0
         self._events(namespace, bucket, ref.dynamic, tokens, result)
         return result.status, result.tokens_granted, result.wait_millis
 
@@ -109,7 +109,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             emit(BucketEvent(Kind.BUCKET_REMOVED, namespace, name, True))
         if result.created:
             emit(BucketEvent(Kind.BUCKET_CREATED, namespace, bucket, True))
-        if result.status is Status.OK:
+        if result.status is TakeStatus.OK:
             kind = Kind.TOKENS_SERVED_WITH_WAIT if result.wait_millis > 0 else Kind.TOKENS_SERVED
         else:
             kind = _BY_STATUS[result.status]

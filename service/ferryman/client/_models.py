@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ferryman.core.answers import Code
 from ferryman.errors import RequestError
 
 __all__ = [
@@ -52,14 +52,6 @@ def normalize_descriptor(descriptor: DescriptorLike, field: str = "descriptor") 
     if not entries:
         raise RequestError(field, "must have at least one entry")
     return tuple(entries)
-
-
-class Code(enum.Enum):
-    """A rate limit answer, as Envoy's API names it."""
-
-    UNKNOWN = "UNKNOWN"
-    OK = "OK"
-    OVER_LIMIT = "OVER_LIMIT"
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,15 @@
 
 from ferryman.config.loader import load_directory, load_sources, read_directory
 from ferryman.config.model import Config
-from ferryman.core.rules import Domain, Level, RateLimit, Rule, Unit
+from ferryman.core.rules import Domain, Level, Rule, Unit, UnitLimit
 
 __all__ = [
     "Config",
     "Domain",
     "Level",
-    "RateLimit",
     "Rule",
     "Unit",
+    "UnitLimit",
     "load_directory",
     "load_sources",
     "read_directory",

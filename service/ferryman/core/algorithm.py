@@ -21,7 +21,7 @@ from yaml.nodes import Node
 from ferryman.clock import Clock
 from ferryman.core.answers import EngineOptions, Status, Tally
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Limit, RateLimit, Rule
+from ferryman.core.rules import Limit, Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = [
@@ -150,7 +150,7 @@ class Counters(Limiter, Protocol):
     def override(
         self,
         index: int,
-        limit: RateLimit,
+        limit: UnitLimit,
         domain: str,
         entries: Sequence[tuple[str, str]],
         hits: int,
@@ -247,7 +247,7 @@ class Algorithm(Protocol):
         """The limit as a sustained rate and burst, where it has them."""
         ...
 
-    def reported(self, limit: Any) -> RateLimit | None:
+    def reported(self, limit: Any) -> UnitLimit | None:
         """The limit as Envoy is told it, where one fixed figure describes it."""
         ...
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferryman.core.rules import UNIT_SECONDS, RateLimit, Unit
+from ferryman.core.rules import UNIT_SECONDS, Unit, UnitLimit
 
 __all__ = [
     "MAX_REMAINING",
@@ -36,7 +36,7 @@ class DescriptorRequest:
     """One descriptor of a request: its entries, optional override, optional own hits."""
 
     entries: tuple[tuple[str, str], ...]
-    limit: RateLimit | None = None
+    limit: UnitLimit | None = None
     hits: int | None = None
     negative: bool = False
 
@@ -50,7 +50,7 @@ class DescriptorRequest:
 @dataclass(slots=True)
 class Status:
     code: Code
-    limit: RateLimit | None = None
+    limit: UnitLimit | None = None
     remaining: int = 0
     reset_after: int | None = None
     quota: bool = False
@@ -117,9 +117,9 @@ class EngineOptions:
     quota_mode: bool = False
     stop_when_over: bool = False
     headers: bool = False
-    limit_header: str = "RateLimit-Limit"
-    remaining_header: str = "RateLimit-Remaining"
-    reset_header: str = "RateLimit-Reset"
+    limit_header: str = "UnitLimit-Limit"
+    remaining_header: str = "UnitLimit-Remaining"
+    reset_header: str = "UnitLimit-Reset"
     dynamic_metadata: bool = False
     cache_key_prefix: str = ""
     local_cache_bytes: int = 0

@@ -15,14 +15,14 @@ __all__ = [
     "Domain",
     "Level",
     "Limit",
-    "RateLimit",
     "Rule",
     "Unit",
+    "UnitLimit",
 ]
 
 
 class Unit(enum.IntEnum):
-    """Time units; the numbers are those of the RLS proto's ``RateLimit.Unit``."""
+    """Time units; the numbers are those of the RLS proto's ``UnitLimit.Unit``."""
 
     SECOND = 1
     MINUTE = 2
@@ -51,7 +51,7 @@ UNIT_SECONDS: Mapping[Unit, int] = MappingProxyType(
 
 
 @dataclass(frozen=True)
-class RateLimit:
+class UnitLimit:
     """A count per unit: what Envoy is told a descriptor's limit is (``current_limit``), and
     what Envoy may send in place of the configured one."""
 

@@ -4,7 +4,7 @@ in, worked out without counting anything."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,7 @@ class Explanation:
         }
 
 
-async def read_now(store_of: Any, answer: Explanation, now: float) -> None:
+async def read_now(store_of: Callable[[str], Any], answer: Explanation, now: float) -> None:
     """Add to ``answer`` what the state of each descriptor holds now, counting nothing
     (``store_of(name)``: the backend's store of a kind)."""
     for index, (algorithm, target) in answer.reads.items():

@@ -5,7 +5,7 @@ from."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ class ResetResult:
 
 
 async def reset_counters(
-    store_of: Any,
+    store_of: Callable[[str], Any],
     config: Config | None,
     domain: str,
     entries: Sequence[tuple[str, str]],

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ferryman.settings.kinds import Duration, Kind
+from ferryman.settings.kinds import Duration, SettingKind
 
 __all__ = ["METADATA", "Flag", "Setting", "Topic"]
 
@@ -35,7 +35,7 @@ class Flag:
     name: str
     help: str = ""
     metavar: str | None = None
-    kind: Kind | None = None
+    kind: SettingKind | None = None
     repeat: bool = False
 
     @property
@@ -49,7 +49,7 @@ class Setting:
     """One environment variable: how it is read, what it means, and its flag."""
 
     env: str
-    kind: Kind
+    kind: SettingKind
     help: str
     topic: Topic
     default: Any = None
@@ -104,7 +104,7 @@ class Topic:
         self,
         env: str,
         default: T,
-        kind: Kind,
+        kind: SettingKind,
         help: str,
         *,
         flag: Flag | None = None,
@@ -120,20 +120,20 @@ class Topic:
         return dataclasses.field(default=default, metadata={METADATA: declared})
 
     def factory(
-        self, factory: Callable[[], T], kind: Kind, help: str, *, flag: Flag, shown: str
+        self, factory: Callable[[], T], kind: SettingKind, help: str, *, flag: Flag, shown: str
     ) -> T:
         """A dataclass field with a computed default, set only by its flag."""
         declared = Setting("", kind, help, self, None, flag, shown)
         return dataclasses.field(default_factory=factory, metadata={METADATA: declared})
 
     def variable(
-        self, env: str, default: object, kind: Kind, help: str, *, read_by: str = ""
+        self, env: str, default: object, kind: SettingKind, help: str, *, read_by: str = ""
     ) -> Setting:
         """A variable that is no field of its own: it feeds others, or another part of
         ferryman reads it (``read_by``)."""
         return Setting(env, kind, help, self, default, read_by=read_by)
 
-    def accepted(self, env: str, kind: Kind, why: str, *, default: object = None) -> Setting:
+    def accepted(self, env: str, kind: SettingKind, why: str, *, default: object = None) -> Setting:
         """One of the reference's variables that changes nothing here (``why``); a value
         that cannot be valid for ``kind`` is still refused."""
         return Setting(env, kind, "", self, default, ignored=why)

@@ -27,13 +27,13 @@ __all__ = [
     "Integer",
     "Invalid",
     "Items",
-    "Kind",
     "LogLevel",
     "Number",
     "Pairs",
     "PathText",
     "Port",
     "Servers",
+    "SettingKind",
     "Text",
     "split_address",
 ]
@@ -73,7 +73,7 @@ def _sentence(subject: str, problem: Invalid) -> str:
     return subject + text if text.startswith(":") else f"{subject} {text}"
 
 
-class Kind:
+class SettingKind:
     """The base of every kind: text in, a value out, or Invalid."""
 
     #: Whether an empty value reads as the default (as an unset one does) or as itself.
@@ -113,7 +113,7 @@ class Kind:
 
 
 @dataclass(frozen=True)
-class Text(Kind):
+class Text(SettingKind):
     """Any text, folded to one case when the value is a name."""
 
     fold: Literal["", "lower", "upper"] = ""
@@ -129,7 +129,7 @@ class Text(Kind):
 
 
 @dataclass(frozen=True)
-class PathText(Kind):
+class PathText(SettingKind):
     """A file system path."""
 
     def check(self, raw: str) -> Path:
@@ -140,7 +140,7 @@ class PathText(Kind):
 
 
 @dataclass(frozen=True)
-class Boolean(Kind):
+class Boolean(SettingKind):
     """Go's ``strconv.ParseBool`` spellings, as the reference reads them."""
 
     def check(self, raw: str) -> bool:
@@ -155,7 +155,7 @@ class Boolean(Kind):
 
 
 @dataclass(frozen=True)
-class Integer(Kind):
+class Integer(SettingKind):
     """A whole number, at least ``minimum``."""
 
     minimum: int = 0
@@ -174,7 +174,7 @@ class Integer(Kind):
 
 
 @dataclass(frozen=True)
-class Port(Kind):
+class Port(SettingKind):
     """A TCP port; 0 asks the system for a free one."""
 
     def check(self, raw: str) -> int:
@@ -187,7 +187,7 @@ class Port(Kind):
 
 
 @dataclass(frozen=True)
-class Number(Kind):
+class Number(SettingKind):
     """A number between ``low`` and ``high``."""
 
     low: float = 0.0
@@ -213,7 +213,7 @@ def _shown(seconds: float) -> str:
 
 
 @dataclass(frozen=True)
-class Duration(Kind):
+class Duration(SettingKind):
     """A Go-style duration (``10s``, ``500ms``, ``1m``) or a number of seconds, at least
     ``minimum`` (more than it when ``above``)."""
 
@@ -240,7 +240,7 @@ class Duration(Kind):
 
 
 @dataclass(frozen=True)
-class Choice(Kind):
+class Choice(SettingKind):
     """One of a closed list of names (surrounding blanks and case do not matter); each
     name may carry a few words that the error and the table show."""
 
@@ -269,7 +269,7 @@ class Choice(Kind):
 
 
 @dataclass(frozen=True)
-class LogLevel(Kind):
+class LogLevel(SettingKind):
     """The reference's level names."""
 
     def check(self, raw: str) -> str:
@@ -287,7 +287,7 @@ class LogLevel(Kind):
 
 
 @dataclass(frozen=True)
-class Address(Kind):
+class Address(SettingKind):
     """``host:port``, ``:port`` or ``[v6]:port``; empty allowed when ``optional``."""
 
     optional: bool = False
@@ -306,7 +306,7 @@ class Address(Kind):
 
 
 @dataclass(frozen=True)
-class HttpPath(Kind):
+class HttpPath(SettingKind):
     """The path part of a URL."""
 
     blank_is_default = False
@@ -321,7 +321,7 @@ class HttpPath(Kind):
 
 
 @dataclass(frozen=True)
-class Items(Kind):
+class Items(SettingKind):
     """A comma-separated list; blanks around and between items do not count."""
 
     def check(self, raw: str) -> tuple[str, ...]:
@@ -332,7 +332,7 @@ class Items(Kind):
 
 
 @dataclass(frozen=True)
-class Pairs(Kind):
+class Pairs(SettingKind):
     """``key<sep>value`` pairs separated by commas, in order."""
 
     sep: str = ":"
@@ -353,7 +353,7 @@ class Pairs(Kind):
 
 
 @dataclass(frozen=True)
-class Servers(Kind):
+class Servers(SettingKind):
     """``host:port[,host:port...]`` as (host, port) pairs."""
 
     def parse(self, name: str, raw: str) -> tuple[tuple[str, int], ...]:

@@ -13,7 +13,7 @@ from ferryman.algorithms.burst.spec import KEYS, read_burst
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["BURST_TIERS", "BurstAlgorithm", "BurstLimiter", "BurstPolicy", "node_key"]
@@ -56,7 +56,7 @@ class BurstAlgorithm:
         first = limit.tiers[0]
         return Rate(first.limit / first.window, float(first.limit))
 
-    def reported(self, limit: BurstPolicy) -> RateLimit | None:
+    def reported(self, limit: BurstPolicy) -> UnitLimit | None:
         return None  # the current tier's, decided per request
 
     def limiter(self, options: EngineOptions, stats: Stats) -> BurstLimiter:

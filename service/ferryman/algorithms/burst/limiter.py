@@ -13,7 +13,7 @@ from ferryman.algorithms.burst.model import BurstOutcome, BurstPolicy, BurstRequ
 from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally, unit_for
 from ferryman.core.keys import stats_key
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
 
@@ -123,7 +123,7 @@ class BurstLimiter:
         window = outcome.tier_window
         if not math.isfinite(window):
             window = policy.tiers[0].window if policy.tiers else 1.0
-        limit = RateLimit(outcome.tier_limit, unit_for(window), name=b.rule.name)
+        limit = UnitLimit(outcome.tier_limit, unit_for(window), name=b.rule.name)
         remaining = max(0, outcome.tier_limit - outcome.tier_hits)
         reset = math.ceil(outcome.retry_after) if math.isfinite(outcome.retry_after) else None
         if over and b.rule.shadow_mode:

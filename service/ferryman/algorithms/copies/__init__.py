@@ -13,7 +13,7 @@ from ferryman.algorithms.copies.spec import read_copies
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["COPIES", "CopiesAlgorithm", "CopyPolicy", "node_name"]
@@ -40,7 +40,7 @@ class CopiesAlgorithm:
     def rate(self, limit: CopyPolicy) -> Rate | None:
         return None  # a count held, not a rate
 
-    def reported(self, limit: CopyPolicy) -> RateLimit | None:
+    def reported(self, limit: CopyPolicy) -> UnitLimit | None:
         return None
 
     def limiter(self, options: EngineOptions, stats: Stats) -> HoldLimiter:

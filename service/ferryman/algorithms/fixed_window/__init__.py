@@ -14,7 +14,7 @@ from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.keys import cache_key
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["FIXED_WINDOW", "FixedWindow", "FixedWindowAlgorithm"]
@@ -52,7 +52,7 @@ class FixedWindowAlgorithm:
         count = rate.requests_per_unit
         return Rate(count / rate.unit.seconds, float(count))
 
-    def reported(self, limit: FixedWindow) -> RateLimit | None:
+    def reported(self, limit: FixedWindow) -> UnitLimit | None:
         return limit.rate
 
     def limiter(self, options: EngineOptions, stats: Stats) -> WindowLimiter:

@@ -26,7 +26,7 @@ from ferryman.algorithms.fixed_window.spec import FixedWindow
 from ferryman.core.algorithm import Algorithm, Call, Timed
 from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import cache_key, segment, stats_key
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import LOCAL_CACHE_HITS, Stats
 
 __all__ = ["PlainCounter", "WindowItem", "WindowLimiter", "WindowRule"]
@@ -39,7 +39,7 @@ class WindowRule:
     (detailed_metric, value_to_metric or share_threshold on the path)."""
 
     rule: Rule
-    limit: RateLimit
+    limit: UnitLimit
     path: tuple[Rule, ...]
     quota: bool
     plain: bool
@@ -56,7 +56,7 @@ class WindowItem:
     """One descriptor counted in a fixed window."""
 
     index: int
-    limit: RateLimit
+    limit: UnitLimit
     seconds: int
     stats_key: str
     stats_path: tuple[str, ...]
@@ -137,7 +137,7 @@ class WindowLimiter:
     def override(
         self,
         index: int,
-        limit: RateLimit,
+        limit: UnitLimit,
         domain: str,
         entries: Sequence[tuple[str, str]],
         hits: int,

@@ -10,7 +10,7 @@ from typing import ClassVar
 from yaml.nodes import MappingNode, Node
 
 from ferryman.core.nodes import Ctx, boolean, join, mapping, read_replaces, string, uint32
-from ferryman.core.rules import RateLimit, Unit
+from ferryman.core.rules import Unit, UnitLimit
 
 __all__ = ["KIND", "FixedWindow", "read_fixed_window"]
 
@@ -23,7 +23,7 @@ _UNITS = "second, minute, hour, day, week, month or year"
 class FixedWindow:
     """A fixed-window limit: ``rate`` is the count per unit (its name and replaces too)."""
 
-    rate: RateLimit
+    rate: UnitLimit
     kind: ClassVar[str] = KIND
 
     @property
@@ -51,7 +51,7 @@ def read_fixed_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedW
     replaces: tuple[str, ...] = ()
     if "replaces" in own:
         replaces = read_replaces(ctx, own["replaces"], join(path, "replaces"), name)
-    return FixedWindow(RateLimit(rpu or 0, unit, unlimited, name, replaces))
+    return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces))
 
 
 def _unit(ctx: Ctx, node: Node, own: Mapping[str, Node], path: str, unlimited: bool) -> Unit | None:

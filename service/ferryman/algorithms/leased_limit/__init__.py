@@ -13,7 +13,7 @@ from ferryman.algorithms.leased_limit.spec import KIND, LeasedLimit, read_leased
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["LEASED_LIMIT", "LeaseReader", "LeasedLimit", "LeasedLimitAlgorithm", "LeasedLimiter"]
@@ -38,7 +38,7 @@ class LeasedLimitAlgorithm:
     def rate(self, limit: LeasedLimit) -> Rate | None:
         return None  # the lease decides it, second by second
 
-    def reported(self, limit: LeasedLimit) -> RateLimit | None:
+    def reported(self, limit: LeasedLimit) -> UnitLimit | None:
         return None
 
     def limiter(self, options: EngineOptions, stats: Stats) -> LeasedLimiter:

@@ -12,7 +12,7 @@ from typing import Any
 from ferryman.algorithms.leased_limit.spec import LeasedLimit
 from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
-from ferryman.core.rules import RateLimit, Rule, Unit
+from ferryman.core.rules import Rule, Unit, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["LeaseReader", "LeasedItem", "LeasedLimiter", "LeasedRule"]
@@ -145,7 +145,7 @@ class LeasedLimiter:
                 statuses[item.index] = Status(Code.OK, remaining=MAX_REMAINING, quota=item.quota)
                 tally.add(False, item.quota, rule.metadata)
                 continue
-            limit = RateLimit(int(capacity), Unit.SECOND)
+            limit = UnitLimit(int(capacity), Unit.SECOND)
             over = meter.allowed + hits > capacity
             if over:
                 counts.append((rule.stats_key, rule.stats_path, (hits, 0, 0, hits)))

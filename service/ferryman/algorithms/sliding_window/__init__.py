@@ -15,7 +15,7 @@ from ferryman.algorithms.sliding_window.spec import KIND, SlidingWindow, read_sl
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["SLIDING_WINDOW", "SlidingWindow", "SlidingWindowAlgorithm"]
@@ -46,7 +46,7 @@ class SlidingWindowAlgorithm:
         count = limit.rate.requests_per_unit
         return Rate(count / limit.seconds, float(count))
 
-    def reported(self, limit: SlidingWindow) -> RateLimit | None:
+    def reported(self, limit: SlidingWindow) -> UnitLimit | None:
         return limit.rate
 
     def limiter(self, options: EngineOptions, stats: Stats) -> SlidingLimiter:

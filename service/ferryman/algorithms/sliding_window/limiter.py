@@ -14,7 +14,7 @@ from ferryman.algorithms.sliding_window.spec import SlidingWindow
 from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["SlidingItem", "SlidingLimiter", "SlidingRule", "window_key"]
@@ -37,7 +37,7 @@ class SlidingRule:
 class SlidingItem:
     index: int
     rule: Rule
-    limit: RateLimit
+    limit: UnitLimit
     seconds: int
     key: str
     stats_key: str

@@ -15,7 +15,7 @@ from typing import ClassVar
 from yaml.nodes import MappingNode, Node
 
 from ferryman.core.nodes import Ctx, join, mapping, string, uint32
-from ferryman.core.rules import RateLimit, Unit
+from ferryman.core.rules import Unit, UnitLimit
 
 __all__ = ["KIND", "SlidingWindow", "read_sliding_window"]
 
@@ -27,7 +27,7 @@ _KEYS = frozenset({"unit", "requests_per_unit"})
 class SlidingWindow:
     """A sliding-window limit: ``rate`` hits per unit."""
 
-    rate: RateLimit
+    rate: UnitLimit
     kind: ClassVar[str] = KIND
 
     @property
@@ -68,4 +68,4 @@ def read_sliding_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> Slid
         ctx.error(node, path, "a sliding_window needs 'requests_per_unit'")
     if len(ctx.problems) > before or unit is None or rpu is None:
         return None
-    return SlidingWindow(RateLimit(rpu, unit))
+    return SlidingWindow(UnitLimit(rpu, unit))

@@ -20,15 +20,15 @@ from ferryman.algorithms.token_bucket.model import (
     BucketState,
     BucketStore,
     NodeBucketStore,
-    Status,
     TakeResult,
+    TakeStatus,
     decide,
 )
 from ferryman.algorithms.token_bucket.spec import KIND, NodeBucket, read_node_bucket
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import RateLimit, Rule
+from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = [
@@ -38,8 +38,8 @@ __all__ = [
     "BucketState",
     "BucketStore",
     "NodeBucket",
-    "Status",
     "TakeResult",
+    "TakeStatus",
     "TokenBucketAlgorithm",
     "decide",
 ]
@@ -75,7 +75,7 @@ class TokenBucketAlgorithm:
     def rate(self, limit: NodeBucket) -> Rate | None:
         return Rate(limit.spec.fill_rate, float(limit.spec.size))
 
-    def reported(self, limit: NodeBucket) -> RateLimit | None:
+    def reported(self, limit: NodeBucket) -> UnitLimit | None:
         return sustained(limit.spec)
 
     def limiter(self, options: EngineOptions, stats: Stats) -> BucketLimiter:

@@ -10,20 +10,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ferryman.algorithms.token_bucket.model import BucketSpec, NodeBucketStore, NodeTake
-from ferryman.algorithms.token_bucket.model import Status as TakeStatus
+from ferryman.algorithms.token_bucket.model import BucketSpec, NodeBucketStore, NodeTake, TakeStatus
 from ferryman.algorithms.token_bucket.spec import NodeBucket
 from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key
-from ferryman.core.rules import UNIT_SECONDS, RateLimit, Rule
+from ferryman.core.rules import UNIT_SECONDS, Rule, UnitLimit
 from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
 
 __all__ = ["BucketItem", "BucketLimiter", "BucketRule", "bucket_key", "sustained"]
 
 
-def sustained(spec: BucketSpec, name: str = "") -> RateLimit:
+def sustained(spec: BucketSpec, name: str = "") -> UnitLimit:
     """The bucket's long-run rate as Envoy's ``current_limit``: the fill rate in the
     shortest unit that holds at least one whole token (2/s: 2 per second; 0.5/s: 30 per
     minute). The headers give the burst: the size over the time to fill it."""
@@ -31,8 +30,8 @@ def sustained(spec: BucketSpec, name: str = "") -> RateLimit:
     for unit in units:
         per_unit = spec.fill_rate * UNIT_SECONDS[unit]
         if per_unit >= 1:
-            return RateLimit(min(math.floor(per_unit), 2**32 - 1), unit, name=name)
-    return RateLimit(1, units[-1], name=name)
+            return UnitLimit(min(math.floor(per_unit), 2**32 - 1), unit, name=name)
+    return UnitLimit(1, units[-1], name=name)
 
 
 def bucket_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:

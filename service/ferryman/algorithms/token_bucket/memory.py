@@ -11,8 +11,8 @@ from ferryman.algorithms.token_bucket.model import (
     NodeTake,
     Recent,
     Standing,
-    Status,
     TakeResult,
+    TakeStatus,
     decide,
     decide_node,
     refilled,
@@ -67,13 +67,13 @@ class MemoryTokenBucketStore:
         if not ref.dynamic:
             key = (ref.namespace, ref.name)
             if tokens > spec.max_tokens:
-                return TakeResult(Status.REJECTED_TOO_MANY_TOKENS_REQUESTED)
+                return TakeResult(TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED)
             status, wait, after = decide(
                 self._fixed.get(key), spec, tokens, now_us, max_wait_millis * 1000.0
             )
             if after is not None:
                 self._fixed[key] = after
-            return TakeResult(status, tokens if status is Status.OK else 0, wait)
+            return TakeResult(status, tokens if status is TakeStatus.OK else 0, wait)
 
         now_ms = now_us // 1000
         buckets = self._dynamic.setdefault(ref.namespace, OrderedDict())
@@ -90,7 +90,7 @@ class MemoryTokenBucketStore:
         created = found is None
         if found is None:
             if 0 < ref.max_dynamic_buckets <= len(buckets):
-                return TakeResult(Status.REJECTED_TOO_MANY_BUCKETS, removed=tuple(removed))
+                return TakeResult(TakeStatus.REJECTED_TOO_MANY_BUCKETS, removed=tuple(removed))
             entry = buckets[ref.name] = _Dynamic(now_ms, None)
         else:
             entry = found
@@ -98,13 +98,15 @@ class MemoryTokenBucketStore:
             entry.last_ms = now_ms
         if tokens > spec.max_tokens:
             return TakeResult(
-                Status.REJECTED_TOO_MANY_TOKENS_REQUESTED, created=created, removed=tuple(removed)
+                TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED,
+                created=created,
+                removed=tuple(removed),
             )
         status, wait, after = decide(entry.state, spec, tokens, now_us, max_wait_millis * 1000.0)
         if after is not None:
             entry.state = after
         return TakeResult(
-            status, tokens if status is Status.OK else 0, wait, created, tuple(removed)
+            status, tokens if status is TakeStatus.OK else 0, wait, created, tuple(removed)
         )
 
     async def peek(self, ref: BucketRef, spec: BucketSpec) -> Standing | None:

@@ -33,8 +33,8 @@ __all__ = [
     "NodeTake",
     "Recent",
     "Standing",
-    "Status",
     "TakeResult",
+    "TakeStatus",
     "decide",
     "decide_node",
     "quota_label",
@@ -51,7 +51,7 @@ DEFAULT_BUCKET = "@default"
 GLOBAL_NAMESPACE = "@global"
 
 
-class Status(enum.IntEnum):
+class TakeStatus(enum.IntEnum):
     """Allow's answers; the numbers are those of ``quotaservice.AllowResponse.Status``."""
 
     OK = 0
@@ -108,7 +108,7 @@ class BucketState:
 class TakeResult:
     """A store's answer: the decision, plus the dynamic buckets it created or removed."""
 
-    status: Status
+    status: TakeStatus
     tokens_granted: int = 0
     wait_millis: int = 0
     created: bool = False
@@ -117,7 +117,7 @@ class TakeResult:
 
 def decide(
     state: BucketState | None, spec: BucketSpec, tokens: int, now_us: int, max_wait_us: float
-) -> tuple[Status, int, BucketState | None]:
+) -> tuple[TakeStatus, int, BucketState | None]:
     """(status, wait in whole milliseconds, the state to keep or None to keep the old one).
 
     ``state`` None is a new bucket (full). ``tokens`` is at least 1 and at most the spec's
@@ -134,16 +134,16 @@ def decide(
         next_free = now
     wait = next_free - now
     if wait > max_wait_us:
-        return Status.REJECTED_TIMEOUT, 0, None
+        return TakeStatus.REJECTED_TIMEOUT, 0, None
     spend = min(float(tokens), stored)
     missing = float(tokens) - spend
     if missing > 0:
         if spec.fill_rate <= 0:
-            return Status.REJECTED_TIMEOUT, 0, None
+            return TakeStatus.REJECTED_TIMEOUT, 0, None
         next_free = next_free + missing * 1e6 / spec.fill_rate
     if next_free - now > spec.max_debt_millis * 1000.0:
-        return Status.REJECTED_TIMEOUT, 0, None
-    return Status.OK, math.floor(wait / 1000.0), BucketState(stored - spend, next_free)
+        return TakeStatus.REJECTED_TIMEOUT, 0, None
+    return TakeStatus.OK, math.floor(wait / 1000.0), BucketState(stored - spend, next_free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +227,7 @@ class NodeTake:
     state kept, or on a refusal the refilled state that was left unchanged): the tokens it
     holds and its debt, the time until its next free moment (microseconds, >= 0)."""
 
-    status: Status
+    status: TakeStatus
     wait_millis: int
     stored: float
     debt_us: float
@@ -261,7 +261,7 @@ def decide_node(
     the size only with enough debt allowed), and the bucket as it then stands."""
     if tokens <= 0:
         now = refilled(state, spec, now_us)
-        return NodeTake(Status.OK, 0, now.stored, now.next_free - now_us), None
+        return NodeTake(TakeStatus.OK, 0, now.stored, now.next_free - now_us), None
     status, wait, after = decide(state, spec, tokens, now_us, max_wait_millis * 1000.0)
     shown = after if after is not None else refilled(state, spec, now_us)
     return NodeTake(status, wait, shown.stored, shown.next_free - now_us), after

@@ -20,8 +20,8 @@ from ferryman.algorithms.token_bucket.model import (
     NodeTake,
     Recent,
     Standing,
-    Status,
     TakeResult,
+    TakeStatus,
     refilled,
 )
 from ferryman.clock import Clock
@@ -87,10 +87,10 @@ class RedisTokenBucketStore:
         ]
         reply = await self._connection.run(self._script, self.keys(ref), args)
         try:
-            status = Status(int(reply[0]))
+            status = TakeStatus(int(reply[0]))
             return TakeResult(
                 status,
-                tokens if status is Status.OK else 0,
+                tokens if status is TakeStatus.OK else 0,
                 int(reply[1]),
                 bool(int(reply[2])),
                 tuple(sorted(_text(name) for name in reply[3:])),
@@ -164,7 +164,7 @@ class RedisNodeBuckets:
         reply = await self._connection.run(self._script, [key], args)
         try:
             return NodeTake(
-                Status.OK if int(reply[0]) == 0 else Status.REJECTED_TIMEOUT,
+                TakeStatus.OK if int(reply[0]) == 0 else TakeStatus.REJECTED_TIMEOUT,
                 int(reply[1]),
                 float(_text(reply[2])),
                 float(_text(reply[3])),
