@@ -527,7 +527,8 @@ class RedisConnection:
 
     @contextlib.asynccontextmanager
     async def errors(self, by: float) -> AsyncIterator[None]:
-        """The one place where driver errors become BackendError, by ``by`` (monotonic)."""
+        """Driver errors of the calls made inside, by ``by`` (monotonic), as
+        :meth:`backend_error` maps them."""
         try:
             async with asyncio.timeout_at(by):
                 yield
@@ -542,9 +543,13 @@ class RedisConnection:
         except (rex.RedisError, OSError) as exc:
             raise self.backend_error(exc) from exc
 
-    def backend_error(self, exc: BaseException) -> BackendError:
-        """The BackendError for a driver error, recorded in the state and the breaker."""
+    def backend_error(self, exc: BaseException, what: str = "") -> BackendError:
+        """The one place where a driver error becomes a BackendError, recorded in the
+        state and the breaker (``what``: a long-lived call, such as a subscription, whose
+        end is reported but not counted as a failed call)."""
         where = self.target.describe()
+        if what:
+            return BackendError(f"redis {where}: {what}: {exc}")
         if isinstance(exc, DeadlineError):
             self.failed(exc, counts=False)
             return BackendTimeoutError(f"redis {where} did not answer by the caller's deadline")
@@ -739,9 +744,7 @@ class RedisConnection:
                         data = message.get("data")
                         yield data if isinstance(data, bytes) else str(data).encode()
             except (rex.RedisError, OSError) as exc:
-                raise BackendError(
-                    f"redis {t.describe()}: subscription to {channel}: {exc}"
-                ) from exc
+                raise self.backend_error(exc, f"subscription to {channel}") from exc
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
