@@ -121,3 +121,18 @@ def test_the_length_checker_sees_a_long_function() -> None:
 def test_no_function_is_longer_than_sixty_lines() -> None:
     """No function of the package (generated code under _proto/ aside) is over 60 lines."""
     assert long_functions(_sources()) == []
+
+
+def test_every_kind_names_its_stats_and_the_metrics_serve_them() -> None:
+    """Each kind's own per-rule stats have help text and are served as metrics families,
+    beside the stats every rule counts."""
+    from ferryman.stats import RULE_STATS
+    from ferryman.telemetry.instruments import RULE_HELP, STATS_COUNTER_FAMILIES
+
+    for algorithm in ALGORITHMS:
+        for stat, help_text in algorithm.stats.items():
+            assert stat not in RULE_STATS and help_text
+            assert RULE_HELP[stat] == help_text
+            assert f"ratelimit_service_rate_limit_{stat}" in STATS_COUNTER_FAMILIES
+    assert set(RULE_STATS) <= set(RULE_HELP)
+    assert "served_with_wait" in RULE_HELP  # a bucket node's waits are served too

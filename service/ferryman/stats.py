@@ -46,17 +46,14 @@ def total_requests(method: str) -> str:
     return f"ratelimit_server.{method}.total_requests"
 
 
-# The per-rule stats of the reference, plus the per-domain one that shares their prefix.
+# The per-rule stats every rule counts, plus the per-domain one that shares their prefix;
+# each rule kind names its own besides (``Algorithm.stats``).
 RULE_STATS = (
     "total_hits",
     "over_limit",
-    "near_limit",
     "within_limit",
     "shadow_mode",
-    "over_limit_with_local_cache",
     "domain_not_found",
-    "burst",
-    "tier_hits",
 )
 
 # The stats a fixed-window counter updates on every hit, in Stats.rule_counts's order.

@@ -219,6 +219,12 @@ class Algorithm(Protocol):
         ...
 
     @property
+    def stats(self) -> Mapping[str, str]:
+        """The per-rule stats this kind counts besides every rule's (total_hits,
+        within_limit, over_limit, shadow_mode), each with its help."""
+        ...
+
+    @property
     def held(self) -> bool:
         """Whether hits are held until given back (Envoy sends them negative when the
         request's stream ends) rather than counted."""

@@ -12,6 +12,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 from opentelemetry.util.types import Attributes
 
+from ferryman.algorithms import ALGORITHMS
 from ferryman.backends.base import ConnectionState, Watched
 from ferryman.stats import (
     CALL,
@@ -59,14 +60,22 @@ _ERROR_TYPES = ("redis_error", "service_error", "degraded")
 _RULE_HELP = {
     "total_hits": "Hits counted against the rule.",
     "over_limit": "Hits over the rule's limit.",
-    "near_limit": "Hits within the limit but above NEAR_LIMIT_RATIO of it.",
     "within_limit": "Hits within the rule's limit.",
     "shadow_mode": "Over-limit hits let through by the rule's shadow_mode.",
-    "over_limit_with_local_cache": "Over-limit hits answered from the local over-limit cache.",
     "domain_not_found": "Requests for a domain that no configuration defines.",
-    "burst": "Requests on a burst-tier node that entered a higher tier.",
-    "tier_hits": "Hits granted on a burst-tier node, by the tier the tenant was in after them.",
 }
+
+
+def rule_stats() -> dict[str, str]:
+    """Every per-rule stat with its help: those of every rule, then each kind's own."""
+    out = {stat: _RULE_HELP[stat] for stat in RULE_STATS}
+    for algorithm in ALGORITHMS:
+        out.update(algorithm.stats)
+    return out
+
+
+#: The per-rule stats, by name, with their help.
+RULE_HELP = rule_stats()
 # (name, stat, help): the service-wide counters read from Stats.
 _FIXED_COUNTERS = (
     (
@@ -124,7 +133,7 @@ _FIXED_COUNTERS = (
 #: The Prometheus families that are Stats counters under their built-in names: with a
 #: PROMETHEUS_MAPPER_YAML file these are served through the mapping instead.
 STATS_COUNTER_FAMILIES = frozenset(
-    [f"ratelimit_service_rate_limit_{stat}" for stat in RULE_STATS]
+    [f"ratelimit_service_rate_limit_{stat}" for stat in RULE_HELP]
     + [name for name, _, _ in _FIXED_COUNTERS]
     + [
         "ratelimit_service_should_rate_limit_error",
@@ -145,7 +154,7 @@ class _RuleView:
         self._stats = stats
         self._lock = threading.Lock()
         self._by_stat: dict[str, list[Observation]] = {}
-        self._served: set[str] = set(RULE_STATS)
+        self._served: set[str] = set(RULE_HELP)
         self._attributes: dict[
             tuple[tuple[str, ...] | None, tuple[tuple[str, str], ...]], dict[str, str]
         ] = {}
@@ -369,11 +378,11 @@ def stats_instruments(
     """Create the instruments that read ``stats`` (calls of each gRPC method in
     ``methods``) and the local cache; once."""
     view = _RuleView(stats)
-    for stat in RULE_STATS:
+    for stat, description in RULE_HELP.items():
         meter.create_observable_counter(
             f"ratelimit_service_rate_limit_{stat}",
             callbacks=[view.callback(stat)],
-            description=_RULE_HELP[stat],
+            description=description,
         )
     for name, stat_name, description in _FIXED_COUNTERS:
         meter.create_observable_counter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -25,6 +26,14 @@ class BurstAlgorithm:
     name = BurstPolicy.kind
     keys = KEYS
     held = False
+    stats = MappingProxyType(
+        {
+            "burst": "Requests on a burst-tier node that entered a higher tier.",
+            "tier_hits": (
+                "Hits granted on a burst-tier node, by the tier the tenant was in after them."
+            ),
+        }
+    )
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> BurstPolicy | None:
         return read_burst(ctx, fields, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -27,6 +28,7 @@ class CopiesAlgorithm:
     keys = ("copies",)
     #: Hits are held until given back: Envoy sends the same hits negative at stream end.
     held = True
+    stats: Mapping[str, str] = MappingProxyType({})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> CopyPolicy | None:
         return read_copies(ctx, fields, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -26,6 +27,14 @@ class FixedWindowAlgorithm:
     name = KIND
     keys = ("rate_limit",)
     held = False
+    stats = MappingProxyType(
+        {
+            "near_limit": "Hits within the limit but above NEAR_LIMIT_RATIO of it.",
+            "over_limit_with_local_cache": (
+                "Over-limit hits answered from the local over-limit cache."
+            ),
+        }
+    )
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedWindow | None:
         return read_fixed_window(ctx, fields, path)

@@ -4,6 +4,7 @@ this server's lease on its resource from its parent, decided in process with no 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -25,6 +26,7 @@ class LeasedLimitAlgorithm:
     name = KIND
     keys = (KIND,)
     held = False
+    stats: Mapping[str, str] = MappingProxyType({})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> LeasedLimit | None:
         return read_leased_limit(ctx, fields, path)

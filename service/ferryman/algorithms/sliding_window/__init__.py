@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -27,6 +28,7 @@ class SlidingWindowAlgorithm:
     name = KIND
     keys = (KIND,)
     held = False
+    stats: Mapping[str, str] = MappingProxyType({})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> SlidingWindow | None:
         return read_sliding_window(ctx, fields, path)

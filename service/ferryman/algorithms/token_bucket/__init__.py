@@ -9,6 +9,7 @@ making one atomic decision per request.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -51,6 +52,7 @@ class TokenBucketAlgorithm:
     name = KIND
     keys = (KIND,)
     held = False
+    stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> NodeBucket | None:
         return read_node_bucket(ctx, fields, path)
