@@ -32,7 +32,7 @@ descriptors:
         shadow_mode: true
 """
 
-UnitLimit = rls_pb2.RateLimitResponse.RateLimit
+RateLimit = rls_pb2.RateLimitResponse.RateLimit
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_a_bucket_drains_refills_and_reports_the_next_token(
     assert [codes(r)[0] for r in answers] == ["OK", "OK", "OK", "OVER_LIMIT"]
     first = answers[0].statuses[0]
     assert first.current_limit.requests_per_unit == 2  # the fill rate: 2 per second
-    assert first.current_limit.unit == UnitLimit.SECOND
+    assert first.current_limit.unit == RateLimit.SECOND
     assert [r.statuses[0].limit_remaining for r in answers] == [2, 1, 0, 0]
     assert first.duration_until_reset.seconds == 1  # the next token in 0.5 s, rounded up
     # Another user has its own bucket.
@@ -98,7 +98,7 @@ def test_debt_lets_one_request_borrow_and_then_the_next_ones_wait_it_out(
 def test_shadow_mode_headers_and_nested_nodes(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
-    """A nested bucket in shadow mode answers OK when empty; the UnitLimit-* headers give
+    """A nested bucket in shadow mode answers OK when empty; the RateLimit-* headers give
     the size over the time to fill it."""
     config_dir.write("s.yaml", CONFIG)
     server = make_server(limit_response_headers_enabled=True)
@@ -109,9 +109,9 @@ def test_shadow_mode_headers_and_nested_nodes(
     assert codes(r) == ["OK"]
     headers = {h.key: h.value for h in r.response_headers_to_add}
     assert headers == {
-        "UnitLimit-Limit": "1, 1;w=2",
-        "UnitLimit-Remaining": "0",
-        "UnitLimit-Reset": "2",
+        "RateLimit-Limit": "1, 1;w=2",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": "2",
     }
     assert server.stat("ratelimit.service.rate_limit.smooth.tenant.route.shadow_mode") == 1
 

@@ -43,7 +43,7 @@ decisions = st.builds(
     Decision,
     st.sampled_from(list(Code)),
     st.lists(statuses, max_size=5).map(tuple),
-    st.one_of(st.just(()), st.just((("UnitLimit-Limit", "5"), ("UnitLimit-Remaining", "4")))),
+    st.one_of(st.just(()), st.just((("RateLimit-Limit", "5"), ("RateLimit-Remaining", "4")))),
     st.one_of(st.none(), st.just({"domain": "d", "descriptors": []})),
 )
 

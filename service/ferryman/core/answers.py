@@ -117,9 +117,9 @@ class EngineOptions:
     quota_mode: bool = False
     stop_when_over: bool = False
     headers: bool = False
-    limit_header: str = "UnitLimit-Limit"
-    remaining_header: str = "UnitLimit-Remaining"
-    reset_header: str = "UnitLimit-Reset"
+    limit_header: str = "RateLimit-Limit"
+    remaining_header: str = "RateLimit-Remaining"
+    reset_header: str = "RateLimit-Reset"
     dynamic_metadata: bool = False
     cache_key_prefix: str = ""
     local_cache_bytes: int = 0

@@ -22,7 +22,7 @@ __all__ = [
 
 
 class Unit(enum.IntEnum):
-    """Time units; the numbers are those of the RLS proto's ``UnitLimit.Unit``."""
+    """Time units; the numbers are those of the RLS proto's ``RateLimit.Unit``."""
 
     SECOND = 1
     MINUTE = 2
