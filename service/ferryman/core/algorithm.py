@@ -169,11 +169,12 @@ class Counters(Limiter, Protocol):
         for the others), or None when it cannot be answered without a plan."""
         ...
 
-    async def run(
-        self, store: Any, compiled: Any, now: float, timed: Timed
-    ) -> tuple[list[Status | None], Tally]:
-        """The statuses and tally of a compiled request, from one store call. Raises
-        BackendError when the store fails."""
+    def send(self, store: Any, compiled: Any, now: float) -> Call:
+        """The one store call that answers a compiled request at ``now``."""
+        ...
+
+    def finish(self, compiled: Any, replies: Any, now: float) -> tuple[list[Status | None], Tally]:
+        """The statuses and tally of a compiled request, from its call's reply."""
         ...
 
 

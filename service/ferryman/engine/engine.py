@@ -229,18 +229,15 @@ class RateLimitEngine:
 
     async def _compiled(self, request: _Prepared) -> Decision:
         """A request the counters answer whole, compiled: one store call, no plan."""
-        name = COUNTERS.name
-
-        def timed(items: int, call: Awaitable[Any]) -> Awaitable[Any]:
-            return self.timed(name, items, call)
-
-        store = self._backend.store(name)
+        now = self._clock.now()
+        counters = self._counters
+        compiled = request.compiled
+        items, call = counters.send(self._backend.store(COUNTERS.name), compiled, now)
         try:
-            statuses, tally = await self._counters.run(
-                store, request.compiled, self._clock.now(), timed
-            )
+            replies = await self.timed(COUNTERS.name, items, call)
         except BackendError as error:
             return self._degraded(error, request.descriptors)
+        statuses, tally = counters.finish(compiled, replies, now)
         return self._decision(
             request.domain, request.descriptors, request.hits_addend, statuses, tally
         )

@@ -23,7 +23,7 @@ from ferryman.algorithms.fixed_window.model import (
     window_start,
 )
 from ferryman.algorithms.fixed_window.spec import FixedWindow
-from ferryman.core.algorithm import Algorithm, Call, Timed
+from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import cache_key, segment, stats_key
 from ferryman.core.rules import Rule, UnitLimit
@@ -44,11 +44,9 @@ class WindowRule:
     quota: bool
     plain: bool
     head: str  # the counter key's start, <prefix><domain>_
-
-    @property
-    def seconds(self) -> int:
-        assert self.limit.unit is not None
-        return self.limit.unit.seconds
+    seconds: int  # the window's length (0: unlimited)
+    shadow: bool
+    metadata: Mapping[str, Any]
 
 
 @dataclass(slots=True)
@@ -99,7 +97,10 @@ class WindowLimiter:
             rule.detailed_metric or any(r.value_to_metric or r.share_threshold for r in path)
         )
         head = f"{self.opts.cache_key_prefix}{domain}_"
-        return WindowRule(rule, limit, path, quota, plain, head)
+        seconds = 0 if limit.unlimited or limit.unit is None else limit.unit.seconds
+        return WindowRule(
+            rule, limit, path, quota, plain, head, seconds, rule.shadow_mode, rule.metadata
+        )
 
     def plan(
         self,
@@ -200,7 +201,8 @@ class WindowLimiter:
     ) -> tuple[PlainCounter, ...] | None:
         """The counters of a request whose descriptors (each ``prepared``, with its
         ``entries`` and ``hits``) are all plain windows that add hits, replace no other rule
-        and skip no local cache: such a request is answered by :meth:`run` alone. None for
+        and skip no local cache: such a request is answered by :meth:`send` and
+        :meth:`finish` alone. None for
         any other request (``prepared`` is None where another kind prepared the rule)."""
         if self.local is not None or not prepared:
             return None
@@ -209,7 +211,7 @@ class WindowLimiter:
         for i, w in enumerate(prepared):
             if w is None or not w.plain or w.limit.replaces or hits[i] <= 0:
                 return None
-            if w.limit.unlimited or w.limit.unit is None:
+            if not w.seconds:  # unlimited
                 return None
             base = w.head + "".join([f"{k}_{v}_" for k, v in entries[i]])
             near = math.floor(w.limit.requests_per_unit * ratio)
@@ -229,14 +231,15 @@ class WindowLimiter:
             )
         return ops
 
-    async def run(
-        self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float, timed: Timed
-    ) -> tuple[list[Status | None], Tally]:
-        """A compiled request (:meth:`compile`): one store call, no plan."""
+    def send(self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float) -> Call:
+        """A compiled request's one store call (:meth:`compile`): no plan."""
         ops = self.plain_ops(compiled, now)
-        apply = store.apply(ops, stop_when_over=self.opts.stop_when_over)
-        results = await timed(len(ops), apply)
-        return self.plain_answer(compiled, results, now)
+        return len(ops), store.apply(ops, stop_when_over=self.opts.stop_when_over)
+
+    def finish(
+        self, compiled: tuple[PlainCounter, ...], replies: Sequence[CounterResult], now: float
+    ) -> tuple[list[Status | None], Tally]:
+        return self.plain_answer(compiled, replies, now)
 
     def plain_answer(
         self, counters: Sequence[PlainCounter], results: Sequence[CounterResult], now: float
@@ -248,22 +251,21 @@ class WindowLimiter:
         rows = []
         for c, result in zip(counters, results, strict=True):
             w = c.window
-            rule = w.rule
             limit = w.limit
             rpu = limit.requests_per_unit
             after = result.after
             hits = c.hits
             over, counts = split(hits, rpu, c.near, after - result.applied, after)
             rows.append((*c.row, counts))
-            if over and rule.shadow_mode:
-                self.stats.rule(rule.stats_key, "shadow_mode", hits, rule.stats_path)
+            if over and w.shadow:
+                self.stats.rule(c.row[0], "shadow_mode", hits, c.row[1])
                 over = False
                 remaining = 0
             else:
                 remaining = 0 if over else rpu - after
             code = Code.OVER_LIMIT if over else Code.OK
             statuses.append(Status(code, limit, remaining, reset_after(now, w.seconds), w.quota))
-            tally.add(over, w.quota, rule.metadata, c.index)
+            tally.add(over, w.quota, w.metadata, c.index)
         self.stats.rule_counts(rows)
         return statuses, tally
 
