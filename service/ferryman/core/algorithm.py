@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from yaml.nodes import Node
@@ -26,6 +27,7 @@ from ferryman.stats import Stats
 
 __all__ = [
     "Algorithm",
+    "AlgorithmBase",
     "Ask",
     "Call",
     "Counters",
@@ -293,3 +295,37 @@ class Algorithm(Protocol):
     def redis_store(self, connection: Any, options: StoreOptions) -> Any:
         """The kind's state in Redis, over ``connection`` (a RedisConnection)."""
         ...
+
+
+class AlgorithmBase:
+    """What a kind is unless it says otherwise: it counts hits (holds none), names no stats
+    of its own, has no rate, burst or single figure for Envoy, and keeps no state an
+    operator can read or clear."""
+
+    held = False
+    stats: Mapping[str, str] = MappingProxyType({})
+
+    def rate(self, limit: Any) -> Rate | None:
+        return None
+
+    def reported(self, limit: Any) -> UnitLimit | None:
+        return None
+
+    def target(
+        self,
+        options: EngineOptions,
+        domain: str,
+        path: Sequence[Rule],
+        entries: Sequence[tuple[str, str]],
+        now: float,
+    ) -> Target | None:
+        return None
+
+    async def peek(self, store: Any, target: Target, now: float) -> dict[str, Any]:
+        return {}
+
+    def now_text(self, fields: Mapping[str, Any]) -> str:
+        return ""
+
+    async def reset(self, store: Any, target: Target) -> bool:
+        return False

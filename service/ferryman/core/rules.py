@@ -18,6 +18,7 @@ __all__ = [
     "Rule",
     "Unit",
     "UnitLimit",
+    "Unnamed",
 ]
 
 
@@ -78,6 +79,21 @@ class Limit(Protocol):
     def replaces(self) -> tuple[str, ...]:
         """The names of the rules this one replaces in a request that reaches both."""
         ...
+
+
+class Unnamed:
+    """A limit of a kind that has no name and replaces nothing (only fixed windows and burst
+    tiers take part in ``replaces``)."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def replaces(self) -> tuple[str, ...]:
+        return ()
 
 
 def wildcard_pattern(value: str) -> re.Pattern[str]:

@@ -11,21 +11,20 @@ from yaml.nodes import Node
 from ferryman.algorithms.burst.limiter import BurstLimiter, node_key
 from ferryman.algorithms.burst.model import BurstPolicy, BurstStore
 from ferryman.algorithms.burst.spec import KEYS, read_burst
-from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
+from ferryman.core.rules import Rule
 from ferryman.stats import Stats
 
 __all__ = ["BURST_TIERS", "BurstAlgorithm", "BurstLimiter", "BurstPolicy", "node_key"]
 
 
-class BurstAlgorithm:
+class BurstAlgorithm(AlgorithmBase):
     """``burst_tiers`` (with ``hard_limit``, ``global_limit``, ``name``, ``replaces``)."""
 
     name = BurstPolicy.kind
     keys = KEYS
-    held = False
     stats = MappingProxyType(
         {
             "burst": "Requests on a burst-tier node that entered a higher tier.",
@@ -64,9 +63,6 @@ class BurstAlgorithm:
             return None
         first = limit.tiers[0]
         return Rate(first.limit / first.window, float(first.limit))
-
-    def reported(self, limit: BurstPolicy) -> UnitLimit | None:
-        return None  # the current tier's, decided per request
 
     def limiter(self, options: EngineOptions, stats: Stats) -> BurstLimiter:
         return BurstLimiter(self, options, stats)

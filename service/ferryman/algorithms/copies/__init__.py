@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Mapping
 from typing import Any
 
 from yaml.nodes import Node
@@ -11,16 +10,15 @@ from yaml.nodes import Node
 from ferryman.algorithms.copies.limiter import HoldLimiter, node_name
 from ferryman.algorithms.copies.model import CopyPolicy, CopyStore
 from ferryman.algorithms.copies.spec import read_copies
-from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.algorithm import AlgorithmBase, StoreOptions
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["COPIES", "CopiesAlgorithm", "CopyPolicy", "node_name"]
 
 
-class CopiesAlgorithm:
+class CopiesAlgorithm(AlgorithmBase):
     """``copies``: copies held until given back, by sessions (ferryman.v1) or by Envoy
     (hits on a request, the same negative hits when its stream ends)."""
 
@@ -28,7 +26,6 @@ class CopiesAlgorithm:
     keys = ("copies",)
     #: Hits are held until given back: Envoy sends the same hits negative at stream end.
     held = True
-    stats: Mapping[str, str] = MappingProxyType({})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> CopyPolicy | None:
         return read_copies(ctx, fields, path)
@@ -38,12 +35,6 @@ class CopiesAlgorithm:
 
     def text(self, described: Mapping[str, Any]) -> str:
         return str(described["copies"])
-
-    def rate(self, limit: CopyPolicy) -> Rate | None:
-        return None  # a count held, not a rate
-
-    def reported(self, limit: CopyPolicy) -> UnitLimit | None:
-        return None
 
     def limiter(self, options: EngineOptions, stats: Stats) -> HoldLimiter:
         return HoldLimiter(self, options, stats)
@@ -57,25 +48,6 @@ class CopiesAlgorithm:
         from ferryman.algorithms.copies.redis import RedisCopies
 
         return RedisCopies(connection, options.server_time)
-
-    def target(
-        self,
-        options: EngineOptions,
-        domain: str,
-        path: Sequence[Rule],
-        entries: Sequence[tuple[str, str]],
-        now: float,
-    ) -> Target | None:
-        return None  # held by live sessions: freed by them, not read or reset here
-
-    async def peek(self, store: CopyStore, target: Target, now: float) -> dict[str, Any]:
-        return {}
-
-    def now_text(self, fields: Mapping[str, Any]) -> str:
-        return ""
-
-    async def reset(self, store: CopyStore, target: Target) -> bool:
-        return False
 
 
 COPIES = CopiesAlgorithm()

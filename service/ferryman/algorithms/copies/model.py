@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from ferryman.core.rules import Unnamed
+
 __all__ = [
     "CopyGroup",
     "CopyPolicy",
@@ -41,7 +43,7 @@ class CopyGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class CopyPolicy:
+class CopyPolicy(Unnamed):
     """A copy-limited node's limits."""
 
     limit: int | None = None
@@ -51,14 +53,6 @@ class CopyPolicy:
     # reports the stream's end.
     hold_ttl: float = 300.0
     kind: ClassVar[str] = "copies"
-
-    @property
-    def name(self) -> str:
-        return ""
-
-    @property
-    def replaces(self) -> tuple[str, ...]:
-        return ()
 
     def groups_of(self, tenant: str) -> tuple[CopyGroup, ...]:
         """The groups a tenant belongs to now, in config order."""

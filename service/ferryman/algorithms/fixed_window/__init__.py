@@ -11,7 +11,7 @@ from yaml.nodes import Node
 from ferryman.algorithms.fixed_window.limiter import WindowLimiter
 from ferryman.algorithms.fixed_window.model import CounterOp, FixedWindowStore, reset_after
 from ferryman.algorithms.fixed_window.spec import KIND, FixedWindow, read_fixed_window
-from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.keys import cache_key
 from ferryman.core.nodes import Ctx
@@ -21,12 +21,11 @@ from ferryman.stats import Stats
 __all__ = ["FIXED_WINDOW", "FixedWindow", "FixedWindowAlgorithm"]
 
 
-class FixedWindowAlgorithm:
+class FixedWindowAlgorithm(AlgorithmBase):
     """``rate_limit``; also the counters of limits Envoy sends with a descriptor."""
 
     name = KIND
     keys = ("rate_limit",)
-    held = False
     stats = MappingProxyType(
         {
             "near_limit": "Hits within the limit but above NEAR_LIMIT_RATIO of it.",

@@ -10,6 +10,7 @@ from typing import ClassVar
 from yaml.nodes import MappingNode, Node
 
 from ferryman.core.nodes import Ctx, join, mapping, number, string
+from ferryman.core.rules import Unnamed
 
 __all__ = ["KIND", "LeasedLimit", "read_leased_limit"]
 
@@ -18,21 +19,13 @@ _KEYS = frozenset({"resource", "safe_capacity"})
 
 
 @dataclass(frozen=True)
-class LeasedLimit:
+class LeasedLimit(Unnamed):
     """A per-second limit sized by this server's lease on ``resource``; ``safe_capacity``
     once the lease has lapsed (None: the parent's, else unlimited; -1 unlimited)."""
 
     resource: str
     safe_capacity: float | None = None
     kind: ClassVar[str] = KIND
-
-    @property
-    def name(self) -> str:
-        return ""
-
-    @property
-    def replaces(self) -> tuple[str, ...]:
-        return ()
 
 
 def read_leased_limit(ctx: Ctx, fields: Mapping[str, Node], path: str) -> LeasedLimit | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -13,7 +12,7 @@ from yaml.nodes import Node
 from ferryman.algorithms.sliding_window.limiter import SlidingLimiter, window_key
 from ferryman.algorithms.sliding_window.model import SlidingStore
 from ferryman.algorithms.sliding_window.spec import KIND, SlidingWindow, read_sliding_window
-from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
 from ferryman.core.rules import Rule, UnitLimit
@@ -22,13 +21,11 @@ from ferryman.stats import Stats
 __all__ = ["SLIDING_WINDOW", "SlidingWindow", "SlidingWindowAlgorithm"]
 
 
-class SlidingWindowAlgorithm:
+class SlidingWindowAlgorithm(AlgorithmBase):
     """``sliding_window`` on a descriptor node."""
 
     name = KIND
     keys = (KIND,)
-    held = False
-    stats: Mapping[str, str] = MappingProxyType({})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> SlidingWindow | None:
         return read_sliding_window(ctx, fields, path)

@@ -15,7 +15,7 @@ from typing import ClassVar
 from yaml.nodes import MappingNode, Node
 
 from ferryman.core.nodes import Ctx, join, mapping, string, uint32
-from ferryman.core.rules import Unit, UnitLimit
+from ferryman.core.rules import Unit, UnitLimit, Unnamed
 
 __all__ = ["KIND", "SlidingWindow", "read_sliding_window"]
 
@@ -24,7 +24,7 @@ _KEYS = frozenset({"unit", "requests_per_unit"})
 
 
 @dataclass(frozen=True)
-class SlidingWindow:
+class SlidingWindow(Unnamed):
     """A sliding-window limit: ``rate`` hits per unit."""
 
     rate: UnitLimit
@@ -34,14 +34,6 @@ class SlidingWindow:
     def seconds(self) -> int:
         assert self.rate.unit is not None
         return self.rate.unit.seconds
-
-    @property
-    def name(self) -> str:
-        return ""
-
-    @property
-    def replaces(self) -> tuple[str, ...]:
-        return ()
 
 
 def read_sliding_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> SlidingWindow | None:

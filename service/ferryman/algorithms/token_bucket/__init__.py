@@ -26,7 +26,7 @@ from ferryman.algorithms.token_bucket.model import (
     decide,
 )
 from ferryman.algorithms.token_bucket.spec import KIND, NodeBucket, read_node_bucket
-from ferryman.core.algorithm import Rate, StoreOptions, Target
+from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
 from ferryman.core.rules import Rule, UnitLimit
@@ -46,12 +46,11 @@ __all__ = [
 ]
 
 
-class TokenBucketAlgorithm:
+class TokenBucketAlgorithm(AlgorithmBase):
     """``token_bucket`` on a descriptor node."""
 
     name = KIND
     keys = (KIND,)
-    held = False
     stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> NodeBucket | None:

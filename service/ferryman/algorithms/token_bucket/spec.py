@@ -26,6 +26,7 @@ from yaml.nodes import MappingNode, Node
 
 from ferryman.algorithms.token_bucket.model import BucketSpec
 from ferryman.core.nodes import Ctx, join, mapping, number, whole
+from ferryman.core.rules import Unnamed
 
 __all__ = ["KIND", "NodeBucket", "read_node_bucket"]
 
@@ -35,19 +36,11 @@ _MAX = 2**32 - 1
 
 
 @dataclass(frozen=True)
-class NodeBucket:
+class NodeBucket(Unnamed):
     """A descriptor node's token bucket (``spec``: size, fill rate, debt, waits)."""
 
     spec: BucketSpec
     kind: ClassVar[str] = KIND
-
-    @property
-    def name(self) -> str:
-        return ""
-
-    @property
-    def replaces(self) -> tuple[str, ...]:
-        return ()
 
 
 def read_node_bucket(ctx: Ctx, fields: Mapping[str, Node], path: str) -> NodeBucket | None:
