@@ -218,7 +218,7 @@ class Console:
     async def tenant(self, domain: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
         """One tenant's tiers now, read through its rule's kind without counting;
         RequestError / NotFoundError for a descriptor that reaches no node with tiers."""
-        path = self.engine.resolve(domain, entries, tuple(BY_NAME), "a limit")
+        path = self.engine.resolve(domain, entries, tuple(BY_NAME), "limit")
         rule = path[-1]
         assert rule.limit is not None
         algorithm = algorithm_of(rule.limit.kind)
