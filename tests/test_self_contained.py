@@ -75,13 +75,13 @@ def test_no_file_names_a_path_outside_the_repository() -> None:
 @pytest.mark.parametrize(
     ("rel", "line"),
     [
-        ("tests/test_x.py", 'SPEC = Path(__file__).resolve().parents[2] / "shared"'),
+        ("tests/test_x.py", 'SPEC = Path(__file__).resolve().parents[2] / "beside"'),
         ("tests/test_x.py", "SPEC = Path(__file__).parent.parent.parent / 'x.proto'"),
         ("tests/e2e/x.py", "ROOT = Path(__file__).resolve().parents[3]"),
-        ("tests/test_x.py", 'SPEC = ROOT.parent / "shared" / "x.proto"'),
+        ("tests/test_x.py", 'SPEC = ROOT.parent / "beside" / "x.proto"'),
         ("tests/test_x.py", 'SPEC = ROOT / ".." / "x.proto"'),
         ("tests/test_x.py", 'open("../../outside.txt")'),
-        ("tests/test_x.py", 'SPEC = "../shared/spec/doorman.proto"'),
+        ("tests/test_x.py", 'SPEC = SPECS / "shared/spec/doorman.proto"'),
         ("service/ferryman/x.py", 'DATA = Path("/work/data/table.csv")'),
         ("k8s/overlays/x/kustomization.yaml", "  - ../../../../elsewhere"),
     ],

@@ -124,6 +124,9 @@ class RateLimitEngine:
         self.options = opts = options or EngineOptions()
         self.limiters: dict[str, Limiter] = {a.name: a.limiter(opts, stats) for a in ALGORITHMS}
         self._counters = cast(Counters, self.limiters[COUNTERS.name])
+        # The kinds that answer ferryman.v1's Request, and how an error names them.
+        asked = tuple(n for n, limiter in self.limiters.items() if isinstance(limiter, Requests))
+        self._requested = asked, " or ".join(k.replace("_", " ") for k in asked)
         self._rules: dict[Rule, tuple[Limiter, Any]] = {}
         self._rules_of: Config | None = None
         self._prepared: OrderedDict[Hashable, _Prepared] = OrderedDict()
@@ -385,8 +388,8 @@ class RateLimitEngine:
         """ferryman.v1's ``Request``: up to ``copies`` hits (at least ``min_copies`` or
         none) on a node whose kind answers it, or a client error naming what the
         descriptor reaches instead."""
-        kinds = [name for name, limiter in self.limiters.items() if isinstance(limiter, Requests)]
-        path = self.resolve(domain, entries, kinds, " or ".join(k.replace("_", " ") for k in kinds))
+        kinds, wanted = self._requested
+        path = self.resolve(domain, entries, kinds, wanted)
         rule = path[-1]
         assert rule.limit is not None
         name = rule.limit.kind
