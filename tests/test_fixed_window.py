@@ -7,15 +7,18 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferryman.algorithms.fixed_window.model import classify, reset_after, window_start
+from ferryman.algorithms.fixed_window.model import classify
+from ferryman.core.periods import UnitPeriod
+from ferryman.core.rules import Unit
 
 
 def test_windows_are_aligned_to_the_epoch() -> None:
     """Window start is floor(now / unit) * unit; reset is the rest of the window."""
-    assert window_start(2222.7, 60) == 2220
-    assert reset_after(2222.7, 60) == 58
-    assert window_start(86399.0, 86400) == 0
-    assert reset_after(86400.0, 86400) == 86400
+    minute, day = UnitPeriod(Unit.MINUTE), UnitPeriod(Unit.DAY)
+    assert minute.window(2222.7) == ("2220", 2220, 2280)
+    assert minute.reset_after(2222.7) == 58
+    assert day.window(86399.0)[1] == 0
+    assert day.reset_after(86400.0) == 86400
 
 
 @given(

@@ -62,13 +62,13 @@ async def _replay_sliding(
     for advance, key, hits, limit in trace:
         now_us += advance
         r = await store.backend.store("sliding_window").hit(
-            prefix + key, limit, window, hits, now_us / 1e6
+            prefix + key, limit, window * 1_000_000, hits, now_us / 1e6
         )
         out.append((r.allowed, r.estimate, r.left_us))
         # A read (as /explain's) of the other key: the same answer as a hit of none.
         other = "b" if key == "a" else "a"
         r = await store.backend.store("sliding_window").peek(
-            prefix + other, limit, window, now_us / 1e6
+            prefix + other, limit, window * 1_000_000, now_us / 1e6
         )
         out.append((r.allowed, r.estimate, r.left_us))
     return out

@@ -9,12 +9,13 @@ from typing import Any
 from yaml.nodes import Node
 
 from ferryman.algorithms.fixed_window.limiter import WindowLimiter
-from ferryman.algorithms.fixed_window.model import CounterOp, FixedWindowStore, reset_after
+from ferryman.algorithms.fixed_window.model import CounterOp, FixedWindowStore
 from ferryman.algorithms.fixed_window.spec import KIND, FixedWindow, read_fixed_window
 from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.keys import cache_key
 from ferryman.core.nodes import Ctx
+from ferryman.core.periods import Period
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
@@ -40,25 +41,25 @@ class FixedWindowAlgorithm(AlgorithmBase):
 
     def describe(self, limit: FixedWindow) -> dict[str, Any]:
         rate = limit.rate
-        if rate.unlimited or rate.unit is None:
+        if limit.period is None:
             return {"kind": "unlimited", "name": rate.name or None}
         return {
             "kind": KIND,
             "requests_per_unit": rate.requests_per_unit,
-            "unit": rate.unit.name.lower(),
+            **limit.period.describe(),
+            "per": limit.period.text(),
             "name": rate.name or None,
             "replaces": list(rate.replaces),
         }
 
     def text(self, described: Mapping[str, Any]) -> str:
-        return f"fixed window {described['requests_per_unit']} per {described['unit']}"
+        return f"fixed window {described['requests_per_unit']} per {described['per']}"
 
     def rate(self, limit: FixedWindow) -> Rate | None:
-        rate = limit.rate
-        if rate.unlimited or rate.unit is None:
+        if limit.period is None:
             return None
-        count = rate.requests_per_unit
-        return Rate(count / rate.unit.seconds, float(count))
+        count = limit.rate.requests_per_unit
+        return Rate(count / limit.period.seconds, float(count))
 
     def reported(self, limit: FixedWindow) -> UnitLimit | None:
         return limit.rate
@@ -98,22 +99,20 @@ class FixedWindowAlgorithm(AlgorithmBase):
     ) -> Target | None:
         limit = path[-1].limit
         assert isinstance(limit, FixedWindow)
-        rate = limit.rate
-        if rate.unlimited or rate.unit is None:
+        if limit.period is None:
             return None
-        seconds = rate.unit.seconds
         base = cache_key(options.cache_key_prefix, domain, entries, path)
-        key, start = WindowLimiter.key(base, seconds, now)
-        op = CounterOp(key, 0, rate.requests_per_unit, start + seconds, seconds)
-        return Target(key, op)
+        op = WindowLimiter.op(base, limit.period, 0, limit.rate.requests_per_unit, now)
+        return Target(op.key, (op, limit.period))
 
     async def peek(self, store: FixedWindowStore, target: Target, now: float) -> dict[str, Any]:
-        op: CounterOp = target.state
+        op: CounterOp = target.state[0]
+        period: Period = target.state[1]
         (value,) = await store.peek([op])
         return {
             "count": value,
             "remaining": max(0, op.limit - value),
-            "reset_after": reset_after(now, op.ttl),
+            "reset_after": period.reset_after(now),
         }
 
     def now_text(self, fields: Mapping[str, Any]) -> str:
@@ -125,7 +124,7 @@ class FixedWindowAlgorithm(AlgorithmBase):
         )
 
     async def reset(self, store: FixedWindowStore, target: Target) -> bool:
-        return await store.reset([target.state]) > 0
+        return await store.reset([target.state[0]]) > 0
 
 
 FIXED_WINDOW = FixedWindowAlgorithm()

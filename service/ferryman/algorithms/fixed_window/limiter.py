@@ -18,14 +18,13 @@ from ferryman.algorithms.fixed_window.model import (
     CounterOp,
     CounterResult,
     FixedWindowStore,
-    reset_after,
     split,
-    window_start,
 )
 from ferryman.algorithms.fixed_window.spec import FixedWindow
 from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import MAX_REMAINING, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import cache_key, segment, stats_key
+from ferryman.core.periods import Period, UnitPeriod
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import LOCAL_CACHE_HITS, Stats
 
@@ -44,7 +43,7 @@ class WindowRule:
     quota: bool
     plain: bool
     head: str  # the counter key's start, <prefix><domain>_
-    seconds: int  # the window's length (0: unlimited)
+    period: Period | None  # the window (None: unlimited)
     shadow: bool
     metadata: Mapping[str, Any]
 
@@ -55,7 +54,7 @@ class WindowItem:
 
     index: int
     limit: UnitLimit
-    seconds: int
+    period: Period
     stats_key: str
     stats_path: tuple[str, ...]
     hits: int
@@ -78,6 +77,8 @@ class PlainCounter:
     hits: int
     near: int  # the count past which hits are near the limit
     row: tuple[str, tuple[str, ...]]  # the stats' key and path
+    period: Period
+    w: float | None  # the window's exact length, for the headers (None: the unit's)
 
 
 class WindowLimiter:
@@ -97,9 +98,9 @@ class WindowLimiter:
             rule.detailed_metric or any(r.value_to_metric or r.share_threshold for r in path)
         )
         head = f"{self.opts.cache_key_prefix}{domain}_"
-        seconds = 0 if limit.unlimited or limit.unit is None else limit.unit.seconds
+        period = None if limit.unlimited else rule.limit.period
         return WindowRule(
-            rule, limit, path, quota, plain, head, seconds, rule.shadow_mode, rule.metadata
+            rule, limit, path, quota, plain, head, period, rule.shadow_mode, rule.metadata
         )
 
     def plan(
@@ -111,9 +112,10 @@ class WindowLimiter:
         hits: int,
         now: float,
     ) -> WindowItem | Status:
-        limit = prepared.limit
-        if limit.unlimited or limit.unit is None:
+        period = prepared.period
+        if period is None:
             return Status(Code.OK, remaining=MAX_REMAINING)
+        limit = prepared.limit
         rule = prepared.rule
         if prepared.plain:
             key, parts = rule.stats_key, rule.stats_path
@@ -124,7 +126,7 @@ class WindowLimiter:
         item = WindowItem(
             index,
             limit,
-            prepared.seconds,
+            period,
             key,
             parts,
             hits,
@@ -150,7 +152,7 @@ class WindowLimiter:
         item = WindowItem(
             index,
             limit,
-            limit.unit.seconds,
+            UnitPeriod(limit.unit),
             domain + "." + ".".join(parts),
             (domain, *parts),
             hits,
@@ -163,16 +165,15 @@ class WindowLimiter:
         )
 
     @staticmethod
-    def key(base: str, seconds: int, now: float) -> tuple[str, int]:
-        """The counter of the window ``now`` falls in, for a descriptor's ``base`` key
-        (``cache_key``): its key and the window's start."""
-        start = window_start(now, seconds)
-        return base + str(start), start
+    def op(base: str, period: Period, hits: int, limit: int, now: float) -> CounterOp:
+        """The counter op of the window ``now`` falls in, for a descriptor's ``base`` key
+        (``cache_key``): the key names the window's start, and lives as long as the window
+        (a whole second at least)."""
+        suffix, start, end = period.window(now)
+        return CounterOp(base + suffix, hits, limit, math.ceil(end), max(1, math.ceil(end - start)))
 
     def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
-        seconds = item.seconds
-        key, start = self.key(base, seconds, now)
-        item.op = CounterOp(key, item.hits, item.limit.requests_per_unit, start + seconds, seconds)
+        item.op = self.op(base, item.period, item.hits, item.limit.requests_per_unit, now)
         local = self.local
         if local is not None:
             if item.hits < 0:
@@ -211,25 +212,22 @@ class WindowLimiter:
         for i, w in enumerate(prepared):
             if w is None or not w.plain or w.limit.replaces or hits[i] <= 0:
                 return None
-            if not w.seconds:  # unlimited
+            if w.period is None:  # unlimited
                 return None
             base = w.head + "".join([f"{k}_{v}_" for k, v in entries[i]])
             near = math.floor(w.limit.requests_per_unit * ratio)
             row = (w.rule.stats_key, w.rule.stats_path)
-            out.append(PlainCounter(i, w, base, hits[i], near, row))
+            exact = None if w.period.exact else w.period.seconds
+            out.append(PlainCounter(i, w, base, hits[i], near, row, w.period, exact))
         return tuple(out)
 
     @staticmethod
     def plain_ops(counters: Sequence[PlainCounter], now: float) -> list[CounterOp]:
         """The store's ops for ``counters`` at ``now``."""
-        ops = []
-        for c in counters:
-            seconds = c.window.seconds
-            key, start = WindowLimiter.key(c.base, seconds, now)
-            ops.append(
-                CounterOp(key, c.hits, c.window.limit.requests_per_unit, start + seconds, seconds)
-            )
-        return ops
+        op = WindowLimiter.op
+        return [
+            op(c.base, c.period, c.hits, c.window.limit.requests_per_unit, now) for c in counters
+        ]
 
     def send(self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float) -> Call:
         """A compiled request's one store call (:meth:`compile`): no plan."""
@@ -264,7 +262,8 @@ class WindowLimiter:
             else:
                 remaining = 0 if over else rpu - after
             code = Code.OVER_LIMIT if over else Code.OK
-            statuses.append(Status(code, limit, remaining, reset_after(now, w.seconds), w.quota))
+            period = c.period
+            statuses.append(Status(code, limit, remaining, period.reset_after(now), w.quota, c.w))
             tally.add(over, w.quota, w.metadata, c.index)
         self.stats.rule_counts(rows)
         return statuses, tally
@@ -296,8 +295,11 @@ class WindowLimiter:
                 after = result.after
                 if item.hits < 0:
                     remaining = max(0, item.limit.requests_per_unit - after)
-                    reset = reset_after(now, item.seconds)
-                    statuses[item.index] = Status(Code.OK, item.limit, remaining, reset, item.quota)
+                    reset = item.period.reset_after(now)
+                    w = None if item.period.exact else item.period.seconds
+                    statuses[item.index] = Status(
+                        Code.OK, item.limit, remaining, reset, item.quota, w
+                    )
                     continue
                 over = self._counted_over(item, result, counts)
             statuses[item.index] = self._status(item, over, after, now)
@@ -329,5 +331,6 @@ class WindowLimiter:
         else:
             remaining = 0 if over else rpu - after
         code = Code.OVER_LIMIT if over else Code.OK
-        reset = reset_after(now, item.seconds)
-        return Status(code, item.limit, remaining, reset, item.quota)
+        period = item.period
+        w = None if period.exact else period.seconds
+        return Status(code, item.limit, remaining, period.reset_after(now), item.quota, w)

@@ -15,9 +15,7 @@ __all__ = [
     "StatDelta",
     "classify",
     "over_limit",
-    "reset_after",
     "split",
-    "window_start",
 ]
 
 
@@ -76,16 +74,6 @@ def over_limit(ops: Sequence[CounterOp], current: Sequence[int]) -> set[int]:
             over.add(i)
         trial[op.key] = max(0, seen + op.hits)
     return over
-
-
-def window_start(now: float, seconds: int) -> int:
-    """Start of the epoch-aligned window of ``seconds`` that contains ``now``."""
-    return int(now // seconds) * seconds
-
-
-def reset_after(now: float, seconds: int) -> int:
-    """Whole seconds until the window containing ``now`` ends (as the reference reports it)."""
-    return seconds - int(now) % seconds
 
 
 @dataclass(slots=True)

@@ -1,5 +1,6 @@
-"""``rate_limit`` on a descriptor node: a count per epoch-aligned window, as the reference
-reads it (``unlimited: true`` for a node that is never limited)."""
+"""``rate_limit`` on a descriptor node: a count per window, as the reference reads it
+(``unit``), or per window of any length (``window: 30s``) or calendar period (``calendar``);
+``unlimited: true`` for a node that is never limited."""
 
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ from typing import ClassVar
 from yaml.nodes import MappingNode, Node
 
 from ferryman.core.nodes import Ctx, boolean, join, mapping, read_replaces, string, uint32
-from ferryman.core.rules import Unit, UnitLimit
+from ferryman.core.periods import Period, read_period
+from ferryman.core.rules import UnitLimit
 
-__all__ = ["KIND", "FixedWindow", "read_fixed_window"]
+__all__ = ["KIND", "FixedWindow", "read_fixed_window", "read_window_fields"]
 
 KIND = "fixed_window"
-_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
-_UNITS = "second, minute, hour, day, week, month or year"
+_KEYS = frozenset(
+    {"unit", "window", "calendar", "requests_per_unit", "unlimited", "name", "replaces"}
+)
 
 
 @dataclass(frozen=True)
 class FixedWindow:
-    """A fixed-window limit: ``rate`` is the count per unit (its name and replaces too)."""
+    """A fixed-window limit: ``rate`` is the count per unit as Envoy is told it (its name
+    and replaces too), ``period`` the window it counts in (None: unlimited)."""
 
     rate: UnitLimit
+    period: Period | None = None
     kind: ClassVar[str] = KIND
 
     @property
@@ -36,36 +41,31 @@ class FixedWindow:
 
 
 def read_fixed_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedWindow | None:
-    """``rate_limit: {unit, requests_per_unit, unlimited, name, replaces}``."""
+    """``rate_limit: {unit | window | calendar, requests_per_unit, unlimited, name,
+    replaces}``."""
     node = fields.get("rate_limit")
     if node is None:
         return None
-    path = join(path, "rate_limit")
+    return read_window_fields(ctx, node, join(path, "rate_limit"))
+
+
+def read_window_fields(ctx: Ctx, node: Node, path: str) -> FixedWindow | None:
+    """One fixed window's map at ``path``."""
     own = mapping(ctx, node, path, _KEYS)
     if not isinstance(node, MappingNode):
         return None
     unlimited = boolean(ctx, own.get("unlimited"), join(path, "unlimited"))
-    unit = _unit(ctx, node, own, path, unlimited)
+    period: Period | None = None
+    if unlimited:
+        for form in ("unit", "window", "calendar"):
+            if form in own:
+                ctx.error(own[form], join(path, form), f"'unlimited: true' cannot have a {form}")
+    else:
+        period = read_period(ctx, node, own, path)
     rpu = uint32(ctx, own.get("requests_per_unit"), join(path, "requests_per_unit"))
     name = string(ctx, own.get("name"), join(path, "name"))
     replaces: tuple[str, ...] = ()
     if "replaces" in own:
         replaces = read_replaces(ctx, own["replaces"], join(path, "replaces"), name)
-    return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces))
-
-
-def _unit(ctx: Ctx, node: Node, own: Mapping[str, Node], path: str, unlimited: bool) -> Unit | None:
-    unit_node = own.get("unit")
-    text = string(ctx, unit_node, join(path, "unit"))
-    if unlimited:
-        if text:
-            ctx.error(unit_node, join(path, "unit"), "'unlimited: true' cannot have a unit")
-        return None
-    if not text:
-        ctx.error(node, path, f"missing 'unit' ({_UNITS})")
-        return None
-    try:
-        return Unit[text.upper()]
-    except KeyError:
-        ctx.error(unit_node, join(path, "unit"), f"invalid unit {text!r} ({_UNITS})")
-        return None
+    unit = None if period is None else period.unit
+    return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces), period)

@@ -31,15 +31,15 @@ class SlidingWindowAlgorithm(AlgorithmBase):
         return read_sliding_window(ctx, fields, path)
 
     def describe(self, limit: SlidingWindow) -> dict[str, Any]:
-        assert limit.rate.unit is not None
         return {
             "kind": KIND,
             "requests_per_unit": limit.rate.requests_per_unit,
-            "unit": limit.rate.unit.name.lower(),
+            **limit.period.describe(),
+            "per": limit.period.text(),
         }
 
     def text(self, described: Mapping[str, Any]) -> str:
-        return f"sliding window {described['requests_per_unit']} per {described['unit']}"
+        return f"sliding window {described['requests_per_unit']} per {described['per']}"
 
     def rate(self, limit: SlidingWindow) -> Rate | None:
         count = limit.rate.requests_per_unit
@@ -76,7 +76,7 @@ class SlidingWindowAlgorithm(AlgorithmBase):
     async def peek(self, store: SlidingStore, target: Target, now: float) -> dict[str, Any]:
         window: SlidingWindow = target.state
         count = window.rate.requests_per_unit
-        result = await store.peek(target.key, count, window.seconds, now)
+        result = await store.peek(target.key, count, window.micros, now)
         return {
             "estimate": round(result.estimate, 3),
             "remaining": max(0, math.floor(count - result.estimate)),

@@ -38,7 +38,8 @@ class SlidingItem:
     index: int
     rule: Rule
     limit: UnitLimit
-    seconds: int
+    micros: int
+    exact: float | None  # the window's length for the headers (None: the unit's)
     key: str
     stats_key: str
     stats_path: tuple[str, ...]
@@ -74,7 +75,8 @@ class SlidingLimiter:
             index,
             prepared.rule,
             window.rate,
-            window.seconds,
+            window.micros,
+            None if window.period.exact else window.seconds,
             window_key(self.opts.cache_key_prefix, prepared.rule, entries),
             key,
             parts,
@@ -84,7 +86,7 @@ class SlidingLimiter:
 
     def calls(self, store: SlidingStore, items: Sequence[SlidingItem], now: float) -> list[Call]:
         return [
-            (1, store.hit(s.key, s.limit.requests_per_unit, s.seconds, s.hits, now)) for s in items
+            (1, store.hit(s.key, s.limit.requests_per_unit, s.micros, s.hits, now)) for s in items
         ]
 
     def answer(
@@ -117,4 +119,5 @@ class SlidingLimiter:
         left = max(0, math.floor(limit.requests_per_unit - result.estimate))
         reset = math.ceil(result.left_us / 1e6)
         code = Code.OK if result.allowed or shadow else Code.OVER_LIMIT
-        return Status(code, limit, left if result.allowed else 0, reset, item.quota)
+        left = left if result.allowed else 0
+        return Status(code, limit, left, reset, item.quota, item.exact)

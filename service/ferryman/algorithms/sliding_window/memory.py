@@ -23,9 +23,9 @@ class MemorySlidingWindows:
         return len(self._keys)
 
     async def hit(
-        self, key: str, limit: int, window_seconds: int, hits: int, now: float
+        self, key: str, limit: int, window_us: int, hits: int, now: float
     ) -> SlidingResult:
-        return self.hit_at(key, limit, window_seconds * 1_000_000, hits, round(now * 1e6))
+        return self.hit_at(key, limit, window_us, hits, round(now * 1e6))
 
     def hit_at(self, key: str, limit: int, window_us: int, hits: int, now_us: int) -> SlidingResult:
         keys = self._keys
@@ -46,10 +46,10 @@ class MemorySlidingWindows:
             keys.pop(key, None)
         return result
 
-    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+    async def peek(self, key: str, limit: int, window_us: int, now: float) -> SlidingResult:
         found = self._keys.get(key)  # decide() builds new states: the kept one is untouched
         state = None if found is None else found[1]
-        return decide(state, limit, window_seconds * 1_000_000, 0, round(now * 1e6))[0]
+        return decide(state, limit, window_us, 0, round(now * 1e6))[0]
 
     async def reset(self, key: str) -> int:
         return 0 if self._keys.pop(key, None) is None else 1

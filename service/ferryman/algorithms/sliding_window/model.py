@@ -71,14 +71,14 @@ class SlidingStore(Protocol):
     """Where sliding-window counters live: one atomic decision per ``hit``."""
 
     async def hit(
-        self, key: str, limit: int, window_seconds: int, hits: int, now: float
+        self, key: str, limit: int, window_us: int, hits: int, now: float
     ) -> SlidingResult:
-        """Add ``hits`` (>= 0) to ``key`` if the sliding window allows them (``now`` in
-        seconds; a Redis store on server time uses Redis's clock). Raises BackendError
-        when the store fails."""
+        """Add ``hits`` (>= 0) to ``key`` if the sliding window (``window_us``
+        microseconds long) allows them (``now`` in seconds; a Redis store on server time
+        uses Redis's clock). Raises BackendError when the store fails."""
         ...
 
-    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+    async def peek(self, key: str, limit: int, window_us: int, now: float) -> SlidingResult:
         """The sliding window of ``key`` now (a decision on no hits), writing nothing.
         Raises BackendError when the store fails."""
         ...

@@ -28,19 +28,19 @@ class RedisSlidingWindows:
         self._server_time = server_time
 
     async def hit(
-        self, key: str, limit: int, window_seconds: int, hits: int, now: float
+        self, key: str, limit: int, window_us: int, hits: int, now: float
     ) -> SlidingResult:
         return await self.hit_at(
             key,
             limit,
-            window_seconds * 1_000_000,
+            window_us,
             hits,
             "" if self._server_time else str(round(now * 1e6)),
         )
 
-    async def peek(self, key: str, limit: int, window_seconds: int, now: float) -> SlidingResult:
+    async def peek(self, key: str, limit: int, window_us: int, now: float) -> SlidingResult:
         at = "" if self._server_time else str(round(now * 1e6))
-        return await self.hit_at(key, limit, window_seconds * 1_000_000, 0, at, peek=True)
+        return await self.hit_at(key, limit, window_us, 0, at, peek=True)
 
     async def reset(self, key: str) -> int:
         return await self._connection.delete([key])

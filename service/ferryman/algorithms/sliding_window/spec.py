@@ -14,50 +14,53 @@ from typing import ClassVar
 
 from yaml.nodes import MappingNode, Node
 
-from ferryman.core.nodes import Ctx, join, mapping, string, uint32
-from ferryman.core.rules import Unit, UnitLimit, Unnamed
+from ferryman.core.nodes import Ctx, join, mapping, uint32
+from ferryman.core.periods import Span, UnitPeriod, read_period
+from ferryman.core.rules import UnitLimit, Unnamed
 
-__all__ = ["KIND", "SlidingWindow", "read_sliding_window"]
+__all__ = ["KIND", "SlidingWindow", "read_sliding_fields", "read_sliding_window"]
 
 KIND = "sliding_window"
-_KEYS = frozenset({"unit", "requests_per_unit"})
+_KEYS = frozenset({"unit", "window", "calendar", "requests_per_unit"})
 
 
 @dataclass(frozen=True)
 class SlidingWindow(Unnamed):
-    """A sliding-window limit: ``rate`` hits per unit."""
+    """A sliding-window limit: ``rate`` hits per window (``rate.unit`` the unit Envoy is
+    told), over ``period``."""
 
     rate: UnitLimit
+    period: UnitPeriod | Span
     kind: ClassVar[str] = KIND
 
     @property
-    def seconds(self) -> int:
-        assert self.rate.unit is not None
-        return self.rate.unit.seconds
+    def seconds(self) -> float:
+        return self.period.seconds
+
+    @property
+    def micros(self) -> int:
+        """The window's length in microseconds, as the stores count it."""
+        return round(self.period.seconds * 1_000_000)
 
 
 def read_sliding_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> SlidingWindow | None:
-    """``sliding_window``: a unit and requests_per_unit, both required."""
+    """``sliding_window``: a unit or a window, and requests_per_unit, both required."""
     node = fields.get(KIND)
     if node is None:
         return None
-    path = join(path, KIND)
+    return read_sliding_fields(ctx, node, join(path, KIND))
+
+
+def read_sliding_fields(ctx: Ctx, node: Node, path: str) -> SlidingWindow | None:
+    """One sliding window's map at ``path``."""
     own = mapping(ctx, node, path, _KEYS)
     if not isinstance(node, MappingNode):
         return None
     before = len(ctx.problems)
-    text = string(ctx, own.get("unit"), join(path, "unit"))
+    period = read_period(ctx, node, own, path, calendar=False)
     rpu = uint32(ctx, own.get("requests_per_unit"), join(path, "requests_per_unit"))
-    unit: Unit | None = None
-    if not text:
-        ctx.error(node, path, "missing 'unit' (second, minute, hour, day, week, month or year)")
-    else:
-        try:
-            unit = Unit[text.upper()]
-        except KeyError:
-            ctx.error(own["unit"], join(path, "unit"), f"invalid unit {text!r}")
     if "requests_per_unit" not in own:
         ctx.error(node, path, "a sliding_window needs 'requests_per_unit'")
-    if len(ctx.problems) > before or unit is None or rpu is None:
+    if len(ctx.problems) > before or rpu is None or not isinstance(period, UnitPeriod | Span):
         return None
-    return SlidingWindow(UnitLimit(rpu, unit))
+    return SlidingWindow(UnitLimit(rpu, period.unit), period)
