@@ -17,6 +17,7 @@ from ferryman.algorithms.burst import BURST_TIERS
 from ferryman.algorithms.copies import COPIES
 from ferryman.algorithms.fixed_window import FIXED_WINDOW
 from ferryman.algorithms.leased_limit import LEASED_LIMIT
+from ferryman.algorithms.limit_list import LIMIT_LIST
 from ferryman.algorithms.sliding_window import SLIDING_WINDOW
 from ferryman.algorithms.token_bucket import TOKEN_BUCKET
 from ferryman.core.algorithm import Algorithm
@@ -31,6 +32,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     TOKEN_BUCKET,
     SLIDING_WINDOW,
     LEASED_LIMIT,
+    LIMIT_LIST,
 )
 
 BY_NAME: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in ALGORITHMS})

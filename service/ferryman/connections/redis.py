@@ -106,11 +106,13 @@ class LuaScript:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     @classmethod
-    def of(cls, package: str, *names: str) -> LuaScript:
+    def of(cls, package: str, *names: str, prefix: str = "") -> LuaScript:
         """The script made of the files ``names`` in ``package`` (e.g.
-        an algorithm's package), in order: shared functions first, the script last."""
+        an algorithm's package), in order: shared functions first, the script last;
+        ``prefix`` (functions from elsewhere) before them."""
         files = resources.files(package)
-        return cls(_DEADLINE + "".join(files.joinpath(name).read_text("utf-8") for name in names))
+        text = "".join(files.joinpath(name).read_text("utf-8") for name in names)
+        return cls(_DEADLINE + prefix + text)
 
 
 # An operator's reset: the keys of one counter, deleted together.

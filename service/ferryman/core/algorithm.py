@@ -37,6 +37,8 @@ __all__ = [
     "Prepared",
     "Rate",
     "Requests",
+    "Step",
+    "Stepper",
     "StoreOptions",
     "Target",
     "Timed",
@@ -213,6 +215,52 @@ class Requests(Protocol):
     ) -> Granted: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One limit's decision as an item of a ``rate_limits`` list: whether the hits fit, the
+    state to keep when every item of the list fits, what is left, the microseconds until
+    the limit is whole again, and how long the state matters (microseconds)."""
+
+    fits: bool
+    state: tuple[float, ...]
+    remaining: int
+    reset_us: float
+    keep_us: float
+
+
+class Stepper(Protocol):
+    """One limit of a ``rate_limits`` list: its decision as a pure step over a few numbers,
+    written in Python (the memory store) and in Lua (the Redis store), so that a node's
+    limits are decided all or none in one atomic script. The Lua file defines
+    ``STEPS['<kind>'] = function(state, cost, now_us, args)`` returning fits (1/0), the
+    state to keep (a table of numbers), remaining, reset_us and keep_us, as :meth:`step`
+    (the kind's ``step_lua`` names that file)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def reported(self) -> UnitLimit:
+        """The limit as Envoy is told it."""
+        ...
+
+    @property
+    def window(self) -> float | None:
+        """The exact window for the headers' ``w=`` (None: the reported unit's)."""
+        ...
+
+    def args(self, now: float) -> tuple[float, ...]:
+        """The numbers the step takes at ``now`` besides the state (the same in Python and
+        in Lua)."""
+        ...
+
+    def step(
+        self, state: tuple[float, ...] | None, cost: int, now_us: int, args: tuple[float, ...]
+    ) -> Step:
+        """The decision on ``cost`` hits (0 only looks) at ``now_us``."""
+        ...
+
+
 class Algorithm(Protocol):
     """A rule kind, registered once in ``ferryman.algorithms``."""
 
@@ -292,6 +340,15 @@ class Algorithm(Protocol):
         """The kind's state in this process."""
         ...
 
+    def stepper(self, limit: Any) -> Stepper | None:
+        """The limit as an item of a ``rate_limits`` list (None: the kind cannot be one)."""
+        ...
+
+    @property
+    def step_lua(self) -> tuple[str, str] | None:
+        """The package and file of the Lua twin of the kind's steps (None: no steps)."""
+        ...
+
     def redis_store(self, connection: Any, options: StoreOptions) -> Any:
         """The kind's state in Redis, over ``connection`` (a RedisConnection)."""
         ...
@@ -304,11 +361,15 @@ class AlgorithmBase:
 
     held = False
     stats: Mapping[str, str] = MappingProxyType({})
+    step_lua: tuple[str, str] | None = None
 
     def rate(self, limit: Any) -> Rate | None:
         return None
 
     def reported(self, limit: Any) -> UnitLimit | None:
+        return None
+
+    def stepper(self, limit: Any) -> Stepper | None:
         return None
 
     def target(

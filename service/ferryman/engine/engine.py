@@ -95,7 +95,11 @@ class _Plan:
         for limiter, items in self.items.items():
             kept = []
             for item in items:
-                if item.rule is not None and item.rule.name in replaced:
+                # An item made of several named limits drops those replaced (``drop``).
+                drop = getattr(item, "drop", None)
+                if (item.rule is not None and item.rule.name in replaced) or (
+                    drop is not None and drop(replaced)
+                ):
                     self.statuses[item.index] = Status(Code.OK)
                 else:
                     kept.append(item)

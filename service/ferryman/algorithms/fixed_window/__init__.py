@@ -8,9 +8,15 @@ from typing import Any
 
 from yaml.nodes import Node
 
+from ferryman.algorithms.fixed_window.item import WindowStep
 from ferryman.algorithms.fixed_window.limiter import WindowLimiter
 from ferryman.algorithms.fixed_window.model import CounterOp, FixedWindowStore
-from ferryman.algorithms.fixed_window.spec import KIND, FixedWindow, read_fixed_window
+from ferryman.algorithms.fixed_window.spec import (
+    KIND,
+    FixedWindow,
+    read_fixed_window,
+    read_window_fields,
+)
 from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.keys import cache_key
@@ -27,6 +33,7 @@ class FixedWindowAlgorithm(AlgorithmBase):
 
     name = KIND
     keys = ("rate_limit",)
+    step_lua = (__name__, "item.lua")
     stats = MappingProxyType(
         {
             "near_limit": "Hits within the limit but above NEAR_LIMIT_RATIO of it.",
@@ -38,6 +45,10 @@ class FixedWindowAlgorithm(AlgorithmBase):
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedWindow | None:
         return read_fixed_window(ctx, fields, path)
+
+    def parse_map(self, ctx: Ctx, node: Node, path: str) -> FixedWindow | None:
+        """A fixed window's own map at ``path`` (an item of a ``rate_limits`` list)."""
+        return read_window_fields(ctx, node, path)
 
     def describe(self, limit: FixedWindow) -> dict[str, Any]:
         rate = limit.rate
@@ -63,6 +74,11 @@ class FixedWindowAlgorithm(AlgorithmBase):
 
     def reported(self, limit: FixedWindow) -> UnitLimit | None:
         return limit.rate
+
+    def stepper(self, limit: FixedWindow) -> WindowStep | None:
+        if limit.period is None:
+            return None
+        return WindowStep(limit, limit.period)
 
     def limiter(self, options: EngineOptions, stats: Stats) -> WindowLimiter:
         return WindowLimiter(self, options, stats)

@@ -9,6 +9,7 @@ from typing import Any
 
 from yaml.nodes import Node
 
+from ferryman.algorithms.sliding_window.item import SlidingStep
 from ferryman.algorithms.sliding_window.limiter import SlidingLimiter, window_key
 from ferryman.algorithms.sliding_window.model import SlidingStore
 from ferryman.algorithms.sliding_window.spec import KIND, SlidingWindow, read_sliding_window
@@ -26,6 +27,7 @@ class SlidingWindowAlgorithm(AlgorithmBase):
 
     name = KIND
     keys = (KIND,)
+    step_lua = (__name__, "item.lua")
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> SlidingWindow | None:
         return read_sliding_window(ctx, fields, path)
@@ -47,6 +49,9 @@ class SlidingWindowAlgorithm(AlgorithmBase):
 
     def reported(self, limit: SlidingWindow) -> UnitLimit | None:
         return limit.rate
+
+    def stepper(self, limit: SlidingWindow) -> SlidingStep:
+        return SlidingStep(limit)
 
     def limiter(self, options: EngineOptions, stats: Stats) -> SlidingLimiter:
         return SlidingLimiter(self, options, stats)
