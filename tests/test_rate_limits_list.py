@@ -206,3 +206,23 @@ def test_explain_reads_every_limit_without_counting(
     text = render(json.loads(body))
     assert "fixed window 3 per second (per_second) and fixed window 5 per minute" in text
     assert "per_second: 1 left, resets in 1s; per_minute: 3 left" in text
+
+
+@on_stores("memory")
+def test_ietf_headers_give_one_policy_per_limit(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """With the IETF format, each limit of the request is a policy with its quota and
+    window, and its remaining hits and reset."""
+    config_dir.write("l.yaml", CONFIG)
+    server = make_server(limit_response_headers_enabled=True, limit_response_headers_format="ietf")
+    clock.set(EPOCH + 0.25)
+    answer = server.ask("l", [("user", "u")], [("mixed", "m")])
+    headers = {h.key: h.value for h in answer.response_headers_to_add}
+    assert headers["RateLimit-Policy"] == (
+        '"per_second";q=3;w=1, "per_minute";q=5;w=60, "d1.0";q=4;w=10, "smooth";q=6;w=30'
+    )
+    assert headers["RateLimit"] == (
+        '"per_second";r=2;t=1, "per_minute";r=4;t=60, "d1.0";r=3;t=10, "smooth";r=5;t=30'
+    )
+    assert "RateLimit-Limit" not in headers

@@ -56,6 +56,7 @@ class Status:
     quota: bool = False
     window: float | None = None  # a burst tier's exact window, for the response headers
     size: int | None = None  # a token bucket's size: the headers' limit over ``window``
+    parts: tuple[Status, ...] = ()  # a node's several limits, each its own policy
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class EngineOptions:
     quota_mode: bool = False
     stop_when_over: bool = False
     headers: bool = False
+    header_format: str = "draft"  # or "ietf": RateLimit-Policy and RateLimit
     limit_header: str = "RateLimit-Limit"
     remaining_header: str = "RateLimit-Remaining"
     reset_header: str = "RateLimit-Reset"

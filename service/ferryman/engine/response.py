@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,6 +12,34 @@ __all__ = ["headers", "metadata"]
 
 
 def headers(opts: EngineOptions, statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:
+    """The rate limit headers of an answer, in the configured format."""
+    if opts.header_format == "ietf":
+        return ietf_headers(statuses)
+    return draft_headers(opts, statuses)
+
+
+def ietf_headers(statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:
+    """``RateLimit-Policy`` and ``RateLimit`` (IETF structured fields): one policy per
+    limit of the request, named by its rule's name or by its place in the request."""
+    policies: list[str] = []
+    states: list[str] = []
+    for index, status in enumerate(statuses):
+        for n, part in enumerate(status.parts or (status,)):
+            limit = part.limit
+            if limit is None or part.reset_after is None or limit.unit is None:
+                continue
+            name = limit.name or (f"d{index}" if not status.parts else f"d{index}.{n}")
+            quoted = '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            quota = limit.requests_per_unit if part.size is None else part.size
+            window = part.window if part.window is not None else limit.unit.seconds
+            policies.append(f"{quoted};q={quota};w={math.ceil(window)}")
+            states.append(f"{quoted};r={part.remaining};t={part.reset_after}")
+    if not policies:
+        return ()
+    return (("RateLimit-Policy", ", ".join(policies)), ("RateLimit", ", ".join(states)))
+
+
+def draft_headers(opts: EngineOptions, statuses: Sequence[Status]) -> tuple[tuple[str, str], ...]:
     """The RateLimit-* headers of the most restrictive limited status (an over-limit one
     first, then the least remaining)."""
     best: Status | None = None

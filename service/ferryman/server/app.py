@@ -128,6 +128,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         quota_mode=settings.quota_mode,
         stop_when_over=settings.stop_cache_key_increment_when_overlimit,
         headers=settings.limit_response_headers_enabled,
+        header_format=settings.limit_response_headers_format,
         limit_header=settings.limit_limit_header,
         remaining_header=settings.limit_remaining_header,
         reset_header=settings.limit_reset_header,

@@ -105,6 +105,12 @@ _DURATION = Duration()
 _TEXT = Text()
 _BOOL = Boolean()
 _COUNT = Integer()
+_HEADER_FORMAT = Choice(
+    (
+        ("draft", "RateLimit-Limit, -Remaining and -Reset, as the reference sends them"),
+        ("ietf", "the IETF RateLimit-Policy and RateLimit structured fields"),
+    )
+)
 _POOL_ON_EMPTY = Choice((("WAIT", ""), ("CREATE", ""), ("ERROR", "")), fold="upper")
 _NO_POOL = (
     "a single Redis (or Sentinel's master) is one pipelined connection that every request "
@@ -466,6 +472,12 @@ class Settings:
         False,
         _BOOL,
         "send the rate limit headers below with each answer",
+    )
+    limit_response_headers_format: str = LIMITS.setting(
+        "LIMIT_RESPONSE_HEADERS_FORMAT",
+        "draft",
+        _HEADER_FORMAT,
+        "which rate limit headers are sent: one policy per limit of the request with `ietf`",
     )
     limit_limit_header: str = LIMITS.setting(
         "LIMIT_LIMIT_HEADER", "RateLimit-Limit", _TEXT, "header naming the limit"

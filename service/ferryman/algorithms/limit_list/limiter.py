@@ -120,10 +120,13 @@ class ListLimiter:
             key=lambda pair: (pair[1].fits, pair[1].remaining, -pair[1].reset_us),
         )
         code = Code.OK if checked.fits or item.rule.shadow_mode else Code.OVER_LIMIT
-        remaining = step.remaining if checked.fits else 0
-        reset = max(1, math.ceil(step.reset_us / 1e6))
-        window = listed.stepper.window
-        return Status(code, listed.stepper.reported, remaining, reset, item.quota, window)
+        each = tuple(
+            _part(i, s, checked.fits, item.quota)
+            for i, s in zip(item.items, checked.steps, strict=True)
+        )
+        shown = _part(listed, step, checked.fits, item.quota)
+        shown.code, shown.parts = code, each
+        return shown
 
     def _count(
         self, key: str, labels: tuple[str, ...], hits: int, fits: bool, shadow: bool
@@ -136,6 +139,14 @@ class ListLimiter:
         stats.rule(key, "over_limit", hits, labels)
         if shadow:
             stats.rule(key, "shadow_mode", hits, labels)
+
+
+def _part(listed: ListedLimit, step: Step, fits: bool, quota: bool) -> Status:
+    """One limit's status: what it leaves when the request fit, nothing when it did not."""
+    code = Code.OK if step.fits else Code.OVER_LIMIT
+    remaining = step.remaining if fits else 0
+    reset = max(1, math.ceil(step.reset_us / 1e6))
+    return Status(code, listed.reported, remaining, reset, quota, listed.stepper.window)
 
 
 def steps_text(items: Sequence[ListedLimit], steps: Sequence[Step]) -> list[dict[str, Any]]:

@@ -16,14 +16,14 @@ rule's ``replaces`` names) and ``replaces``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ferryman.core.algorithm import Algorithm, Stepper
 from ferryman.core.nodes import Ctx, join, kind, mapping, read_replaces, string
-from ferryman.core.rules import Limit
+from ferryman.core.rules import Limit, UnitLimit
 
 __all__ = ["KIND", "LimitList", "ListedLimit", "read_limits"]
 
@@ -42,6 +42,7 @@ class ListedLimit:
     name: str
     named: bool
     replaces: tuple[str, ...]
+    reported: UnitLimit  # as Envoy is told it, with the item's name
 
 
 @dataclass(frozen=True)
@@ -143,4 +144,7 @@ def _listed(
     if replaces_node is not None:
         replaces = read_replaces(ctx, replaces_node, join(path, "replaces"), name)
     shown = name or f"{algorithm.name}_{index}"
-    return ListedLimit(limit, stepper, shown, bool(name), replaces)
+    reported = stepper.reported
+    if name and reported.name != name:
+        reported = replace(reported, name=name)
+    return ListedLimit(limit, stepper, shown, bool(name), replaces, reported)
