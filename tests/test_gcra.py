@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.gcra import Gcra
+from ferryman.algorithms.gcra.memory import MemoryGcra
 from ferryman.algorithms.gcra.model import GcraParams
 from ferryman.clock import ManualClock
 from ferryman.config import load_sources
@@ -154,6 +155,24 @@ def test_one_redis_string_per_tenant_kept_until_the_bucket_is_full(store: Store)
     pttl = int(client.pttl(key))
     assert 7_200_000 - 60_000 < pttl <= 7_200_000
     assert store.run(gcra.reset(key)) == 1 and not client.exists(key)
+
+
+def test_the_memory_store_is_capped_and_never_forgets_a_spent_tenant() -> None:
+    """With max_keys 2 a new tenant makes room by forgetting one with room left; when
+    every kept tenant has spent its burst the new one is refused and not stored; tenants
+    whose bucket is full again are dropped as they are met."""
+    store = MemoryGcra(max_keys=2)
+    limit = GcraParams.of(1, 60_000_000, 2)  # one a minute, two at once
+    now = round(EPOCH * 1e6)
+    assert store.take_at("a", limit, 2, 0, now).allowed  # spent
+    assert store.take_at("b", limit, 1, 0, now).allowed  # one left
+    assert store.take_at("c", limit, 2, 0, now).allowed  # b is forgotten for it
+    assert (len(store), store.evicted) == (2, 1)
+    refused = store.take_at("d", limit, 1, 0, now)
+    assert not refused.allowed and (len(store), store.refused) == (2, 1)
+    assert not store.take_at("a", limit, 1, 0, now).allowed  # a is still held, spent
+    assert store.take_at("d", limit, 1, 0, now + 120_000_000).allowed
+    assert len(store) == 1  # a and c were full again
 
 
 CONFIG = """
