@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.gcra import Gcra
 from ferryman.algorithms.gcra.memory import MemoryGcra
 from ferryman.algorithms.gcra.model import GcraParams
+from ferryman.backends.base import Backend
 from ferryman.clock import ManualClock
 from ferryman.config import load_sources
 from ferryman.engine.explain import render
 from ferryman.errors import ConfigError
 
+from helpers.redis_procs import RedisProcess
 from helpers.server import (
     EPOCH,
     ConfigDir,
@@ -157,6 +160,21 @@ def test_one_redis_string_per_tenant_kept_until_the_bucket_is_full(store: Store)
     assert store.run(gcra.reset(key)) == 1 and not client.exists(key)
 
 
+@on_stores("redis")
+def test_on_server_time_redis_decides_on_its_own_clock(
+    make_store: Callable[..., Backend], clock: ManualClock, redis_server: RedisProcess
+) -> None:
+    """By default the TAT is Redis's TIME plus the interval, not the caller's time (here
+    a day in 2023, long before the Redis clock)."""
+    with Store("redis", make_store(), clock, redis_server.port) as store:
+        key = f"{store.prefix}ferryman_gcra_{{g|t}}"
+        gcra = store.backend.store("gcra")
+        assert store.run(gcra.take(key, GcraParams.of(1, 1_000_000, 1), 1, 0, EPOCH)).allowed
+        kept = store.redis().get(key)
+        assert kept is not None
+        assert int(kept.split()[0]) > (EPOCH + 30 * 86400) * 1e6
+
+
 def test_the_memory_store_is_capped_and_never_forgets_a_spent_tenant() -> None:
     """With max_keys 2 a new tenant makes room by forgetting one with room left; when
     every kept tenant has spent its burst the new one is refused and not stored; tenants
@@ -190,6 +208,8 @@ descriptors:
     gcra: {rate: 10, per: 1s, burst: 2}
   - key: window
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: admin
+    rate_limit: {unit: minute, requests_per_unit: 100, replaces: [{name: reports}]}
 """
 
 
@@ -246,6 +266,10 @@ def test_shadow_mode_quota_mode_and_the_headers(
         "RateLimit-Reset": "15",
     }
     assert server.stat("ratelimit.service.rate_limit.g.report.shadow_mode") == 1
+    # A rule that replaces the GCRA node by its name leaves it OK, counting nothing.
+    replaced = server.ask("g", [("report", "r")], [("admin", "a")])
+    assert codes(replaced) == ["OK", "OK"]
+    assert server.stat("ratelimit.service.rate_limit.g.report.total_hits") == 2
     assert codes(server.ask("g", [("plan", "p")])) == ["OK"]
     both = server.ask("g", [("plan", "p")], [("plan", "q")])
     assert codes(both) == ["OVER_LIMIT", "OK"] and overall(both) == "OK"
