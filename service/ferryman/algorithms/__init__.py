@@ -16,6 +16,7 @@ from types import MappingProxyType
 from ferryman.algorithms.burst import BURST_TIERS
 from ferryman.algorithms.copies import COPIES
 from ferryman.algorithms.fixed_window import FIXED_WINDOW
+from ferryman.algorithms.gcra import GCRA
 from ferryman.algorithms.leased_limit import LEASED_LIMIT
 from ferryman.algorithms.limit_list import LIMIT_LIST
 from ferryman.algorithms.sliding_window import SLIDING_WINDOW
@@ -31,6 +32,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     COPIES,
     TOKEN_BUCKET,
     SLIDING_WINDOW,
+    GCRA,
     LEASED_LIMIT,
     LIMIT_LIST,
 )
