@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from typing import Protocol
 from urllib.parse import parse_qs
 
+from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms import algorithm_of
 from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
