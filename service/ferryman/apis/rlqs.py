@@ -33,6 +33,7 @@ from ferryman._version import __version__
 from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.leases.model import Kind
 from ferryman.apis import api
+from ferryman.apis.rlqs_leases import BucketLeases
 from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
@@ -167,6 +168,8 @@ class _Bucket:
     key: BucketKey
     resolved: Resolved
     users: dict[int, _Usage] = field(default_factory=dict)
+    # The rate divided among this replica's Envoys: the rule's, or this replica's lease of it.
+    capacity: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -270,6 +273,8 @@ class QuotaShares:
         self.streams: dict[int, _Stream] = {}
         self.buckets: dict[BucketKey, _Bucket] = {}
         self._version = holder.version
+        # Set with a shared backend: the rates are leased from the capacity master.
+        self.leases: BucketLeases | None = None
 
     def open(self, envoy: str) -> _Stream:
         if len(self.streams) >= self.limits.streams:
@@ -290,7 +295,7 @@ class QuotaShares:
             if bucket.users:
                 self._reshare(bucket, None)
             else:
-                self.buckets.pop(bucket.key, None)
+                self._drop(bucket)
 
     def report(self, stream: _Stream, message: Any) -> None:
         """One usage report of ``stream``: demand updated, shares re-divided, this stream
@@ -337,6 +342,30 @@ class QuotaShares:
         domain = None if config is None else config.domains.get(key[0])
         return resolve(domain, dict(key[1]), self._shadow_mode)
 
+    def rate_of(self, key: BucketKey) -> float | None:
+        """The rate the bucket ``key`` is shared at (None: not shared), for the master."""
+        resolved = self._resolve(key)
+        if resolved.answer != "share" or resolved.rate is None:
+            return None
+        return resolved.rate.per_second
+
+    def _capacity(self, bucket: _Bucket, rate: Rate) -> float | None:
+        if self.leases is None:
+            return rate.per_second
+        wants = sum(
+            rate.per_second if (d := u.meter.rate) is None else d for u in bucket.users.values()
+        )
+        return self.leases.capacity(bucket.key, min(wants, rate.per_second))
+
+    def poll_leases(self) -> None:
+        """Re-divide every bucket whose lease changed (and so reach a new bucket's Envoys
+        once its first lease comes)."""
+        for bucket in list(self.buckets.values()):
+            rate = bucket.resolved.rate
+            shared = bucket.resolved.answer == "share" and rate is not None
+            if shared and rate is not None and self._capacity(bucket, rate) != bucket.capacity:
+                self._reshare(bucket, None)
+
     def refresh(self) -> None:
         """After a config change: every bucket resolved again and re-divided."""
         if self._holder.version == self._version:
@@ -353,8 +382,11 @@ class QuotaShares:
         rate = resolved.rate
         shares: dict[int, float] = {}
         if resolved.answer == "share" and rate is not None:
+            bucket.capacity = self._capacity(bucket, rate)
+            if bucket.capacity is None:
+                return  # no lease yet, or none live: nothing new is assigned
             demands = {sid: user.meter.rate for sid, user in bucket.users.items()}
-            shares = split(resolved.kind, rate.per_second, demands)
+            shares = split(resolved.kind, bucket.capacity, demands)
         for sid, user in list(bucket.users.items()):
             stream = self.streams.get(sid)
             if stream is None:
@@ -391,7 +423,12 @@ class QuotaShares:
         bucket.users.pop(stream.id, None)
         stream.buckets.pop(bucket.key, None)
         if not bucket.users:
-            self.buckets.pop(bucket.key, None)
+            self._drop(bucket)
+
+    def _drop(self, bucket: _Bucket) -> None:
+        self.buckets.pop(bucket.key, None)
+        if self.leases is not None:
+            self.leases.forget(bucket.key)
 
     def take(self, stream: _Stream) -> Any | None:
         """The stream's queued assignments as one response (None: nothing queued)."""
@@ -416,6 +453,7 @@ class QuotaShares:
                 for s in self.streams.values()
             ],
             "bucket_count": len(self.buckets),
+            "leases": self.leases.status() if self.leases is not None else None,
             "buckets": [self._bucket_status(b) for b in ranked[:limit]],
         }
 
@@ -443,6 +481,7 @@ class QuotaShares:
             "answer": resolved.answer,
             "rule": resolved.rule.stats_key if resolved.rule is not None else None,
             "rate_per_second": rate.per_second if rate is not None else None,
+            "capacity_per_second": bucket.capacity,
             "burst": rate.burst if rate is not None else None,
             "algorithm": resolved.kind.name,
             "envoys": envoys,
@@ -587,18 +626,25 @@ async def _tick(shares: QuotaShares) -> None:
         await asyncio.sleep(_TICK_SECONDS)
         try:
             shares.refresh()
+            shares.poll_leases()
         except Exception:  # one bad pass must not end the pushes
             log.exception("re-dividing the quota buckets failed")
 
 
 @contextlib.asynccontextmanager
 async def _serve(parts: api.Parts) -> AsyncIterator[RlqsServicer]:
+    leases = parts.rlqs.leases
+    if leases is not None:
+        # Any replica answers where the master is: this one's own capacity service.
+        leases.start(parts.capacity.address)
     ticker = asyncio.create_task(_tick(parts.rlqs))
     try:
         yield RlqsServicer(parts.rlqs)
     finally:
         await cancel(ticker)
         parts.rlqs.close_all()
+        if leases is not None:
+            await leases.stop()
 
 
 API = api.API(

@@ -31,6 +31,7 @@ from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.rlqs import QuotaShares
+from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -368,6 +369,10 @@ class Service:
             self.holder, self.clock, self.stats, shadow_mode=settings.shadow_mode
         )
         self.rlqs.observe(self.telemetry)
+        if getattr(self.backend, "target", None) is not None:
+            # Replicas on one Redis: each leases its buckets' rates from the capacity master.
+            self.rlqs.leases = BucketLeases()
+            self.capacity.source = RlqsTemplates(self.capacity.source, self.rlqs.rate_of)
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
             self.leased = LeasedResources(
