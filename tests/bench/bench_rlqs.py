@@ -158,7 +158,7 @@ def processes(workdir: Path, replicas: int = 1, redis: bool = False) -> Iterator
             ferryman = FerrymanProcess(workdir / f"ferryman-{i}", args)
             ferryman.env["GRPC_HOST"] = "127.0.0.1"
             ferrymen.append(ferryman.start())
-            stack.callback(lambda f=ferryman: f.proc is not None and f.stop())
+            stack.callback(stop_if_running, ferryman)
         listeners = []
         for i, (name, admin_port, listen) in enumerate(ENVOYS):
             admin, listener = free_port(), free_port()
@@ -174,6 +174,11 @@ def processes(workdir: Path, replicas: int = 1, redis: bool = False) -> Iterator
             stack.callback(envoy.stop)
             listeners.append(listener)
         yield config, ferrymen, listeners
+
+
+def stop_if_running(ferryman: FerrymanProcess) -> None:
+    if ferryman.proc is not None:
+        ferryman.stop()
 
 
 def allowed_per_second(loads: list[Load], start: int, seconds: int) -> list[int]:
