@@ -39,10 +39,12 @@ def test_health_names_and_call_metrics_follow_the_registry() -> None:
         "ferryman.v1.Limiter",
         "quotaservice.QuotaService",
         "doorman.Capacity",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
     )
     methods = unary_methods(APIS)
     assert methods[0] == "ShouldRateLimit" and "Allow" in methods
     assert "Session" not in methods and "Watch" not in methods
+    assert "StreamRateLimitQuotas" not in methods
 
 
 def test_the_app_names_no_protocol() -> None:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms.token_bucket import NodeBucket
 from ferryman.algorithms.token_bucket.model import BucketSpec
 from ferryman.clock import ManualClock

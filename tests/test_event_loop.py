@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.cli import serve as serve_cli
 from ferryman.connections.redis_pipe import PipelinedRedis
 from ferryman.errors import SettingsError

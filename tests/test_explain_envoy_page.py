@@ -14,8 +14,8 @@ from urllib.parse import urlencode
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.cli import main
 from ferryman.errors import SettingsError
 from ferryman.server.app import Service

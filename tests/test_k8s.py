@@ -28,8 +28,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3 import rls_pb2
 
 from helpers.configmap import configmap_volume
 from helpers.needs import missing

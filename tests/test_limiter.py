@@ -6,8 +6,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.clock import ManualClock
 

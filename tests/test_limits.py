@@ -8,9 +8,9 @@ import json
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import duration_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.fixed_window.model import CounterOp
 from ferryman.backends.memory import MemoryBackend

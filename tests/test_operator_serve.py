@@ -16,8 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3 import rls_pb2
 
 from helpers.ports import free_port
 from helpers.serve_process import ServeProcess

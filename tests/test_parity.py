@@ -31,11 +31,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from envoy.service.ratelimit.v3 import rls_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.resources import SERVICE_NAME
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock

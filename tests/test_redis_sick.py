@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 import redis.exceptions as rex
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.connections.redis import BACKOFF_CAP, BREAKER_FAILURES, LuaScript, reason_of

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.errors import SettingsError
 from ferryman.settings import Settings
 

@@ -11,8 +11,8 @@ import random
 from typing import Any
 
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.apis.rls import SEEN_BYTES, RateLimitServicer
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock

@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.clock import ManualClock
 
 from helpers.server import EPOCH, ConfigDir, ServerFactory, codes, descriptor, overall

@@ -6,10 +6,10 @@ headers and metadata), and a server's answers must decode to what the decision s
 from __future__ import annotations
 
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.apis.convert import decision_to_proto, encode_decision
 from ferryman.apis.rls import METHODS
 from ferryman.core.rules import Unit, UnitLimit

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.backends.memory import MemoryBackend

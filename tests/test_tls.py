@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 
 import ferryman
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.edge.tls import TlsFiles
 from ferryman.errors import ServiceUnavailableError, SettingsError
 from ferryman.settings import Settings

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import any_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from ferryman.config.xds import load_resources
 from ferryman.core.rules import Unit

@@ -33,8 +33,8 @@ import grpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the tests/ helpers
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # noqa: E402
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # noqa: E402
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # noqa: E402
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # noqa: E402
 
 from helpers.certs import Authority, Pem  # noqa: E402
 

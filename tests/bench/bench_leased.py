@@ -31,8 +31,9 @@ import grpc.aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
 from ferryman.algorithms.leased_limit import LEASED_LIMIT, LeasedLimiter
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.client import AsyncCapacityClient

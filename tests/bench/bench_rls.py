@@ -93,9 +93,11 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.apis.convert import mark_negative_hits
 from ferryman.errors import SettingsError
 from ferryman.server import event_loop
 
@@ -269,7 +271,8 @@ def build_requests(scenario: str, descriptors: int, count: int, seed: int) -> li
             for negative in (False, True):
                 held = Descriptor(entries=[Entry(key=HOLD_KEY, value=user)])
                 held.hits_addend.value = 1
-                held.is_negative_hits = negative
+                if negative:
+                    mark_negative_hits(held)
                 out.append(
                     rls_pb2.RateLimitRequest(domain=DOMAIN, descriptors=[held]).SerializeToString()
                 )

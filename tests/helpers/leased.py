@@ -114,9 +114,8 @@ class Driver:
 
     def __init__(self, address: str, domain: str, entries: list[tuple[str, str]], rate: float):
         import grpc
-
-        from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-        from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+        from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+        from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
         self.rate = rate
         self.ok: Counter[int] = Counter()

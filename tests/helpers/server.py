@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.type.v3 import ratelimit_unit_pb2
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2_grpc
+from ferryman.apis.convert import mark_negative_hits
 from ferryman.backends.base import Backend
 from ferryman.clock import ManualClock, SystemClock
 from ferryman.server.app import Service
@@ -50,7 +51,7 @@ def descriptor(
         d.limit.requests_per_unit = limit[0]
         d.limit.unit = cast(ratelimit_unit_pb2.RateLimitUnit, limit[1])
     if negative:
-        d.is_negative_hits = True
+        mark_negative_hits(d)
     return d
 
 

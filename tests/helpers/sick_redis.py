@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import SystemClock
 from ferryman.connections.redis import RedisConnection

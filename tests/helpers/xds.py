@@ -14,9 +14,9 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2
 
-from ferryman._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from ferryman._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from ferryman.config.xds import TYPE_URL
 

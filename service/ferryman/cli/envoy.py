@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   ferryman envoy check envoy/front-proxy.yaml --config descriptors
   ferryman envoy check k8s/overlays/istio/*.yaml --config k8s/base/descriptors --format json
   ferryman envoy generate --domain messaging --config descriptors > envoy.yaml
+  ferryman envoy generate --domain messaging --quota envoy-a > envoy-quota.yaml
   ferryman envoy generate --domain edge-proxy --format istio --header plan=x-plan"""
 
 
@@ -93,6 +94,15 @@ def _add_generate(actions: Subcommands, parents: list[argparse.ArgumentParser]) 
     generate.add_argument(
         "--listen", type=port, default=10000, help="Envoy's listener port (default 10000)"
     )
+    generate.add_argument(
+        "--quota",
+        nargs="?",
+        const="envoy",
+        default=None,
+        metavar="NAME",
+        help="the rate limit quota filter instead (Envoy enforces the shares ferryman "
+        "assigns); NAME names this Envoy on ferryman's pages (default envoy)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +128,7 @@ def _generate(args: argparse.Namespace, config: Config, options: EngineOptions) 
             ferryman=args.ferryman,
             upstream=args.upstream,
             listen=args.listen,
+            quota=args.quota,
         ),
         end="",
     )

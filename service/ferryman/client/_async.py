@@ -10,8 +10,8 @@ from typing import TypeVar
 
 import grpc
 import grpc.aio
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol

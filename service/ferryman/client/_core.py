@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import grpc
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol

@@ -6,10 +6,10 @@ import math
 from collections.abc import Sequence
 
 import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2
 
-from ferryman._proto.envoy.config.core.v3 import base_pb2
-from ferryman._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client._models import (

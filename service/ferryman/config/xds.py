@@ -25,11 +25,11 @@ from typing import Any
 
 import grpc
 import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, struct_pb2
 from google.protobuf.message import DecodeError
 
-from ferryman._proto.envoy.config.core.v3 import base_pb2
-from ferryman._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from ferryman._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from ferryman._version import __version__
 from ferryman.config.loader import load_sources

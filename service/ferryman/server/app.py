@@ -30,6 +30,8 @@ from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages
 from ferryman.apis.quota_events import QuotaEventHub
+from ferryman.apis.rlqs import QuotaShares
+from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -74,6 +76,7 @@ DEBUG_HELP = (
     "/explain/envoy[?route=NAME&header=NAME=VALUE&remote_address=IP]: the routes of the "
     "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
+    "/rlqs: Envoy's quota streams, and per bucket and Envoy the share, demand and usage (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
@@ -363,6 +366,14 @@ class Service:
         self.quota_store = self.backend.quota_store(settings.cache_key_prefix, self.clock)
         self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
         self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
+        self.rlqs = QuotaShares(
+            self.holder, self.clock, self.stats, shadow_mode=settings.shadow_mode
+        )
+        self.rlqs.observe(self.telemetry)
+        if getattr(self.backend, "target", None) is not None:
+            # Replicas on one Redis: each leases its buckets' rates from the capacity master.
+            self.rlqs.leases = BucketLeases()
+            self.capacity.source = RlqsTemplates(self.capacity.source, self.rlqs.rate_of)
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
             self.leased = LeasedResources(
@@ -386,6 +397,7 @@ class Service:
         console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
         buckets = BucketTable.of(self.quota_store, self.backend, self.clock)
         console.add_panel("buckets", "Token buckets", buckets.read)
+        console.add_panel("rlqs", "Envoy quota buckets", self.rlqs.panel)
         return console
 
     def _make_pages(self, settings: Settings, routes: Any) -> None:
@@ -422,6 +434,7 @@ class Service:
                 ("GET", "/explain"): self.pages.explain,
                 ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
+                ("GET", "/rlqs"): self.pages.rlqs_page,
             },
             "debug",
         )
@@ -554,6 +567,7 @@ class Service:
             quota_events=self.quota_events,
             capacity=self.capacity,
             leased=self.leased,
+            rlqs=self.rlqs,
             healthy=self.healthy,
             health_names=health_names(APIS),
             grpc_port=self.grpc_port,

@@ -1,0 +1,657 @@
+"""Envoy's rate limit quota service, ``envoy.service.rate_limit_quota.v3.RateLimitQuotaService``
+``StreamRateLimitQuotas``: Envoy enforces locally what it is assigned and reports its usage;
+ferryman divides each bucket's global rate among the Envoys by demand and pushes the shares.
+
+A bucket is a descriptor: its ``BucketId`` walks the tree of the filter's ``domain`` (at each
+level the first node, in config order, whose key the id has and whose value matches as
+ShouldRateLimit matches), and the rule reached gives the global rate through its kind's
+``Algorithm.rate()``. The arithmetic (demand, split, token buckets) is ``rlqs_shares``.
+
+What each answer is:
+
+- a rule with a rate: each Envoy's share as a token bucket (the limit 0: DENY_ALL);
+- ``unlimited``, shadow mode, a kind with no rate, no rule: ALLOW_ALL (all but ``unlimited``
+  counted, so that an operator sees traffic nothing limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
+from envoy.type.v3 import ratelimit_strategy_pb2
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from ferryman._version import __version__
+from ferryman.algorithms import algorithm_of
+from ferryman.algorithms.leases.model import Kind
+from ferryman.apis import api
+from ferryman.apis.rlqs_leases import BucketLeases
+from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
+from ferryman.clock import Clock
+from ferryman.config.reloader import ConfigHolder
+from ferryman.core.algorithm import Rate
+from ferryman.core.rules import Domain, Rule
+from ferryman.edge.rpc import Method
+from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
+from ferryman.stats import Stats
+from ferryman.tasks import cancel
+from ferryman.telemetry import SCOPE, Telemetry
+
+__all__ = [
+    "API",
+    "ENVOY_HEADER",
+    "LIMITS",
+    "SERVICE",
+    "Limits",
+    "QuotaShares",
+    "Resolved",
+    "RlqsServicer",
+    "bucket_entries",
+    "resolve",
+]
+
+log = logging.getLogger("ferryman.rlqs")
+
+SERVICE = rlqs_pb2.DESCRIPTOR.services_by_name["RateLimitQuotaService"]
+METHODS = {"StreamRateLimitQuotas": Method("ratelimit.service.call.stream_rate_limit_quotas")}
+#: The initial metadata that names an Envoy (``rlqs_server.initial_metadata``); else its peer.
+ENVOY_HEADER = "ferryman-envoy"
+RLQS = "ratelimit.service.rlqs"
+#: Answers, by what they are, as counted (``ratelimit.service.rlqs.assigned.<what>``).
+ANSWERS = ("share", "deny", "unlimited", "unconfigured", "no_rate", "shadow_mode")
+Context = grpc.aio.ServicerContext[Any, Any]
+_ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.ALLOW_ALL
+_DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
+# An increase this small is not pushed: Envoy starts a changed bucket full.
+_NUDGE = 0.02
+_TICK_SECONDS = 1.0
+#: Reports in a row with no request after which an Envoy's bucket is abandoned.
+IDLE_REPORTS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one stream and the whole service hold at most; a report over them is refused
+    (INVALID_ARGUMENT naming the field), a stream over them RESOURCE_EXHAUSTED."""
+
+    streams: int = 1024
+    buckets_per_report: int = 1000
+    buckets_per_stream: int = 1000
+    buckets: int = 100_000
+    id_entries: int = 16
+    id_chars: int = 256
+    requests_per_report: int = 1_000_000_000
+    seconds_per_report: int = 86_400
+
+
+LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What a bucket id reaches: its rule (None: no path), what every Envoy is answered
+    (``share`` or one of the blanket answers of ``ANSWERS``), and the rate shared."""
+
+    answer: str
+    rule: Rule | None = None
+    rate: Rate | None = None
+    kind: Kind = Kind.FAIR_SHARE
+
+
+def bucket_entries(domain: Domain, bucket: Mapping[str, str]) -> list[tuple[str, str]] | None:
+    """The id's entries in the order of the path they walk, or None when there is none: at
+    each level the first node (config order) whose key the id has and whose value matches;
+    every entry of the id must be used."""
+    level, left, path = domain.root, dict(bucket), []
+    while left:
+        for key in dict.fromkeys(rule.key for rule in level.rules):
+            if key in left and (rule := level.match(key, left[key])) is not None:
+                path.append((key, left.pop(key)))
+                level = rule.children
+                break
+        else:
+            return None
+    return path
+
+
+def resolve(domain: Domain | None, bucket: Mapping[str, str], shadow_mode: bool) -> Resolved:
+    """What the bucket id ``bucket`` of ``domain`` (None: not configured) is answered."""
+    entries = None if domain is None else bucket_entries(domain, bucket)
+    if domain is None or not entries:
+        return Resolved("unconfigured")
+    level, rule = domain.root, None
+    for key, value in entries:
+        rule = level.match(key, value)
+        assert rule is not None
+        level = rule.children
+    if rule is None or rule.limit is None:
+        return Resolved("unconfigured", rule)
+    algorithm = algorithm_of(rule.limit.kind)
+    rate = algorithm.rate(rule.limit)
+    if rate is None:
+        reported = algorithm.reported(rule.limit)
+        unlimited = reported is not None and reported.unlimited
+        return Resolved("unlimited" if unlimited else "no_rate", rule)
+    if shadow_mode or rule.shadow_mode:
+        return Resolved("shadow_mode", rule, rate)
+    if rate.per_second <= 0:
+        return Resolved("deny", rule, rate)
+    return Resolved("share", rule, rate)
+
+
+BucketKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(slots=True)
+class _Usage:
+    """One Envoy's side of one bucket."""
+
+    meter: Meter = field(default_factory=Meter)
+    allowed: int = 0
+    denied: int = 0
+    reports: int = 0
+    idle: int = 0
+    share: float | None = None
+    sent: Bucket | str | None = None
+
+
+@dataclass(slots=True)
+class _Bucket:
+    key: BucketKey
+    resolved: Resolved
+    users: dict[int, _Usage] = field(default_factory=dict)
+    # The rate divided among this replica's Envoys: the rule's, or this replica's lease of it.
+    capacity: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Stream:
+    id: int
+    envoy: str
+    domain: str | None = None
+    buckets: dict[BucketKey, _Bucket] = field(default_factory=dict)
+    # Coalesced: a stream that does not read holds one pending action per bucket at most.
+    pending: dict[BucketKey, Any] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    error: FerrymanError | None = None
+    closed: bool = False
+
+
+def _check_report(message: Any, limits: Limits) -> None:
+    """Refuse what no Envoy sends: RequestError names the field."""
+    if not message.domain:
+        raise RequestError("domain", "a report names the filter's domain")
+    if len(message.domain) > limits.id_chars:
+        raise RequestError("domain", f"longer than {limits.id_chars} characters")
+    usages = message.bucket_quota_usages
+    if len(usages) > limits.buckets_per_report:
+        raise RequestError(
+            "bucket_quota_usages", f"{len(usages)} buckets; at most {limits.buckets_per_report}"
+        )
+    for i, usage in enumerate(usages):
+        where = f"bucket_quota_usages[{i}]"
+        bucket = usage.bucket_id.bucket
+        if not bucket:
+            raise RequestError(f"{where}.bucket_id", "an empty bucket id")
+        if len(bucket) > limits.id_entries:
+            raise RequestError(f"{where}.bucket_id", f"more than {limits.id_entries} entries")
+        if any(len(k) > limits.id_chars or len(v) > limits.id_chars for k, v in bucket.items()):
+            raise RequestError(f"{where}.bucket_id", f"longer than {limits.id_chars} characters")
+        hits = usage.num_requests_allowed + usage.num_requests_denied
+        if hits > limits.requests_per_report:
+            raise RequestError(where, f"{hits} requests in one report")
+        seconds = usage.time_elapsed.seconds
+        if seconds < 0 or usage.time_elapsed.nanos < 0 or seconds > limits.seconds_per_report:
+            raise RequestError(f"{where}.time_elapsed", f"{seconds}s is no report interval")
+
+
+def _key(domain: str, bucket: Mapping[str, str]) -> BucketKey:
+    return (domain, tuple(sorted(bucket.items())))
+
+
+def _bucket_id(key: BucketKey) -> Any:
+    return rlqs_pb2.BucketId(bucket=dict(key[1]))
+
+
+def _action(key: BucketKey, sent: Bucket | str) -> Any:
+    """The BucketAction that assigns ``sent`` (a token bucket or a blanket answer)."""
+    action = rlqs_pb2.RateLimitQuotaResponse.BucketAction(bucket_id=_bucket_id(key))
+    if sent == "abandon":
+        action.abandon_action.SetInParent()
+        return action
+    assignment = action.quota_assignment_action
+    assignment.assignment_time_to_live.seconds = TTL_SECONDS
+    strategy = assignment.rate_limit_strategy
+    if isinstance(sent, Bucket) and sent.tokens_per_fill > 0:
+        strategy.token_bucket.max_tokens = sent.max_tokens
+        strategy.token_bucket.tokens_per_fill.value = sent.tokens_per_fill
+        strategy.token_bucket.fill_interval.seconds = sent.fill_seconds
+    else:
+        strategy.blanket_rule = _DENY_ALL if isinstance(sent, Bucket) else _ALLOW_ALL
+    return action
+
+
+def _worth_sending(old: Bucket | str | None, new: Bucket | str) -> bool:
+    """Whether a new assignment replaces the last one sent: any decrease (the shares must not
+    add up to more than the limit), an increase only beyond a nudge (a changed bucket
+    restarts full, which lets a burst through)."""
+    if not isinstance(old, Bucket) or not isinstance(new, Bucket):
+        return old != new
+    if new.per_second <= old.per_second:
+        return new != old
+    return new.per_second > old.per_second * (1 + _NUDGE) or old.tokens_per_fill == 0
+
+
+class QuotaShares:
+    """Every stream's buckets and usage, and the shares they are assigned. Each change
+    (a report, a stream opened or closed, a new config) re-divides the buckets it touches
+    and queues, for each stream, the assignments that changed."""
+
+    def __init__(
+        self,
+        holder: ConfigHolder,
+        clock: Clock,
+        stats: Stats,
+        *,
+        shadow_mode: bool = False,
+        limits: Limits = LIMITS,
+    ) -> None:
+        self._holder = holder
+        self._clock = clock
+        self._stats = stats
+        self._shadow_mode = shadow_mode
+        self.limits = limits
+        self._ids = itertools.count(1)
+        self.streams: dict[int, _Stream] = {}
+        self.buckets: dict[BucketKey, _Bucket] = {}
+        self._version = holder.version
+        # Set with a shared backend: the rates are leased from the capacity master.
+        self.leases: BucketLeases | None = None
+
+    def open(self, envoy: str) -> _Stream:
+        if len(self.streams) >= self.limits.streams:
+            self._stats.inc(f"{RLQS}.streams_refused")
+            raise TooManyStreamsError(f"at most {self.limits.streams} quota streams at once")
+        stream = _Stream(next(self._ids), envoy[: self.limits.id_chars])
+        self.streams[stream.id] = stream
+        self._stats.inc(f"{RLQS}.streams_opened")
+        return stream
+
+    def close(self, stream: _Stream) -> None:
+        stream.closed = True
+        stream.wake.set()
+        if self.streams.pop(stream.id, None) is None:
+            return
+        for bucket in stream.buckets.values():
+            bucket.users.pop(stream.id, None)
+            if bucket.users:
+                self._reshare(bucket, None)
+            else:
+                self._drop(bucket)
+
+    def report(self, stream: _Stream, message: Any) -> None:
+        """One usage report of ``stream``: demand updated, shares re-divided, this stream
+        answered for every bucket it reported (the answer renews each assignment's TTL)."""
+        _check_report(message, self.limits)
+        if stream.domain is None:
+            stream.domain = message.domain
+        elif message.domain != stream.domain:
+            raise RequestError("domain", f"{message.domain!r}: this stream is {stream.domain!r}")
+        self._stats.inc(f"{RLQS}.reports")
+        self.refresh()
+        for usage in message.bucket_quota_usages:
+            bucket = self._bucket_of(stream, _key(message.domain, usage.bucket_id.bucket))
+            if bucket is None:
+                continue
+            user = bucket.users.setdefault(stream.id, _Usage())
+            hits = usage.num_requests_allowed + usage.num_requests_denied
+            user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
+            user.allowed += usage.num_requests_allowed
+            user.denied += usage.num_requests_denied
+            user.reports += 1
+            user.idle = 0 if hits else user.idle + 1
+            self._reshare(bucket, stream)
+
+    def _bucket_of(self, stream: _Stream, key: BucketKey) -> _Bucket | None:
+        bucket = stream.buckets.get(key)
+        if bucket is not None:
+            return bucket
+        if len(stream.buckets) >= self.limits.buckets_per_stream or (
+            key not in self.buckets and len(self.buckets) >= self.limits.buckets
+        ):
+            # No answer: Envoy applies the filter's no-assignment behaviour to it.
+            self._stats.inc(f"{RLQS}.buckets_refused")
+            return None
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(key, self._resolve(key))
+            self.buckets[key] = bucket
+        stream.buckets[key] = bucket
+        return bucket
+
+    def _resolve(self, key: BucketKey) -> Resolved:
+        config = self._holder.config
+        domain = None if config is None else config.domains.get(key[0])
+        return resolve(domain, dict(key[1]), self._shadow_mode)
+
+    def rate_of(self, key: BucketKey) -> float | None:
+        """The rate the bucket ``key`` is shared at (None: not shared), for the master."""
+        resolved = self._resolve(key)
+        if resolved.answer != "share" or resolved.rate is None:
+            return None
+        return resolved.rate.per_second
+
+    def _capacity(self, bucket: _Bucket, rate: Rate) -> float | None:
+        if self.leases is None:
+            return rate.per_second
+        wants = sum(
+            rate.per_second if (d := u.meter.rate) is None else d for u in bucket.users.values()
+        )
+        return self.leases.capacity(bucket.key, min(wants, rate.per_second))
+
+    def poll_leases(self) -> None:
+        """Re-divide every bucket whose lease changed (and so reach a new bucket's Envoys
+        once its first lease comes)."""
+        for bucket in list(self.buckets.values()):
+            rate = bucket.resolved.rate
+            shared = bucket.resolved.answer == "share" and rate is not None
+            if shared and rate is not None and self._capacity(bucket, rate) != bucket.capacity:
+                self._reshare(bucket, None)
+
+    def refresh(self) -> None:
+        """After a config change: every bucket resolved again and re-divided."""
+        if self._holder.version == self._version:
+            return
+        self._version = self._holder.version
+        for bucket in self.buckets.values():
+            bucket.resolved = self._resolve(bucket.key)
+            self._reshare(bucket, None)
+
+    def _reshare(self, bucket: _Bucket, reporter: _Stream | None) -> None:
+        """Divide ``bucket`` again; queue each stream's changed assignment (the reporter's
+        whether changed or not)."""
+        resolved = bucket.resolved
+        rate = resolved.rate
+        shares: dict[int, float] = {}
+        if resolved.answer == "share" and rate is not None:
+            bucket.capacity = self._capacity(bucket, rate)
+            if bucket.capacity is None:
+                return  # no lease yet, or none live: nothing new is assigned
+            demands = {sid: user.meter.rate for sid, user in bucket.users.items()}
+            shares = split(resolved.kind, bucket.capacity, demands)
+        for sid, user in list(bucket.users.items()):
+            stream = self.streams.get(sid)
+            if stream is None:
+                continue
+            new: Bucket | str
+            if sid in shares and rate is not None:
+                user.share = shares[sid]
+                new = bucket_of(user.share, rate.burst * user.share / rate.per_second)
+            elif resolved.answer == "deny":
+                user.share, new = 0.0, Bucket(0, 0, 1)
+            else:
+                user.share, new = None, resolved.answer
+            if stream is reporter and user.idle >= IDLE_REPORTS:
+                self._abandon(stream, bucket)
+                continue
+            if user.sent is not None and not _worth_sending(user.sent, new):
+                if stream is not reporter:
+                    continue
+                new = user.sent
+            self._queue(stream, bucket, user, new)
+
+    def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
+        user.sent = sent
+        stream.pending[bucket.key] = _action(bucket.key, sent)
+        stream.wake.set()
+        self._stats.inc(f"{RLQS}.assigned.{bucket.resolved.answer}")
+
+    def _abandon(self, stream: _Stream, bucket: _Bucket) -> None:
+        """An Envoy's bucket idle for IDLE_REPORTS reports is abandoned (never a busy one:
+        Envoy re-creates an abandoned bucket on its next request and reports it at once)."""
+        stream.pending[bucket.key] = _action(bucket.key, "abandon")
+        stream.wake.set()
+        self._stats.inc(f"{RLQS}.abandoned")
+        bucket.users.pop(stream.id, None)
+        stream.buckets.pop(bucket.key, None)
+        if not bucket.users:
+            self._drop(bucket)
+
+    def _drop(self, bucket: _Bucket) -> None:
+        self.buckets.pop(bucket.key, None)
+        if self.leases is not None:
+            self.leases.forget(bucket.key)
+
+    def take(self, stream: _Stream) -> Any | None:
+        """The stream's queued assignments as one response (None: nothing queued)."""
+        if not stream.pending:
+            return None
+        actions = list(stream.pending.values())
+        stream.pending.clear()
+        return rlqs_pb2.RateLimitQuotaResponse(bucket_action=actions)
+
+    def close_all(self) -> None:
+        """End every stream (at shutdown): Envoy keeps its assignments until their TTL."""
+        for stream in list(self.streams.values()):
+            self.close(stream)
+
+    def status(self, limit: int = 1000) -> dict[str, Any]:
+        """The debug port's ``/rlqs``: streams, and per bucket and Envoy the share, demand
+        and what its reports said (the ``limit`` buckets with the most Envoys)."""
+        ranked = sorted(self.buckets.values(), key=lambda b: (-len(b.users), b.key))
+        return {
+            "streams": [
+                {"envoy": s.envoy, "domain": s.domain, "buckets": len(s.buckets)}
+                for s in self.streams.values()
+            ],
+            "bucket_count": len(self.buckets),
+            "leases": self.leases.status() if self.leases is not None else None,
+            "buckets": [self._bucket_status(b) for b in ranked[:limit]],
+        }
+
+    def _bucket_status(self, bucket: _Bucket) -> dict[str, Any]:
+        resolved = bucket.resolved
+        rate = resolved.rate
+        envoys = []
+        for sid, user in bucket.users.items():
+            stream = self.streams.get(sid)
+            sent = user.sent
+            envoys.append(
+                {
+                    "envoy": stream.envoy if stream is not None else "",
+                    "share_per_second": user.share,
+                    "demand_per_second": user.meter.rate,
+                    "allowed": user.allowed,
+                    "denied": user.denied,
+                    "reports": user.reports,
+                    "assigned": _described(sent),
+                }
+            )
+        return {
+            "domain": bucket.key[0],
+            "bucket_id": dict(bucket.key[1]),
+            "answer": resolved.answer,
+            "rule": resolved.rule.stats_key if resolved.rule is not None else None,
+            "rate_per_second": rate.per_second if rate is not None else None,
+            "capacity_per_second": bucket.capacity,
+            "burst": rate.burst if rate is not None else None,
+            "algorithm": resolved.kind.name,
+            "envoys": envoys,
+        }
+
+    def panel(self) -> dict[str, object]:
+        """The console's table: one row per bucket and Envoy (the 30 busiest buckets)."""
+        rows: list[list[object]] = []
+        for b in self.status(30)["buckets"]:
+            bucket_id = ",".join(f"{k}={v}" for k, v in b["bucket_id"].items())
+            for e in b["envoys"]:
+                share, demand = e["share_per_second"], e["demand_per_second"]
+                rows.append(
+                    [
+                        f"{b['domain']}: {bucket_id}",
+                        e["envoy"],
+                        b["answer"],
+                        "" if share is None else round(share, 2),
+                        "" if demand is None else round(demand, 2),
+                        e["allowed"],
+                        e["denied"],
+                    ]
+                )
+        return {
+            "columns": ["bucket", "envoy", "answer", "share/s", "demand/s", "allowed", "denied"],
+            "rows": rows,
+            "note": f"{len(self.streams)} Envoy streams, {len(self.buckets)} buckets",
+        }
+
+    def observe(self, telemetry: Telemetry) -> None:
+        """Metrics: reports, assignments by answer, streams and buckets (read when
+        collected)."""
+        if telemetry.meter_provider is None:
+            return
+        meter = telemetry.meter_provider.get_meter(SCOPE, __version__)
+        stats = self._stats
+
+        def counted(name: str) -> Any:
+            def read(options: CallbackOptions) -> Iterable[Observation]:
+                return [Observation(stats.get(f"{RLQS}.{name}"))]
+
+            return read
+
+        def assigned(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(stats.get(f"{RLQS}.assigned.{a}"), {"answer": a}) for a in ANSWERS]
+
+        def sizes(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(len(self.streams), {"what": "streams"}),
+                Observation(len(self.buckets), {"what": "buckets"}),
+            ]
+
+        meter.create_observable_counter(
+            "ratelimit_service_rlqs_reports",
+            callbacks=[counted("reports")],
+            description="Usage reports received from Envoys (rate limit quota service).",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_rlqs_streams_opened",
+            callbacks=[counted("streams_opened")],
+            description="Envoy quota streams opened.",
+        )
+        meter.create_observable_counter(
+            "ratelimit_service_rlqs_assignments",
+            callbacks=[assigned],
+            description="Bucket assignments sent to Envoys, by answer.",
+        )
+        meter.create_observable_gauge(
+            "ratelimit_service_rlqs_open",
+            callbacks=[sizes],
+            description="Envoy quota streams open and buckets held, by what.",
+        )
+
+
+def _described(sent: Bucket | str | None) -> Any:
+    if isinstance(sent, Bucket):
+        if sent.tokens_per_fill == 0:
+            return "DENY_ALL"
+        return {
+            "max_tokens": sent.max_tokens,
+            "tokens_per_fill": sent.tokens_per_fill,
+            "fill_interval_seconds": sent.fill_seconds,
+        }
+    return None if sent is None else "ALLOW_ALL"
+
+
+def _envoy_name(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == ENVOY_HEADER and isinstance(value, str) and value:
+            return value
+    return str(context.peer())
+
+
+class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
+    """StreamRateLimitQuotas: reports read as they come, assignments written as they are
+    queued (coalesced per bucket, so a stream that does not read holds one per bucket)."""
+
+    def __init__(self, shares: QuotaShares) -> None:
+        self._shares = shares
+
+    async def StreamRateLimitQuotas(
+        self, request_iterator: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[Any]:
+        shares = self._shares
+        stream = shares.open(_envoy_name(context))
+        reader = asyncio.create_task(self._read(stream, request_iterator))
+        try:
+            while True:
+                await stream.wake.wait()
+                stream.wake.clear()
+                if stream.error is not None:
+                    raise stream.error
+                response = shares.take(stream)
+                if response is not None:
+                    yield response
+                if stream.closed:
+                    return
+        finally:
+            await cancel(reader)
+            shares.close(stream)
+
+    async def _read(self, stream: Any, requests: AsyncIterator[Any]) -> None:
+        try:
+            async for message in requests:
+                self._shares.report(stream, message)
+        except FerrymanError as error:
+            stream.error = error
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the Envoy went away: the stream ends
+        finally:
+            stream.closed = True
+            stream.wake.set()
+
+    async def drain(self) -> None:
+        """End every stream (at shutdown, so that none holds the server's grace period)."""
+        self._shares.close_all()
+
+
+async def _tick(shares: QuotaShares) -> None:
+    # A new config reaches the Envoys within a second, not at their next report.
+    while True:
+        await asyncio.sleep(_TICK_SECONDS)
+        try:
+            shares.refresh()
+            shares.poll_leases()
+        except Exception:  # one bad pass must not end the pushes
+            log.exception("re-dividing the quota buckets failed")
+
+
+@contextlib.asynccontextmanager
+async def _serve(parts: api.Parts) -> AsyncIterator[RlqsServicer]:
+    leases = parts.rlqs.leases
+    if leases is not None:
+        # Any replica answers where the master is: this one's own capacity service.
+        leases.start(parts.capacity.address)
+    ticker = asyncio.create_task(_tick(parts.rlqs))
+    try:
+        yield RlqsServicer(parts.rlqs)
+    finally:
+        await cancel(ticker)
+        parts.rlqs.close_all()
+        if leases is not None:
+            await leases.stop()
+
+
+API = api.API(
+    SERVICE,
+    rlqs_pb2_grpc.add_RateLimitQuotaServiceServicer_to_server,
+    _serve,
+    methods=METHODS,
+    health=(SERVICE.full_name,),
+    drain=RlqsServicer.drain,
+)

@@ -1,0 +1,13 @@
+# Written by hand (grpc_tools writes no stubs): the untyped shape of the generated module.
+from typing import Any
+
+class AggregatedDiscoveryServiceStub:
+    def __init__(self, channel): ...
+    StreamAggregatedResources: Any
+    DeltaAggregatedResources: Any
+
+class AggregatedDiscoveryServiceServicer:
+    def StreamAggregatedResources(self, request_iterator, context): ...
+    def DeltaAggregatedResources(self, request_iterator, context): ...
+
+def add_AggregatedDiscoveryServiceServicer_to_server(servicer, server): ...

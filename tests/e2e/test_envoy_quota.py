@@ -1,0 +1,145 @@
+"""Two real Envoys (envoy/quota/) enforce one global limit that ferryman's rate limit quota
+service divides between them by demand: no request reaches ferryman, only usage reports."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envoy_procs import (
+    ADMIN,
+    ENVOY_DIR,
+    FERRYMAN,
+    LISTENER,
+    UPSTREAM,
+    Client,
+    EnvoyProcess,
+    FerrymanProcess,
+    Upstream,
+    render,
+    wait_for,
+)
+from helpers.ports import free_port
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = ENVOY_DIR / "quota"
+LIMIT = 20  # envoy/quota/descriptors/quota.yaml: each tenant, 20 per second
+PORTS = ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
+
+
+class Load:
+    """A thread sending GET / with ``tenant: acme`` to an Envoy at ``rate`` per second;
+    the answers of 200 and of 429 per second."""
+
+    def __init__(self, port: int, rate: float) -> None:
+        self.port, self.rate = port, rate
+        self.ok: Counter[int] = Counter()
+        self.denied: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        with Client(self.port, timeout=5) as client:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if next_at > now:
+                    time.sleep(next_at - now)
+                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
+                second = int(time.time())
+                status, _, _ = client.get("/", {"tenant": "acme"})
+                (self.ok if status == 200 else self.denied)[second] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _page(ferryman: FerrymanProcess, path: str) -> Any:
+    url = f"http://127.0.0.1:{ferryman.debug_port}{path}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def _shares(ferryman: FerrymanProcess) -> dict[str, float] | None:
+    """Each Envoy's share of the acme bucket, once both have reported a demand and b's
+    (10/s) is known to be below a's."""
+    buckets = _page(ferryman, "/rlqs")["buckets"]
+    acme = [b for b in buckets if b["bucket_id"] == {"tenant": "acme"}]
+    if not acme or len(acme[0]["envoys"]) != 2:
+        return None
+    envoys = acme[0]["envoys"]
+    if any(e["demand_per_second"] is None for e in envoys):
+        return None
+    shares = {e["envoy"]: e["share_per_second"] for e in envoys}
+    return shares if shares["envoy-b"] < 12 else None
+
+
+def test_two_envoys_share_one_limit_by_demand_without_should_rate_limit(tmp_path: Path) -> None:
+    """Envoys driven at 30/s and 10/s against a global 20/s get shares of about 10 and 10 that
+    add up to the limit; together they let through no more than the limit (plus one bucket's
+    start each); ferryman answers no ShouldRateLimit, only the quota streams."""
+    upstream = Upstream().start()
+    started: list[FerrymanProcess | EnvoyProcess] = []
+    loads: list[Load] = []
+    try:
+        ferryman = FerrymanProcess(
+            tmp_path / "ferryman",
+            ["--config", str(EXAMPLE / "descriptors"), *PORTS],
+        )
+        ferryman.env["GRPC_HOST"] = "127.0.0.1"
+        started.append(ferryman.start())
+        listeners = []
+        for name, admin_port, listen in (("a", ADMIN, LISTENER), ("b", 9902, 10001)):
+            admin, listener = free_port(), free_port()
+            mapping = {
+                admin_port: admin,
+                listen: listener,
+                UPSTREAM: upstream.port,
+                FERRYMAN: ferryman.grpc_port,
+            }
+            config = render(EXAMPLE / f"envoy-{name}.yaml", mapping)
+            started.append(EnvoyProcess(config, tmp_path / f"envoy-{name}", admin).start())
+            listeners.append(listener)
+        loads = [Load(listeners[0], 30), Load(listeners[1], 10)]
+        shares: dict[str, float] | None = wait_for(
+            lambda: _shares(ferryman),
+            timeout=25,
+            interval=0.5,
+        )
+        assert shares is not None
+        assert sum(shares.values()) == pytest.approx(LIMIT)
+        assert shares["envoy-a"] == pytest.approx(10, abs=1.5)
+        # The shares in force in both Envoys: count a few whole seconds from now.
+        start = int(time.time()) + 1
+        time.sleep(6)
+        seconds = range(start, start + 5)
+        allowed = [loads[0].ok[s] + loads[1].ok[s] for s in seconds]
+        assert sum(allowed) <= LIMIT * len(seconds) * 1.1, allowed
+        assert sum(allowed) >= LIMIT * len(seconds) * 0.75, allowed
+        assert sum(loads[0].denied[s] for s in seconds) > 0  # a wants more than its share
+        stats = _page(ferryman, "/rlqs")["streams"]
+        assert sorted(s["envoy"] for s in stats) == ["envoy-a", "envoy-b"]
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{ferryman.debug_port}/stats", timeout=5
+        ) as response:
+            counters = response.read().decode()
+        assert "ratelimit_server.ShouldRateLimit.total_requests: 0" in counters or (
+            "ShouldRateLimit.total_requests" not in counters
+        ), counters
+        assert "ratelimit.service.rlqs.reports: " in counters
+    finally:
+        for load in loads:
+            load.stop()
+        for part in reversed(started):
+            part.stop()
+        upstream.stop()
