@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ferryman.access import Access
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
 from ferryman.apis.capacity import CapacityService
@@ -326,6 +327,7 @@ class Service:
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
         self._edge = Edge(self.stats, self.telemetry)
+        self.access = Access(lambda: self.holder.config, self.stats)
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)
         self.console = self._make_console(settings)
@@ -467,6 +469,11 @@ class Service:
             )
         self.tls = TlsFiles.from_settings(s)
         self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
+        if self.tls is not None and self.access.policy is None:
+            log.warning(
+                "TLS is on but the config directory has no access policy (access.yaml): "
+                "every caller that completes the handshake may do everything"
+            )
         for part in self._lifespan():
             await self._stack.enter_async_context(part)
         log.info(*self._serving_line())
@@ -556,6 +563,7 @@ class Service:
             healthy=self.healthy,
             health_names=health_names(APIS),
             grpc_port=self.grpc_port,
+            access=self.access,
         )
 
     @asynccontextmanager
