@@ -3,12 +3,15 @@ certificate, and the Envoy path's per-domain refusals, with real mTLS certificat
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -19,6 +22,7 @@ from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman.access import DENIED
 
 from helpers.certs import Authority, Pem
+from helpers.holds import JOBS_CONFIG, Holder
 from helpers.server import (
     ConfigDir,
     Server,
@@ -292,3 +296,80 @@ def test_tls_without_a_policy_warns_at_start(
     with caplog.at_level(logging.WARNING, logger="ferryman"):
         mtls_server(make_server, mesh)
     assert not any("no access policy" in r.getMessage() for r in caplog.records)
+
+
+class _On:
+    """Stands in for a Server where a Holder only needs a channel: its own connection."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+
+
+def holder_on(server: Server, channels: list[grpc.Channel]) -> Holder:
+    """A Session on a connection of its own to ``server``."""
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{server.service.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+    channels.append(channel)
+    return Holder(cast(Server, _On(channel)))
+
+
+@pytest.fixture
+def plain_channels() -> Iterator[list[grpc.Channel]]:
+    opened: list[grpc.Channel] = []
+    yield opened
+    for channel in opened:
+        channel.close()
+
+
+@on_stores("memory", "redis")
+def test_a_session_id_sent_from_another_connection_is_refused(
+    make_server: ServerFactory, config_dir: ConfigDir, plain_channels: list[grpc.Channel]
+) -> None:
+    """Another connection naming a session's id is PERMISSION_DENIED, without a policy:
+    the session's copy stays held, and it cannot transfer it either."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    server = make_server()
+    victim = holder_on(server, plain_channels)
+    assert victim.reserve("acme", 1).granted == 1
+    thief = holder_on(server, plain_channels)
+    thief.session_id = victim.session_id
+    for steal in (
+        lambda: thief.release("acme", 1, ["vip", "everyone"]),
+        lambda: thief.transfer("acme", 1, ["vip", "everyone"], 30),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            steal()
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert server.service.holds.copies_held == 1
+    assert server.stat("ratelimit.service.holds.foreign_session") == 2
+    victim.release("acme", 1, ["vip", "everyone"])
+    victim.close()
+
+
+@on_stores("memory", "redis")
+def test_a_changed_transfer_id_is_refused_and_strands_nothing(
+    make_server: ServerFactory, config_dir: ConfigDir, plain_channels: list[grpc.Channel]
+) -> None:
+    """A transfer id decoded and changed to another tenant is refused (NOT_FOUND); the
+    real one still seizes, and once both sessions end no copy is held."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    server = make_server()
+    giver, taker = holder_on(server, plain_channels), holder_on(server, plain_channels)
+    assert giver.reserve("acme", 2).granted == 2
+    transfer_id = giver.transfer("acme", 2, ["vip", "everyone"], 30)
+    body, _, tag = transfer_id.partition(".")
+    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    payload[1] = [["tenant", "new-co"]]
+    forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+    for changed in (f"{forged}.{tag}", forged):
+        with pytest.raises(grpc.RpcError) as info:
+            taker.seize(changed)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert taker.seize(transfer_id).copies == 2
+    giver.close()
+    taker.close()
+    wait_for("every copy is free", lambda: server.service.holds.copies_held == 0)
+    fresh = holder_on(server, plain_channels)
+    assert fresh.reserve("acme", 10, min_copies=1).granted == 9  # nothing stranded
+    fresh.close()

@@ -140,6 +140,10 @@ class Access:
         self.check(caller, policy, permission, scope)
         return caller
 
+    def owner(self, context: Any) -> str:
+        """What a session is bound to: the caller's identity and its connection."""
+        return f"{caller_of(context).identity} {context.peer()}"
+
     def require_each(self, context: Any, permission: str, scopes: Iterable[str]) -> None:
         """``require`` for each of ``scopes`` (the resources of one lease call, say)."""
         policy = self.policy

@@ -64,7 +64,9 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
     def _session(self, context: Context) -> Session:
         metadata = dict(context.invocation_metadata() or ())
         value = metadata.get(SESSION_METADATA)
-        return self._holds.get(value if isinstance(value, str) else None)
+        return self._holds.get(
+            value if isinstance(value, str) else None, self._access.owner(context)
+        )
 
     async def Session(
         self, request_iterator: AsyncIterator[limiter_pb2.SessionRequest], context: Context
@@ -77,7 +79,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if not first.HasField("open"):
             raise RequestError("open", "the first message of a session must be open")
         check_name(first.open.client_name, "open.client_name", required=False)
-        session = self._holds.open(first.open.client_name)
+        session = self._holds.open(first.open.client_name, self._access.owner(context))
         replies: asyncio.Queue[limiter_pb2.SessionEvent | None] = asyncio.Queue()
 
         async def read() -> None:
@@ -181,6 +183,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         self, request: limiter_pb2.SeizeRequest, context: Context
     ) -> limiter_pb2.SeizeResponse:
         check_name(request.transfer_id, "transfer_id", most=MAX_TRANSFER_ID)
+        self._access.require(context, "holds", self._holds.transfer_domain(request.transfer_id))
         domain, entries, groups, copies = await self._holds.seize(
             self._session(context), request.transfer_id
         )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ferryman.access import Access
+from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
 from ferryman.apis.capacity import CapacityService
@@ -357,6 +358,7 @@ class Service:
             self.clock,
             self.stats,
             lease_seconds=settings.hold_lease_seconds or 10.0,
+            signer=Signer.from_settings(settings),
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
         self.quota_events = QuotaEventHub(self.stats)
