@@ -21,6 +21,7 @@ from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman.access import DENIED
 
+from helpers.capacity import resources_yaml
 from helpers.certs import Authority, Pem
 from helpers.holds import JOBS_CONFIG, Holder
 from helpers.server import (
@@ -63,7 +64,7 @@ access:
   - identities: ["{NEIGHBOUR}"]
     allow:
       rls: [d]
-      lease: ["shared"]
+      lease: ["fair"]
 """
 MINUTE = ratelimit_unit_pb2.MINUTE
 
@@ -89,12 +90,13 @@ def mesh(tmp_path: Path) -> Mesh:
     )
 
 
-def mtls_server(make_server: ServerFactory, mesh: Mesh) -> Server:
+def mtls_server(make_server: ServerFactory, mesh: Mesh, **settings: object) -> Server:
     return make_server(
         grpc_server_use_tls=True,
         grpc_server_tls_cert=str(mesh.server.cert),
         grpc_server_tls_key=str(mesh.server.key),
         grpc_client_tls_cacert=str(mesh.ca.cert),
+        **settings,
     )
 
 
@@ -373,3 +375,93 @@ def test_a_changed_transfer_id_is_refused_and_strands_nothing(
     fresh = holder_on(server, plain_channels)
     assert fresh.reserve("acme", 10, min_copies=1).granted == 9  # nothing stranded
     fresh.close()
+
+
+def capacity_stub(channel: grpc.Channel) -> doorman_pb2_grpc.CapacityStub:
+    return doorman_pb2_grpc.CapacityStub(channel)  # type: ignore[no-untyped-call]
+
+
+def get_capacity(
+    stub: doorman_pb2_grpc.CapacityStub, client: str, resource: str, wants: float
+) -> doorman_pb2.GetCapacityResponse:
+    request = doorman_pb2.GetCapacityRequest(
+        client_id=client,
+        resource=[doorman_pb2.ResourceRequest(resource_id=resource, priority=1, wants=wants)],
+    )
+    response: doorman_pb2.GetCapacityResponse = stub.GetCapacity(request, timeout=5)
+    return response
+
+
+def test_a_client_id_belongs_to_the_identity_that_first_used_it(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """A neighbour's ReleaseCapacity, or GetCapacity for nothing, under the edge's client id
+    is PERMISSION_DENIED, and the edge's lease stands."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    config_dir.write("resources.yaml", resources_yaml(capacity=100))
+    server = mtls_server(make_server, mesh, doorman_minimum_refresh_interval=0)
+    port = server.service.grpc_port
+    edge = capacity_stub(channel_of(channels, mesh, port, mesh.edge))
+    neighbour = capacity_stub(channel_of(channels, mesh, port, mesh.neighbour))
+    assert get_capacity(edge, "victim", "fair", 40).response[0].gets.capacity == 40
+    release = doorman_pb2.ReleaseCapacityRequest(client_id="victim", resource_id=["fair"])
+    for steal in (
+        lambda: neighbour.ReleaseCapacity(release, timeout=5),
+        lambda: get_capacity(neighbour, "victim", "fair", 0),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            steal()
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert server.stat(f"{DENIED}.by.{NEIGHBOUR}") == 2
+    assert get_capacity(neighbour, "mine", "fair", 100).response[0].gets.capacity == 60
+
+
+def test_one_server_counts_at_most_ten_clients_per_band(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """GetServerCapacity claiming a billion clients under FAIR_SHARE counts as ten: real
+    clients still get their share of 100."""
+    config_dir.write("resources.yaml", resources_yaml(capacity=100))
+    server = make_server(doorman_minimum_refresh_interval=0)
+    stub = capacity_stub(server.channel)
+    band = doorman_pb2.PriorityBandAggregate(priority=1, num_clients=10**9, wants=100)
+    greedy = doorman_pb2.GetServerCapacityRequest(
+        server_id="greedy", resource=[doorman_pb2.ServerCapacityResourceRequest(
+            resource_id="fair", wants=[band])]
+    )  # fmt: skip
+    for _ in range(2):
+        taken = stub.GetServerCapacity(greedy, timeout=5).response[0].gets.capacity
+        real = [get_capacity(stub, f"c{i}", "fair", 100).response[0].gets.capacity for i in (1, 2)]
+    assert taken < 100
+    assert all(got > 0 for got in real), (taken, real)
+
+
+def test_overlong_ids_too_many_resources_and_huge_wants_are_bounded(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """A 1 MiB client_id and 2,000 resources in one call are INVALID_ARGUMENT naming the
+    field; wants of 1e300 on an unconfigured resource is granted at most the ceiling."""
+    config_dir.write("d.yaml", DOMAIN)
+    server = make_server(doorman_minimum_refresh_interval=0)
+    stub = capacity_stub(server.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        get_capacity(stub, "x" * (1 << 20), "r", 1)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("client_id")
+    many = doorman_pb2.GetCapacityRequest(
+        client_id="c",
+        resource=[
+            doorman_pb2.ResourceRequest(resource_id=f"r{i}", priority=1, wants=1)
+            for i in range(2000)
+        ],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetCapacity(many, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("resource")
+    granted = get_capacity(stub, "c", "unconfigured", 1e300).response[0].gets.capacity
+    assert 0 < granted <= 1_000_000

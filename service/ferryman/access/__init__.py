@@ -21,7 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ferryman.access.leases import LeaseLimits, Owners, cap_wants, check_ids
 from ferryman.access.policy import ANONYMOUS, PERMISSIONS, Policy
+from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.core.rules import Domain
 from ferryman.errors import AccessDeniedError, CapExceededError
 from ferryman.logs import ThrottledLog
@@ -35,6 +37,7 @@ __all__ = [
     "Caller",
     "CallerCaps",
     "Configured",
+    "LeaseLimits",
     "Policy",
     "caller_of",
     "http_caller",
@@ -107,15 +110,25 @@ class Configured(Protocol):
     def access(self) -> Policy | None: ...
     @property
     def domains(self) -> Mapping[str, Domain]: ...
+    @property
+    def resources(self) -> tuple[ResourceTemplate, ...]: ...
 
 
 class Access:
     """The check every API makes; ``config`` reads the configuration in force, whose
     ``access`` is the policy (None: no policy, every caller may)."""
 
-    def __init__(self, config: Callable[[], Configured | None], stats: Stats) -> None:
+    def __init__(
+        self,
+        config: Callable[[], Configured | None],
+        stats: Stats,
+        leases: LeaseLimits | None = None,
+    ) -> None:
         self._config = config
         self._stats = stats
+        self._leases = leases or LeaseLimits()
+        self._clients = Owners()
+        self._servers = Owners()
         self._named: set[str] = set()
         self.refusals = ThrottledLog(log, 10.0)
 
@@ -152,6 +165,57 @@ class Access:
         caller = caller_of(context)
         for scope in scopes:
             self.check(caller, policy, permission, scope)
+
+    # -- capacity leases ------------------------------------------------------------------
+
+    def _lease_caller(self, context: Any, permission: str, ids: list[str]) -> Caller:
+        caller = caller_of(context)
+        policy = self.policy
+        for resource_id in ids:
+            self.check(caller, policy, permission, resource_id)
+        return caller
+
+    def _claim(self, owners: Owners, caller: Caller, field: str, value: str) -> None:
+        # A caller without a certificate has nothing to bind to: an address changes.
+        if not caller.anonymous:
+            owners.claim(value, caller.identity, lambda: self.deny(caller, f"use {field}", value))
+
+    def _templates(self) -> tuple[ResourceTemplate, ...]:
+        config = self._config()
+        return config.resources if config is not None else ()
+
+    def client_lease(self, context: Any, request: Any) -> None:
+        """GetCapacity: bounded ids, the resources leasable, the client id its caller's;
+        each ``wants`` cut to the resource's capacity (the request is changed in place)."""
+        ids = [r.resource_id for r in request.resource]
+        check_ids(request.client_id, "client_id", ids, "resource")
+        caller = self._lease_caller(context, "lease", ids)
+        self._claim(self._clients, caller, "client_id", request.client_id)
+        templates = self._templates()
+        for r in request.resource:
+            r.wants = cap_wants(r.wants, r.resource_id, templates, self._leases)
+
+    def server_lease(self, context: Any, request: Any) -> None:
+        """GetServerCapacity: as ``client_lease``, for a caller allowed to act as a server;
+        each band counts at most ``max_clients_per_server`` clients."""
+        ids = [r.resource_id for r in request.resource]
+        check_ids(request.server_id, "server_id", ids, "resource")
+        caller = self._lease_caller(context, "lease_server", ids)
+        self._claim(self._servers, caller, "server_id", request.server_id)
+        templates, most = self._templates(), self._leases.max_clients_per_server
+        for r in request.resource:
+            for band in r.wants:
+                band.num_clients = min(band.num_clients, most)
+                band.wants = cap_wants(band.wants, r.resource_id, templates, self._leases)
+
+    def release_lease(self, context: Any, request: Any) -> None:
+        """ReleaseCapacity: only by the caller the client id belongs to."""
+        ids = list(request.resource_id)
+        check_ids(request.client_id, "client_id", ids, "resource_id")
+        caller = self._lease_caller(context, "lease", ids)
+        self._claim(self._clients, caller, "client_id", request.client_id)
+
+    # -- the Envoy path --------------------------------------------------------------------
 
     def envoy(self, context: Any, request: Any) -> None:
         """The checks of an Envoy RateLimitRequest from ``context`` (a gRPC call's, or

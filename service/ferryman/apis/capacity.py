@@ -389,7 +389,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             )
             _lease(lease, out.gets)
 
-        self._access.require_each(context, "lease", (r.resource_id for r in request.resource))
+        self._access.client_lease(context, request)
         problem = _check_client_request(request)
         return await self._lease_each(
             context, problem, request, doorman_pb2.GetCapacityResponse, answer
@@ -418,9 +418,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             if template is not None:
                 _algorithm(template, out.algorithm)
 
-        self._access.require_each(
-            context, "lease_server", (r.resource_id for r in request.resource)
-        )
+        self._access.server_lease(context, request)
         problem = _check_server_request(request)
         return await self._lease_each(
             context, problem, request, doorman_pb2.GetServerCapacityResponse, answer
@@ -436,7 +434,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
         for i, resource_id in enumerate(request.resource_id):
             if not resource_id:
                 await self._refuse(context, f"resource_id[{i}] must not be empty")
-        self._access.require_each(context, "lease", request.resource_id)
+        self._access.release_lease(context, request)
         service = self._service
         state = service.serving_state()
         if state is None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ferryman.access import Access
+from ferryman.access import Access, LeaseLimits
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
@@ -328,7 +328,11 @@ class Service:
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
         self._edge = Edge(self.stats, self.telemetry)
-        self.access = Access(lambda: self.holder.config, self.stats)
+        self.access = Access(
+            lambda: self.holder.config,
+            self.stats,
+            LeaseLimits(settings.doorman_max_clients_per_server),
+        )
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)
         self.console = self._make_console(settings)
