@@ -21,7 +21,9 @@ Every exception derives from :class:`FerrymanError`::
     │                          malformed entry
     ├── AuthenticationError    a config API call has no valid bearer token
     │   └── PermissionDeniedError ...or its token may read but not write
+    │       └── AccessDeniedError  ...or the access policy does not allow the caller this
     ├── TooManyStreamsError    the server serves as many streams of a kind as it allows
+    │   └── CapExceededError   ...or one caller has as many of a thing open as it may
     ├── ServiceUnavailableError the client got no answer from the ferryman service
     │                          (raised only with fail_open=False; otherwise it degrades)
     └── RateLimitedError       the client interceptor refused an outgoing gRPC call: its
@@ -42,9 +44,11 @@ from types import MappingProxyType
 
 __all__ = [
     "STATUSES",
+    "AccessDeniedError",
     "AuthenticationError",
     "BackendError",
     "BackendTimeoutError",
+    "CapExceededError",
     "ConfigError",
     "ConfigProblem",
     "EnvoyFileError",
@@ -170,6 +174,16 @@ class PermissionDeniedError(AuthenticationError):
     """A config API call whose token may not do what it asks (a read token writing)."""
 
 
+class AccessDeniedError(PermissionDeniedError):
+    """The access policy does not allow the caller ``permission`` on ``scope``."""
+
+    def __init__(self, permission: str, scope: str, identity: str) -> None:
+        self.permission = permission
+        self.scope = scope
+        self.identity = identity
+        super().__init__(f"{identity} may not {permission} on {scope!r} (access policy)")
+
+
 class BackendError(FerrymanError):
     """The backend that stores counters failed to answer."""
 
@@ -184,6 +198,15 @@ class LeaseLostError(BackendError):
 
 class TooManyStreamsError(FerrymanError):
     """The server already serves as many streams of this kind as it allows; try later."""
+
+
+class CapExceededError(TooManyStreamsError):
+    """One caller already has ``most`` of ``what`` (sessions, streams, buckets) open."""
+
+    def __init__(self, what: str, most: int) -> None:
+        self.what = what
+        self.most = most
+        super().__init__(f"{what}: this caller already has {most} open, the most it may")
 
 
 class ServiceUnavailableError(FerrymanError):
@@ -263,6 +286,8 @@ STATUSES: Mapping[type[FerrymanError], ErrorStatus] = MappingProxyType(
         BackendTimeoutError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         LeaseLostError: ErrorStatus("UNAVAILABLE", 500, _BACKEND),
         TooManyStreamsError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
+        AccessDeniedError: ErrorStatus("PERMISSION_DENIED", 403, _CLIENT),
+        CapExceededError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
         ServiceUnavailableError: ErrorStatus("UNAVAILABLE", 503, _CLIENT),
         RateLimitedError: ErrorStatus("RESOURCE_EXHAUSTED", 429, _CLIENT),
     }

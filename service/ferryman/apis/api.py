@@ -30,6 +30,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from ferryman.edge.rpc import Method
 
 if TYPE_CHECKING:
+    from ferryman.access import Access
     from ferryman.algorithms.token_bucket.model import BucketStore
     from ferryman.apis.capacity import CapacityService
     from ferryman.apis.holds import HoldManager
@@ -66,6 +67,8 @@ class Parts:
     healthy: Callable[[], bool]
     health_names: tuple[str, ...]
     grpc_port: int
+    # Who may do what: every API checks its calls with ``access.require``.
+    access: Access
 
 
 @dataclass(frozen=True)

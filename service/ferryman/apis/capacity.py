@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman.access import Access
 from ferryman.algorithms.leases.election import (
     Election,
     MemoryElection,
@@ -331,8 +332,9 @@ def _bad_wants(value: float) -> bool:
 class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
     """The four RPCs of doorman.Capacity."""
 
-    def __init__(self, service: CapacityService) -> None:
+    def __init__(self, service: CapacityService, access: Access | None = None) -> None:
         self._service = service
+        self._access = access or Access.unrestricted()
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], message: str) -> None:
         self._service.refused += 1
@@ -387,6 +389,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             )
             _lease(lease, out.gets)
 
+        self._access.client_lease(context, request)
         problem = _check_client_request(request)
         return await self._lease_each(
             context, problem, request, doorman_pb2.GetCapacityResponse, answer
@@ -415,6 +418,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
             if template is not None:
                 _algorithm(template, out.algorithm)
 
+        self._access.server_lease(context, request)
         problem = _check_server_request(request)
         return await self._lease_each(
             context, problem, request, doorman_pb2.GetServerCapacityResponse, answer
@@ -430,6 +434,7 @@ class CapacityServicer(doorman_pb2_grpc.CapacityServicer):
         for i, resource_id in enumerate(request.resource_id):
             if not resource_id:
                 await self._refuse(context, f"resource_id[{i}] must not be empty")
+        self._access.release_lease(context, request)
         service = self._service
         state = service.serving_state()
         if state is None:
@@ -484,7 +489,7 @@ async def serve(parts: api.Parts) -> AsyncIterator[CapacityServicer]:
         await capacity.start(parts.grpc_port)
         if leased is not None:
             await leased.start(capacity.address)
-        yield CapacityServicer(capacity)
+        yield CapacityServicer(capacity, parts.access)
     finally:
         if leased is not None:
             await leased.stop()

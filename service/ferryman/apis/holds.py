@@ -11,8 +11,6 @@ holds may already be free, so serving them on would corrupt the counts.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
@@ -21,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from ferryman.access.signing import Signer
 from ferryman.algorithms.copies import COPIES, node_name
 from ferryman.algorithms.copies.model import (
     CopyGroup,
@@ -34,6 +33,7 @@ from ferryman.clock import Clock
 from ferryman.core.rules import Rule
 from ferryman.engine import RateLimitEngine
 from ferryman.errors import (
+    AccessDeniedError,
     BackendError,
     HoldError,
     LeaseLostError,
@@ -62,6 +62,8 @@ class Session:
     # when the stream ends must finish (and be accounted) before the hold set is released.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    # Who opened it (identity and connection): only calls from there may use it.
+    owner: str = ""
 
     @property
     def held(self) -> int:
@@ -90,7 +92,9 @@ class HoldManager:
         stats: Stats,
         *,
         lease_seconds: float = 10.0,
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer or Signer(b"")
         self._engine = engine
         self._backend = backend
         self._clock = clock
@@ -164,13 +168,15 @@ class HoldManager:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def open(self, client: str) -> Session:
-        session = Session(uuid.uuid4().hex, client)
+    def open(self, client: str, owner: str = "") -> Session:
+        session = Session(uuid.uuid4().hex, client, owner=owner)
         self.sessions[session.id] = session
         self._stats.inc("ratelimit.service.holds.sessions_opened")
         return session
 
-    def get(self, session_id: str | None) -> Session:
+    def get(self, session_id: str | None, owner: str | None = None) -> Session:
+        """The open session ``session_id``; with ``owner``, only when that caller (identity
+        and connection) opened it: a session id is not a bearer value."""
         if not session_id:
             raise SessionError(
                 "ferryman-session",
@@ -181,6 +187,11 @@ class HoldManager:
         if session is None:
             raise SessionError(
                 "ferryman-session", f"session {session_id!r} is not open on this server"
+            )
+        if owner is not None and session.owner != owner:
+            self._stats.inc("ratelimit.service.holds.foreign_session")
+            raise AccessDeniedError(
+                "use a session", "ferryman-session", owner.split(" ", 1)[0] or "a caller"
             )
         return session
 
@@ -203,8 +214,10 @@ class HoldManager:
                 self._lose("this server's lease lapsed")
                 return
             except (BackendError, HoldError) as exc:
-                # The lease makes these copies free once this server stops renewing them,
+                # The lease makes these copies free once this server stops renewing them
+                # (no session holds them now: they no longer count towards the renewal),
                 # so retrying forever is not needed; say what happened.
+                self._count(node, -copies)
                 log.warning("could not release %d copies of %s for %s: %s", copies, node,
                             tenant, exc)  # fmt: skip
 
@@ -312,7 +325,7 @@ class HoldManager:
         )
         secret = uuid.uuid4().hex
         payload = json.dumps([domain, [list(e) for e in entries], secret], separators=(",", ":"))
-        transfer_id = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+        transfer_id = self._signer.sign(payload.encode())
         async with self._operation(session):
             self._held(session, key, copies)
             await self._copies.transfer(self._holder(key[0]), key[1], key[2], copies, ttl, secret)
@@ -320,23 +333,37 @@ class HoldManager:
         self._stats.inc("ratelimit.service.holds.transfers_staged")
         return transfer_id
 
+    def _opened(self, transfer_id: str) -> tuple[str, tuple[tuple[str, str], ...], str]:
+        """(domain, entries, secret) of a transfer id this service signed."""
+        payload = self._signer.open(transfer_id)
+        try:
+            if payload is None:
+                raise ValueError("not signed by this service")
+            domain, raw_entries, secret = json.loads(payload)
+            entries = tuple((str(k), str(v)) for k, v in raw_entries)
+        except (ValueError, TypeError):
+            self._stats.inc("ratelimit.service.holds.transfer_id_refused")
+            raise NotFoundError("transfer_id", "unknown or expired transfer") from None
+        return str(domain), entries, str(secret)
+
+    def transfer_domain(self, transfer_id: str) -> str:
+        """The domain a transfer id names (NotFoundError for one this service did not sign)."""
+        return self._opened(transfer_id)[0]
+
     async def seize(
         self, session: Session, transfer_id: str
     ) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], int]:
-        try:
-            padded = transfer_id + "=" * (-len(transfer_id) % 4)
-            domain, raw_entries, secret = json.loads(base64.urlsafe_b64decode(padded))
-            entries = tuple((str(k), str(v)) for k, v in raw_entries)
-        except (ValueError, TypeError, binascii.Error):
-            raise NotFoundError("transfer_id", "unknown or expired transfer") from None
-        rule = self._node(str(domain), entries)
+        domain, entries, secret = self._opened(transfer_id)
+        rule = self._node(domain, entries)
         node = self._name(rule)
         async with self._operation(session):
-            seized = await self._copies.seize(self._holder(node), str(secret))
+            seized = await self._copies.seize(self._holder(node), secret)
             copies, groups = seized.copies, seized.groups
-            self._hold(session, (node, _tenant(entries), groups), copies)
+            # Held as the store recorded the transfer (its tenant), so that the session
+            # releases exactly what was seized.
+            self._hold(session, (node, seized.tenant, groups), copies)
         self._stats.inc("ratelimit.service.holds.transfers_seized")
-        return str(domain), entries, groups, copies
+        return domain, entries, groups, copies
 
     @property
     def transfers_expired(self) -> int:

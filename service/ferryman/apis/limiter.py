@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
+from ferryman.access import Access
 from ferryman.apis import api
 from ferryman.apis.holds import HoldManager, Session
 from ferryman.edge.rpc import Method
@@ -53,14 +54,19 @@ def _duration(seconds: float, into: Any) -> None:
 class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
     """Charon's operations (errors become statuses at the edge)."""
 
-    def __init__(self, engine: RateLimitEngine, holds: HoldManager) -> None:
+    def __init__(
+        self, engine: RateLimitEngine, holds: HoldManager, access: Access | None = None
+    ) -> None:
         self._engine = engine
         self._holds = holds
+        self._access = access or Access.unrestricted()
 
     def _session(self, context: Context) -> Session:
         metadata = dict(context.invocation_metadata() or ())
         value = metadata.get(SESSION_METADATA)
-        return self._holds.get(value if isinstance(value, str) else None)
+        return self._holds.get(
+            value if isinstance(value, str) else None, self._access.owner(context)
+        )
 
     async def Session(
         self, request_iterator: AsyncIterator[limiter_pb2.SessionRequest], context: Context
@@ -73,7 +79,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if not first.HasField("open"):
             raise RequestError("open", "the first message of a session must be open")
         check_name(first.open.client_name, "open.client_name", required=False)
-        session = self._holds.open(first.open.client_name)
+        session = self._holds.open(first.open.client_name, self._access.owner(context))
         replies: asyncio.Queue[limiter_pb2.SessionEvent | None] = asyncio.Queue()
 
         async def read() -> None:
@@ -114,6 +120,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
         check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
+        self._access.require(context, "holds", request.domain)
         session = self._session(context)
         done = await self._holds.reserve(
             session, request.domain, _entries(request.descriptor), copies, min_copies
@@ -141,6 +148,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
             raise RequestError("copies", "must be at least 1")
         check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
         check_names(request.groups, "groups")
+        self._access.require(context, "holds", request.domain)
         await self._holds.release(
             self._session(context),
             request.domain,
@@ -160,6 +168,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         ttl = request.ttl.ToTimedelta().total_seconds()
         if ttl <= 0:
             raise RequestError("ttl", "must be positive")
+        self._access.require(context, "holds", request.domain)
         transfer_id = await self._holds.transfer(
             self._session(context),
             request.domain,
@@ -174,6 +183,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         self, request: limiter_pb2.SeizeRequest, context: Context
     ) -> limiter_pb2.SeizeResponse:
         check_name(request.transfer_id, "transfer_id", most=MAX_TRANSFER_ID)
+        self._access.require(context, "holds", self._holds.transfer_domain(request.transfer_id))
         domain, entries, groups, copies = await self._holds.seize(
             self._session(context), request.transfer_id
         )
@@ -197,6 +207,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if max_wait.seconds < 0 or max_wait.nanos < 0:
             raise RequestError("max_wait", "must not be negative")
         wait_ms = min(max_wait.seconds * 1000 + max_wait.nanos // 1_000_000, 2**31 - 1)
+        self._access.require(context, "request", request.domain)
         got = await self._engine.request(request.domain, entries, copies, min_copies, wait_ms)
         reply = limiter_pb2.RateResponse(granted=got.granted)
         for name, value in got.fields.items():
@@ -209,7 +220,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
 API = api.API(
     SERVICE,
     limiter_pb2_grpc.add_LimiterServicer_to_server,
-    api.built(lambda parts: LimiterServicer(parts.engine, parts.holds)),
+    api.built(lambda parts: LimiterServicer(parts.engine, parts.holds, parts.access)),
     methods=METHODS,
     health=(SERVICE.full_name,),
 )

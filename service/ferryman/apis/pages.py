@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
+from ferryman.access import Access, http_caller
 from ferryman.algorithms import algorithm_of
 from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
@@ -54,6 +55,7 @@ class ServiceView(Protocol):
     mapping: StatsdMapping | None
     tls: TlsFiles | None
     event_loop: str
+    access: Access
 
     def healthy(self) -> bool: ...
 
@@ -63,7 +65,7 @@ class Pages:
 
     def __init__(self, service: ServiceView) -> None:
         self.service = service
-        self._rls = RateLimitServicer(service.engine)
+        self._rls = RateLimitServicer(service.engine, service.access)
 
     async def json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
@@ -82,7 +84,8 @@ class Pages:
             self.service.stats.inc(f"{CALL}.service_error")
             return HttpResponse(400, f"bad request: {exc}\n".encode())
         try:
-            response = await self._rls.respond(message)
+            caller = http_caller(request.peercert, request.peer)
+            response = await self._rls.respond(message, caller)
         except FerrymanError as exc:
             status = status_of(exc)
             self.service.stats.inc(f"{CALL}.{status.counter}")

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
+from ferryman.access import Access
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeResult, TakeStatus
 from ferryman.apis import api
 from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
@@ -44,7 +45,9 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
         stats: Stats,
         *,
         fail_open: bool,
+        access: Access | None = None,
     ) -> None:
+        self._access = access or Access.unrestricted()
         self._holder = holder
         self.store = store
         self._hub = hub
@@ -54,6 +57,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
     async def Allow(
         self, request: quota_service_pb2.AllowRequest, context: Context
     ) -> quota_service_pb2.AllowResponse:
+        self._access.require(context, "quota", request.namespace)
         status, granted, wait = await self.allow(
             request.namespace,
             request.bucket_name,
@@ -126,6 +130,7 @@ API = api.API(
             parts.quota_events,
             parts.stats,
             fail_open=parts.settings.fail_open,
+            access=parts.access,
         )
     ),
     methods=METHODS,

@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman._version import __version__
+from ferryman.access import Access
 from ferryman.apis import api
 from ferryman.edge.rpc import Method
 from ferryman.errors import TooManyStreamsError
@@ -135,12 +136,14 @@ class QuotaEventHub:
 class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
     """Watch: the events of this server from the call's start, while the caller reads."""
 
-    def __init__(self, hub: QuotaEventHub) -> None:
+    def __init__(self, hub: QuotaEventHub, access: Access | None = None) -> None:
         self._hub = hub
+        self._access = access or Access.unrestricted()
 
     async def Watch(
         self, request: limiter_pb2.WatchQuotaEventsRequest, context: Context
     ) -> AsyncIterator[limiter_pb2.QuotaEvent]:
+        self._access.require(context, "quota_watch", request.namespace or "*")
         if self._hub.subscribers >= MAX_SUBSCRIBERS:
             raise TooManyStreamsError(f"at most {MAX_SUBSCRIBERS} quota event streams at once")
         with self._hub.subscribe(request.namespace) as sub:
@@ -167,7 +170,7 @@ class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
 API = api.API(
     SERVICE,
     limiter_pb2_grpc.add_QuotaEventsServicer_to_server,
-    api.built(lambda parts: QuotaEventsServicer(parts.quota_events)),
+    api.built(lambda parts: QuotaEventsServicer(parts.quota_events, parts.access)),
     methods=METHODS,
     drain=QuotaEventsServicer.drain,
 )

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
+from ferryman.access import ANONYMOUS, Access, Caller
 from ferryman.apis import api
 from ferryman.apis.convert import decision_to_proto, encode_decision, request_from_proto
 from ferryman.edge.decoding import answers_encoded
@@ -54,14 +55,16 @@ METHODS = {
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     """Answers ShouldRateLimit (errors become statuses at the edge)."""
 
-    def __init__(self, engine: RateLimitEngine) -> None:
+    def __init__(self, engine: RateLimitEngine, access: Access | None = None) -> None:
         self._engine = engine
+        self._access = access or Access.unrestricted()
 
     @answers_encoded
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> bytes:
         """The serialized RateLimitResponse (sent as it is)."""
+        self._access.envoy(context, request)
         key = request.SerializeToString()
         engine = self._engine
         if len(key) > SEEN_BYTES:  # a rare large request: converted and matched afresh
@@ -71,8 +74,11 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
             decision = await engine.should_rate_limit_kept(key, lambda: request_from_proto(request))
         return encode_decision(decision)
 
-    async def respond(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+    async def respond(
+        self, request: rls_pb2.RateLimitRequest, caller: Caller | None = None
+    ) -> rls_pb2.RateLimitResponse:
         """The answer to one request, whichever port it came in on; raises FerrymanError."""
+        self._access.envoy(caller or Caller(ANONYMOUS, (ANONYMOUS,), ""), request)
         domain, descriptors, hits = request_from_proto(request)
         return decision_to_proto(await self._engine.should_rate_limit(domain, descriptors, hits))
 
@@ -80,7 +86,7 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
 API = api.API(
     SERVICE,
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server,
-    api.built(lambda parts: RateLimitServicer(parts.engine)),
+    api.built(lambda parts: RateLimitServicer(parts.engine, parts.access)),
     methods=METHODS,
     # "ratelimit": the name the reference's health service answers to.
     health=("ratelimit", SERVICE.full_name),

@@ -1,7 +1,8 @@
 """Load and validate descriptor YAML: every problem names its file, line, column and path.
 
 A file whose root map has a ``resources`` key holds capacity lease templates
-(``config/resources.py``); every other file is a descriptor domain.
+(``config/resources.py``), one with an ``access`` key the access policy
+(``ferryman.access.policy``); every other file is a descriptor domain.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from ferryman.access.policy import Policy, is_access_file, read_access
 from ferryman.algorithms import ALGORITHMS
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config
@@ -38,7 +40,7 @@ from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
-_DOMAIN_KEYS = frozenset({"domain", "descriptors"})
+_DOMAIN_KEYS = frozenset({"domain", "descriptors", "allow_overrides", "allow_negative_hits"})
 _NODE_KEYS = frozenset(
     {
         "key",
@@ -196,6 +198,8 @@ class _FileResult:
     domain: str
     domain_node: Node | None
     descriptors: Node | None
+    allow_overrides: bool = True
+    allow_negative_hits: bool = True
 
 
 def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
@@ -209,7 +213,20 @@ def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
     if not domain:
         ctx.error(fields.get("domain", root), "domain", "domain must not be empty")
         return None
-    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"))
+    allowed = {
+        key: boolean(ctx, fields[key], key) if key in fields else True
+        for key in ("allow_overrides", "allow_negative_hits")
+    }
+    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"), **allowed)
+
+
+def _access(ctx: Ctx, root: Node | None, before: Policy | None) -> Policy | None:
+    """The policy of an access file (one per directory: a second is a problem)."""
+    assert root is not None
+    if before is not None:
+        ctx.error(root, "access", f"the access policy is already defined in {before.file}")
+        return before
+    return read_access(ctx, root)
 
 
 def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
@@ -222,6 +239,28 @@ def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
     return h.hexdigest()[:16]
 
 
+def _domains(
+    parsed: dict[str, list[tuple[Ctx, _FileResult]]], notes: list[str]
+) -> dict[str, Domain]:
+    domains: dict[str, Domain] = {}
+    for domain, files in parsed.items():
+        rules: list[Rule] = []
+        # Shared by the files of a merged domain, so a repeat names the file it repeats.
+        seen: dict[tuple[str, str], tuple[str, str]] = {}
+        for ctx, result in files:
+            rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
+            notes.extend(ctx.notes)
+        domains[domain] = Domain(
+            domain,
+            Level.of(tuple(rules)),
+            tuple(c.file for c, _ in files),
+            # A merged domain allows what every one of its files allows.
+            allow_overrides=all(r.allow_overrides for _, r in files),
+            allow_negative_hits=all(r.allow_negative_hits for _, r in files),
+        )
+    return domains
+
+
 def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False) -> Config:
     """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem."""
     problems: list[ConfigProblem] = []
@@ -230,6 +269,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     resources: list[ResourceTemplate] = []
     globs: dict[str, str] = {}
     notes: list[str] = []
+    access: Policy | None = None
     for name, text in sources:
         ctx = Ctx(name, problems)
         if is_quota_file(text):
@@ -246,6 +286,9 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             resources.extend(read_resources(ctx, root, globs))
             notes.extend(ctx.notes)
             continue
+        if is_access_file(root):
+            access = _access(ctx, root, access)
+            continue
         result = _parse_file(ctx, root)
         if result is None:
             continue
@@ -259,15 +302,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             )
             continue
         owners.append((ctx, result))
-    domains: dict[str, Domain] = {}
-    for domain, files in parsed.items():
-        rules: list[Rule] = []
-        # Shared by the files of a merged domain, so a repeat names the file it repeats.
-        seen: dict[tuple[str, str], tuple[str, str]] = {}
-        for ctx, result in files:
-            rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
-            notes.extend(ctx.notes)
-        domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
+    domains = _domains(parsed, notes)
     if problems:
         raise ConfigError(problems)
     return Config(
@@ -277,6 +312,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         notes=tuple(notes),
         quota=quota,
         resources=tuple(resources),
+        access=access,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ferryman.access.policy import Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.quota import QuotaConfig
 from ferryman.core.rules import Domain, Level, Rule
@@ -23,6 +24,8 @@ class Config:
     quota: QuotaConfig | None = None  # the token buckets of the quota file, if there is one
     # Capacity lease templates of every resources file, in file order.
     resources: tuple[ResourceTemplate, ...] = ()
+    # The access policy (access.yaml), if there is one: without it every caller may.
+    access: Policy | None = None
 
     def iter_limits(self) -> list[tuple[str, Rule]]:
         """Every rule that carries a limit, as (domain, rule), in config order."""

@@ -181,3 +181,6 @@ class Domain:
     name: str
     root: Level
     files: tuple[str, ...]
+    # What Envoy's callers may send (the domain's allow_overrides, allow_negative_hits).
+    allow_overrides: bool = True
+    allow_negative_hits: bool = True

@@ -59,6 +59,8 @@ class HttpRequest:
     body: bytes
     # The verified client certificate (as ssl.SSLSocket.getpeercert() gives it) over TLS.
     peercert: Mapping[str, Any] | None = None
+    # The client's address, "host:port".
+    peer: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,9 +177,11 @@ class HttpServer:
             response = HttpResponse(status, f"{_REASONS[status].lower()}\n".encode())
         else:
             peercert = writer.get_extra_info("peercert")
+            peer = writer.get_extra_info("peername")
+            shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) > 1 else ""
             try:
                 response = await handler(
-                    HttpRequest(method, path, query, headers, body, peercert or None)
+                    HttpRequest(method, path, query, headers, body, peercert or None, shown)
                 )
             except Exception:
                 log.exception("%s handler for %s failed", self._name, path)

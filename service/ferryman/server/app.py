@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ferryman.access import Access, LeaseLimits
+from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
 from ferryman.apis.capacity import CapacityService
@@ -330,6 +332,11 @@ class Service:
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
         self._edge = Edge(self.stats, self.telemetry)
+        self.access = Access(
+            lambda: self.holder.config,
+            self.stats,
+            LeaseLimits(settings.doorman_max_clients_per_server),
+        )
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)
         self.console = self._make_console(settings)
@@ -359,6 +366,7 @@ class Service:
             self.clock,
             self.stats,
             lease_seconds=settings.hold_lease_seconds or 10.0,
+            signer=Signer.from_settings(settings),
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
         self.quota_events = QuotaEventHub(self.stats)
@@ -481,6 +489,11 @@ class Service:
             )
         self.tls = TlsFiles.from_settings(s)
         self.reloader.load(keep_serving=True, missing_ok=s.force_start_without_initial_config)
+        if self.tls is not None and self.access.policy is None:
+            log.warning(
+                "TLS is on but the config directory has no access policy (access.yaml): "
+                "every caller that completes the handshake may do everything"
+            )
         for part in self._lifespan():
             await self._stack.enter_async_context(part)
         log.info(*self._serving_line())
@@ -571,6 +584,7 @@ class Service:
             healthy=self.healthy,
             health_names=health_names(APIS),
             grpc_port=self.grpc_port,
+            access=self.access,
         )
 
     @asynccontextmanager

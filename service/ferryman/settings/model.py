@@ -71,6 +71,11 @@ STATSD = Topic("StatsD")
 METRICS = Topic("Prometheus and OpenTelemetry metrics")
 TRACING = Topic("Tracing")
 CAPACITY = Topic("Capacity leases (doorman.Capacity)")
+ACCESS = Topic(
+    "Access and caps",
+    "What one caller may open, and the key that signs transfer ids "
+    "(see Security and access policy).",
+)
 PROCESS = Topic("Processes and shutdown")
 IGNORED = Topic(
     "Accepted and ignored",
@@ -93,6 +98,7 @@ TOPICS = (
     METRICS,
     TRACING,
     CAPACITY,
+    ACCESS,
     PROCESS,
     IGNORED,
 )
@@ -839,6 +845,33 @@ class Settings:
         True,
         _BOOL,
         "grant what clients ask for resources no rule names",
+    )
+
+    # Caps per caller (an identity, or the address of a caller without one), and the key
+    # transfer ids are signed with: every replica sharing a backend needs the same one.
+    transfer_key: str = ACCESS.setting(
+        "TRANSFER_KEY",
+        "",
+        _TEXT,
+        "secret that signs transfer ids (empty: TRANSFER_KEY_FILE, else one per process)",
+    )
+    transfer_key_file: str = ACCESS.setting(
+        "TRANSFER_KEY_FILE", "", _TEXT, "file holding the secret that signs transfer ids"
+    )
+    max_sessions_per_caller: int = ACCESS.setting(
+        "MAX_SESSIONS_PER_CALLER", 100, _COUNT, "open Session streams per caller (0: no cap)"
+    )
+    max_streams_per_caller: int = ACCESS.setting(
+        "MAX_STREAMS_PER_CALLER",
+        8,
+        _COUNT,
+        "open QuotaEvents and Health Watch streams per caller (0: no cap)",
+    )
+    doorman_max_clients_per_server: int = ACCESS.setting(
+        "DOORMAN_MAX_CLIENTS_PER_SERVER",
+        10,
+        Integer(1),
+        "clients one GetServerCapacity band counts at most",
     )
 
     # Processes serving the same ports (SO_REUSEPORT); more than one needs a shared backend.

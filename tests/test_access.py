@@ -1,0 +1,467 @@
+"""Who may do what: the access policy (access.yaml) decided by the caller's client
+certificate, and the Envoy path's per-domain refusals, with real mTLS certificates."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import grpc
+import pytest
+
+from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
+from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
+from ferryman.access import DENIED
+
+from helpers.capacity import resources_yaml
+from helpers.certs import Authority, Pem
+from helpers.holds import JOBS_CONFIG, Holder
+from helpers.server import (
+    ConfigDir,
+    Server,
+    ServerFactory,
+    descriptor,
+    overall,
+    rls_stub,
+    wait_for,
+)
+from helpers.stores import on_stores
+
+EDGE = "spiffe://mesh/ns/edge/sa/envoy"
+NEIGHBOUR = "spiffe://mesh/ns/other/sa/app"
+
+DOMAIN = """
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"""
+STRICT = """
+domain: d
+allow_overrides: false
+allow_negative_hits: false
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"""
+POLICY = f"""
+access:
+  - identities: ["spiffe://mesh/ns/edge/*"]
+    allow:
+      rls: [d]
+      negative_hits: [d]
+      overrides: [d]
+      lease: true
+      lease_server: true
+  - identities: ["{NEIGHBOUR}"]
+    allow:
+      rls: [d]
+      lease: ["fair"]
+"""
+MINUTE = ratelimit_unit_pb2.MINUTE
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A CA, the server's certificate and two callers: the edge proxy and a neighbour."""
+
+    ca: Authority
+    server: Pem
+    edge: Pem
+    neighbour: Pem
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Mesh:
+    ca = Authority(tmp_path / "ca")
+    return Mesh(
+        ca,
+        ca.server(),
+        ca.issue("edge", uris=(EDGE,), client=True),
+        ca.issue("neighbour", uris=(NEIGHBOUR,), dns=("app.other",), client=True),
+    )
+
+
+def mtls_server(make_server: ServerFactory, mesh: Mesh, **settings: object) -> Server:
+    return make_server(
+        grpc_server_use_tls=True,
+        grpc_server_tls_cert=str(mesh.server.cert),
+        grpc_server_tls_key=str(mesh.server.key),
+        grpc_client_tls_cacert=str(mesh.ca.cert),
+        **settings,
+    )
+
+
+@pytest.fixture
+def channels(mesh: Mesh) -> Iterator[dict[tuple[int, str], grpc.Channel]]:
+    opened: dict[tuple[int, str], grpc.Channel] = {}
+    yield opened
+    for channel in opened.values():
+        channel.close()
+
+
+def channel_of(
+    opened: dict[tuple[int, str], grpc.Channel], mesh: Mesh, port: int, who: Pem
+) -> grpc.Channel:
+    key = (port, str(who.cert))
+    if key not in opened:
+        credentials = grpc.ssl_channel_credentials(
+            mesh.ca.cert.read_bytes(), who.key.read_bytes(), who.cert.read_bytes()
+        )
+        opened[key] = grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+    return opened[key]
+
+
+def ask(channel: grpc.Channel, *descriptors: object) -> rls_pb2.RateLimitResponse:
+    request = rls_pb2.RateLimitRequest(domain="d", descriptors=descriptors)  # type: ignore[arg-type]
+    response: rls_pb2.RateLimitResponse = rls_stub(channel).ShouldRateLimit(request, timeout=5)
+    return response
+
+
+def refusal(channel: grpc.Channel, *descriptors: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        ask(channel, *descriptors)
+    return info.value
+
+
+def used_up(channel: grpc.Channel) -> None:
+    for _ in range(5):
+        assert overall(ask(channel, descriptor([("k", "t")]))) == "OK"
+    assert overall(ask(channel, descriptor([("k", "t")]))) == "OVER_LIMIT"
+
+
+@on_stores("memory", "redis")
+def test_negative_hits_are_refused_to_a_caller_the_policy_does_not_allow(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """A neighbour's negative hits on a tenant are PERMISSION_DENIED, counted by identity,
+    and change nothing; the edge proxy's own negative hits are applied."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    server = mtls_server(make_server, mesh)
+    port = server.service.grpc_port
+    edge = channel_of(channels, mesh, port, mesh.edge)
+    neighbour = channel_of(channels, mesh, port, mesh.neighbour)
+    used_up(edge)
+    error = refusal(neighbour, descriptor([("k", "t")], hits=3, negative=True))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "negative_hits" in (error.details() or "")
+    assert server.stat(f"{DENIED}.negative_hits") == 1
+    assert server.stat(f"{DENIED}.by.{NEIGHBOUR}") == 1
+    assert overall(ask(neighbour, descriptor([("k", "t")]))) == "OVER_LIMIT"
+    ask(edge, descriptor([("k", "t")], hits=3, negative=True))
+    assert overall(ask(edge, descriptor([("k", "t")]))) == "OK"
+
+
+def test_a_limit_override_is_refused_to_a_caller_the_policy_does_not_allow(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """A neighbour that sends its own limit of a million a minute is PERMISSION_DENIED."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    server = mtls_server(make_server, mesh)
+    neighbour = channel_of(channels, mesh, server.service.grpc_port, mesh.neighbour)
+    error = refusal(neighbour, descriptor([("k", "t")], limit=(1_000_000, MINUTE)))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "overrides" in (error.details() or "")
+
+
+def test_a_domain_the_policy_does_not_name_is_refused(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """A caller whose certificate no grant names, and a domain no grant names, are refused;
+    a policy written while serving is in force at the next call."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("e.yaml", DOMAIN.replace("domain: d", "domain: e"))
+    server = mtls_server(make_server, mesh)
+    neighbour = channel_of(channels, mesh, server.service.grpc_port, mesh.neighbour)
+    request = rls_pb2.RateLimitRequest(domain="e", descriptors=[descriptor([("k", "t")])])
+    rls_stub(neighbour).ShouldRateLimit(request, timeout=5)  # no policy: the port is trusted
+    config_dir.write("access.yaml", POLICY)
+    wait_for("the policy is reloaded", lambda: server.service.access.policy is not None)
+    with pytest.raises(grpc.RpcError) as info:
+        rls_stub(neighbour).ShouldRateLimit(request, timeout=5)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    stranger = mesh.ca.issue("stranger", uris=("spiffe://elsewhere/x",), client=True)
+    error = refusal(channel_of(channels, mesh, server.service.grpc_port, stranger))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+@on_stores("memory", "redis")
+def test_a_domain_that_refuses_negative_hits_refuses_them_without_mtls(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """allow_negative_hits: false on the domain: negative hits are refused on a plaintext
+    port, and the caller's over-limit counter does not go down."""
+    config_dir.write("d.yaml", STRICT)
+    server = make_server()
+    for _ in range(5):
+        assert overall(server.ask("d", [("k", "t")])) == "OK"
+    with pytest.raises(grpc.RpcError) as info:
+        server.ask("d", descriptor([("k", "t")], hits=3, negative=True))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert overall(server.ask("d", [("k", "t")])) == "OVER_LIMIT"
+
+
+@on_stores("memory", "redis")
+def test_a_domain_that_refuses_overrides_keeps_its_configured_limit(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """allow_overrides: false on the domain: a caller's limit of a million a minute is
+    ignored, and the configured 5 a minute answers."""
+    config_dir.write("d.yaml", STRICT)
+    server = make_server()
+    big = descriptor([("k", "t")], limit=(1_000_000, MINUTE))
+    answers = [overall(server.ask("d", big)) for _ in range(6)]
+    assert answers == ["OK"] * 5 + ["OVER_LIMIT"]
+    assert server.stat("ferryman.access.overrides_ignored") == 6
+
+
+def test_server_capacity_is_refused_to_an_identity_not_allowed_as_a_server(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """GetServerCapacity from an identity without lease_server, and GetCapacity on a
+    resource it may not lease, are PERMISSION_DENIED."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    server = mtls_server(make_server, mesh)
+    channel = channel_of(channels, mesh, server.service.grpc_port, mesh.neighbour)
+    stub = doorman_pb2_grpc.CapacityStub(channel)  # type: ignore[no-untyped-call]
+    band = doorman_pb2.PriorityBandAggregate(priority=1, num_clients=10**9, wants=100)
+    asked = doorman_pb2.GetServerCapacityRequest(
+        server_id="s", resource=[doorman_pb2.ServerCapacityResourceRequest(
+            resource_id="shared", wants=[band])]
+    )  # fmt: skip
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetServerCapacity(asked, timeout=5)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    other = doorman_pb2.GetCapacityRequest(
+        client_id="c",
+        resource=[doorman_pb2.ResourceRequest(resource_id="private", priority=1, wants=1)],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetCapacity(other, timeout=5)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_check_names_the_file_and_line_of_a_bad_policy(config_dir: ConfigDir) -> None:
+    """``ferryman check`` reports an unknown permission with the file and its line."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write(
+        "access.yaml", "access:\n  - identities: [a]\n    allow:\n      everything: true\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "ferryman", "check", str(config_dir.path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert "access.yaml:4" in run.stdout + run.stderr
+    assert "everything" in run.stdout + run.stderr
+
+
+def test_tls_without_a_policy_warns_at_start(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With TLS on and no access.yaml the start warns that every caller may do anything;
+    with a policy it does not."""
+    config_dir.write("d.yaml", DOMAIN)
+    with caplog.at_level(logging.WARNING, logger="ferryman"):
+        mtls_server(make_server, mesh)
+    assert any("no access policy" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    config_dir.write("access.yaml", POLICY)
+    with caplog.at_level(logging.WARNING, logger="ferryman"):
+        mtls_server(make_server, mesh)
+    assert not any("no access policy" in r.getMessage() for r in caplog.records)
+
+
+class _On:
+    """Stands in for a Server where a Holder only needs a channel: its own connection."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+
+
+def holder_on(server: Server, channels: list[grpc.Channel]) -> Holder:
+    """A Session on a connection of its own to ``server``."""
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{server.service.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+    channels.append(channel)
+    return Holder(cast(Server, _On(channel)))
+
+
+@pytest.fixture
+def plain_channels() -> Iterator[list[grpc.Channel]]:
+    opened: list[grpc.Channel] = []
+    yield opened
+    for channel in opened:
+        channel.close()
+
+
+@on_stores("memory", "redis")
+def test_a_session_id_sent_from_another_connection_is_refused(
+    make_server: ServerFactory, config_dir: ConfigDir, plain_channels: list[grpc.Channel]
+) -> None:
+    """Another connection naming a session's id is PERMISSION_DENIED, without a policy:
+    the session's copy stays held, and it cannot transfer it either."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    server = make_server()
+    victim = holder_on(server, plain_channels)
+    assert victim.reserve("acme", 1).granted == 1
+    thief = holder_on(server, plain_channels)
+    thief.session_id = victim.session_id
+    for steal in (
+        lambda: thief.release("acme", 1, ["vip", "everyone"]),
+        lambda: thief.transfer("acme", 1, ["vip", "everyone"], 30),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            steal()
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert server.service.holds.copies_held == 1
+    assert server.stat("ratelimit.service.holds.foreign_session") == 2
+    victim.release("acme", 1, ["vip", "everyone"])
+    victim.close()
+
+
+@on_stores("memory", "redis")
+def test_a_changed_transfer_id_is_refused_and_strands_nothing(
+    make_server: ServerFactory, config_dir: ConfigDir, plain_channels: list[grpc.Channel]
+) -> None:
+    """A transfer id decoded and changed to another tenant is refused (NOT_FOUND); the
+    real one still seizes, and once both sessions end no copy is held."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    server = make_server()
+    giver, taker = holder_on(server, plain_channels), holder_on(server, plain_channels)
+    assert giver.reserve("acme", 2).granted == 2
+    transfer_id = giver.transfer("acme", 2, ["vip", "everyone"], 30)
+    body, _, tag = transfer_id.partition(".")
+    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    payload[1] = [["tenant", "new-co"]]
+    forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+    for changed in (f"{forged}.{tag}", forged):
+        with pytest.raises(grpc.RpcError) as info:
+            taker.seize(changed)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert taker.seize(transfer_id).copies == 2
+    giver.close()
+    taker.close()
+    wait_for("every copy is free", lambda: server.service.holds.copies_held == 0)
+    fresh = holder_on(server, plain_channels)
+    assert fresh.reserve("acme", 10, min_copies=1).granted == 9  # nothing stranded
+    fresh.close()
+
+
+def capacity_stub(channel: grpc.Channel) -> doorman_pb2_grpc.CapacityStub:
+    return doorman_pb2_grpc.CapacityStub(channel)  # type: ignore[no-untyped-call]
+
+
+def get_capacity(
+    stub: doorman_pb2_grpc.CapacityStub, client: str, resource: str, wants: float
+) -> doorman_pb2.GetCapacityResponse:
+    request = doorman_pb2.GetCapacityRequest(
+        client_id=client,
+        resource=[doorman_pb2.ResourceRequest(resource_id=resource, priority=1, wants=wants)],
+    )
+    response: doorman_pb2.GetCapacityResponse = stub.GetCapacity(request, timeout=5)
+    return response
+
+
+def test_a_client_id_belongs_to_the_identity_that_first_used_it(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """A neighbour's ReleaseCapacity, or GetCapacity for nothing, under the edge's client id
+    is PERMISSION_DENIED, and the edge's lease stands."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    config_dir.write("resources.yaml", resources_yaml(capacity=100))
+    server = mtls_server(make_server, mesh, doorman_minimum_refresh_interval=0)
+    port = server.service.grpc_port
+    edge = capacity_stub(channel_of(channels, mesh, port, mesh.edge))
+    neighbour = capacity_stub(channel_of(channels, mesh, port, mesh.neighbour))
+    assert get_capacity(edge, "victim", "fair", 40).response[0].gets.capacity == 40
+    release = doorman_pb2.ReleaseCapacityRequest(client_id="victim", resource_id=["fair"])
+    for steal in (
+        lambda: neighbour.ReleaseCapacity(release, timeout=5),
+        lambda: get_capacity(neighbour, "victim", "fair", 0),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            steal()
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert server.stat(f"{DENIED}.by.{NEIGHBOUR}") == 2
+    assert get_capacity(neighbour, "mine", "fair", 100).response[0].gets.capacity == 60
+
+
+def test_one_server_counts_at_most_ten_clients_per_band(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """GetServerCapacity claiming a billion clients under FAIR_SHARE counts as ten: real
+    clients still get their share of 100."""
+    config_dir.write("resources.yaml", resources_yaml(capacity=100))
+    server = make_server(doorman_minimum_refresh_interval=0)
+    stub = capacity_stub(server.channel)
+    band = doorman_pb2.PriorityBandAggregate(priority=1, num_clients=10**9, wants=100)
+    greedy = doorman_pb2.GetServerCapacityRequest(
+        server_id="greedy", resource=[doorman_pb2.ServerCapacityResourceRequest(
+            resource_id="fair", wants=[band])]
+    )  # fmt: skip
+    for _ in range(2):
+        taken = stub.GetServerCapacity(greedy, timeout=5).response[0].gets.capacity
+        real = [get_capacity(stub, f"c{i}", "fair", 100).response[0].gets.capacity for i in (1, 2)]
+    assert taken < 100
+    assert all(got > 0 for got in real), (taken, real)
+
+
+def test_overlong_ids_too_many_resources_and_huge_wants_are_bounded(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """A 1 MiB client_id and 2,000 resources in one call are INVALID_ARGUMENT naming the
+    field; wants of 1e300 on an unconfigured resource is granted at most the ceiling."""
+    config_dir.write("d.yaml", DOMAIN)
+    server = make_server(doorman_minimum_refresh_interval=0)
+    stub = capacity_stub(server.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        get_capacity(stub, "x" * (1 << 20), "r", 1)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("client_id")
+    many = doorman_pb2.GetCapacityRequest(
+        client_id="c",
+        resource=[
+            doorman_pb2.ResourceRequest(resource_id=f"r{i}", priority=1, wants=1)
+            for i in range(2000)
+        ],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetCapacity(many, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("resource")
+    granted = get_capacity(stub, "c", "unconfigured", 1e300).response[0].gets.capacity
+    assert 0 < granted <= 1_000_000
