@@ -131,6 +131,33 @@ class _Stream:
         self._call.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
 
 
+def _unary_methods(
+    channel: grpc.Channel,
+) -> dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]]:
+    methods: dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]] = {
+        _protocol.SHOULD_RATE_LIMIT: channel.unary_unary(
+            _protocol.SHOULD_RATE_LIMIT,
+            rls_pb2.RateLimitRequest.SerializeToString,
+            rls_pb2.RateLimitResponse.FromString,
+        ),
+        _protocol.LIMITER_REQUEST: channel.unary_unary(
+            _protocol.LIMITER_REQUEST,
+            limiter_pb2.RateRequest.SerializeToString,
+            limiter_pb2.RateResponse.FromString,
+        ),
+        _protocol.ALLOW: channel.unary_unary(
+            _protocol.ALLOW,
+            quota_service_pb2.AllowRequest.SerializeToString,
+            quota_service_pb2.AllowResponse.FromString,
+        ),
+    }
+    for method, request_type, response_type in _protocol.HOLD_METHODS:
+        methods[method] = channel.unary_unary(
+            method, request_type.SerializeToString, response_type.FromString
+        )
+    return methods
+
+
 class Client:
     """A blocking ferryman client that owns its gRPC channel; safe to share between threads.
 
@@ -202,27 +229,7 @@ class Client:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
             self._channel = grpc.secure_channel(target, credentials, options=options)
-        self._methods: dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]] = {
-            _protocol.SHOULD_RATE_LIMIT: self._channel.unary_unary(
-                _protocol.SHOULD_RATE_LIMIT,
-                rls_pb2.RateLimitRequest.SerializeToString,
-                rls_pb2.RateLimitResponse.FromString,
-            ),
-            _protocol.LIMITER_REQUEST: self._channel.unary_unary(
-                _protocol.LIMITER_REQUEST,
-                limiter_pb2.RateRequest.SerializeToString,
-                limiter_pb2.RateResponse.FromString,
-            ),
-            _protocol.ALLOW: self._channel.unary_unary(
-                _protocol.ALLOW,
-                quota_service_pb2.AllowRequest.SerializeToString,
-                quota_service_pb2.AllowResponse.FromString,
-            ),
-        }
-        for method, request_type, response_type in _protocol.HOLD_METHODS:
-            self._methods[method] = self._channel.unary_unary(
-                method, request_type.SerializeToString, response_type.FromString
-            )
+        self._methods = _unary_methods(self._channel)
         self._session_method: grpc.StreamStreamMultiCallable[SessionRequest, SessionEvent] = (
             self._channel.stream_stream(
                 _protocol.LIMITER_SESSION,
