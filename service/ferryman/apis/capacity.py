@@ -29,7 +29,7 @@ from ferryman.algorithms.leases.election import (
 from ferryman.algorithms.leases.model import Lease, ResourceTemplate, find_template
 from ferryman.algorithms.leases.state import Band, LeaseState, TemplateSource
 from ferryman.apis import api
-from ferryman.apis.capacity_parent import ParentClient
+from ferryman.apis.capacity_parent import ParentClient, parent_credentials
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.rpc import Method
@@ -108,6 +108,7 @@ class CapacityService:
                 self.clock,
                 lambda: self.state if self.election.is_master else None,
                 refresh_floor=s.doorman_minimum_refresh_interval,
+                credentials=parent_credentials(s),
             )
             self.source = self.parent
         target = getattr(self._backend, "target", None)

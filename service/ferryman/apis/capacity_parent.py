@@ -9,17 +9,25 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
-from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, Lease, ResourceTemplate
+from ferryman.algorithms.leases.model import (
+    AlgorithmSpec,
+    Kind,
+    Lease,
+    ResourceTemplate,
+    with_parameters,
+)
 from ferryman.algorithms.leases.state import LeaseState, TemplateSource
+from ferryman.client._protocol import RECONNECT_BACKOFF_MS, channel_credentials
 from ferryman.clock import Clock
+from ferryman.settings import Settings
 from ferryman.tasks import cancel
 
-__all__ = ["ParentClient"]
+__all__ = ["ParentClient", "parent_credentials"]
 
 log = logging.getLogger("ferryman.capacity")
 
@@ -30,19 +38,46 @@ _TIMEOUT = 5.0
 @dataclass(frozen=True)
 class _Granted:
     lease: Lease
-    template: ResourceTemplate  # capacity: the lease's
+    template: ResourceTemplate  # capacity: the lease's; safe capacity: per client
+    safe_total: float | None  # the parent's safe capacity for all of this server's clients
 
 
 def _spec(algorithm: doorman_pb2.Algorithm) -> AlgorithmSpec:
     learning = (
         algorithm.learning_mode_duration if algorithm.HasField("learning_mode_duration") else None
     )
-    return AlgorithmSpec(
+    spec = AlgorithmSpec(
         Kind(algorithm.kind),
         max(1, algorithm.lease_length),
         max(1, algorithm.refresh_interval),
         learning,
         tuple((p.name, p.value) for p in algorithm.parameters),
+    )
+    try:
+        return with_parameters(spec)
+    except ValueError as exc:  # the parent's own check differs: keep its numbers
+        log.warning("capacity: the parent's algorithm parameters: %s", exc)
+        return spec
+
+
+def _handed_down(spec: AlgorithmSpec, lease: Lease) -> AlgorithmSpec:
+    """What this server's clients get: the parent's algorithm, refreshed more often by its
+    decay factor than the parent's lease (Doorman: for convergence, each level down a tree
+    refreshes faster than the one above)."""
+    refresh = spec.refresh_below(lease.refresh_interval)
+    return replace(spec, refresh_interval=min(refresh, spec.lease_length))
+
+
+def parent_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    """How this server reaches its parent: the ``DOORMAN_PARENT_TLS*`` settings, read as
+    ``ferryman.Client`` reads its TLS options (files unreadable: a ValueError naming them)."""
+    s = settings
+    return channel_credentials(
+        None,
+        s.doorman_parent_tls,
+        s.doorman_parent_tls_cacert or None,
+        s.doorman_parent_tls_cert or None,
+        s.doorman_parent_tls_key or None,
     )
 
 
@@ -57,8 +92,10 @@ class ParentClient(TemplateSource):
         state: Callable[[], LeaseState | None],
         *,
         refresh_floor: float,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.address = address
+        self._credentials = credentials
         self.server_id = server_id
         self._clock = clock
         self._state = state
@@ -83,9 +120,9 @@ class ParentClient(TemplateSource):
             return ResourceTemplate(resource_id, 0.0, spec)
         if granted.lease.expiry_time <= self._clock.now():
             # The parent is out of reach and the lease is over: safe mode.
-            safe = granted.template.safe_capacity
+            safe = granted.safe_total
             capacity = 0.0 if safe is None else math.inf if safe < 0 else safe
-            return ResourceTemplate(resource_id, capacity, granted.template.algorithm, safe)
+            return replace(granted.template, capacity=capacity)
         return granted.template
 
     def expiry_cap(self, resource_id: str) -> float | None:
@@ -116,7 +153,12 @@ class ParentClient(TemplateSource):
                 # Closed in the background: a call may still be finishing on it.
                 asyncio.get_running_loop().create_task(self._channel.close(None))
             self._target = target
-            self._channel = grpc.aio.insecure_channel(target)
+            # A parent back after an outage is found within seconds, not gRPC's 2 minutes.
+            options = [("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(target, options)
+            else:
+                self._channel = grpc.aio.secure_channel(target, self._credentials, options)
             self._stub = doorman_pb2_grpc.CapacityStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
@@ -143,6 +185,7 @@ class ParentClient(TemplateSource):
             return _RETRY
         now = self._clock.now()
         request = doorman_pb2.GetServerCapacityRequest(server_id=self.server_id)
+        reported: dict[str, int] = {}  # clients spoken for, per resource
         for resource in state:
             resource.expire(now)
             if not resource.clients:
@@ -153,6 +196,7 @@ class ParentClient(TemplateSource):
                 band[0] += client.weight
                 band[1] += client.wants
             item = request.resource.add(resource_id=resource.resource_id)
+            reported[resource.resource_id] = max(1, sum(int(c) for c, _ in bands.values()))
             for priority, (clients, wants) in sorted(bands.items()):
                 item.wants.add(priority=priority, num_clients=int(clients), wants=wants)
             granted = self._granted.get(resource.resource_id)
@@ -177,18 +221,29 @@ class ParentClient(TemplateSource):
             log.warning("capacity: parent %s is not master; master: %r", self._target, master)
             self._connect(master or self.address)
             return 0.05 if master else _RETRY
+        wait = self._take(reply, reported)
+        asked = {r.resource_id for r in request.resource}
+        return _RETRY if asked - set(self._granted) or wait == math.inf else wait
+
+    def _take(
+        self, reply: doorman_pb2.GetServerCapacityResponse, reported: dict[str, int]
+    ) -> float:
+        """Keep the parent's grants as templates; the shortest refresh interval among them."""
         wait = math.inf
         for item in reply.response:
             lease = Lease(
                 float(item.gets.expiry_time), float(item.gets.refresh_interval), item.gets.capacity
             )
             spec = _spec(item.algorithm) if item.HasField("algorithm") else AlgorithmSpec()
+            spec = _handed_down(spec, lease)
             safe = item.safe_capacity if item.HasField("safe_capacity") else None
-            template = ResourceTemplate(item.resource_id, lease.capacity, spec, safe)
-            self._granted[item.resource_id] = _Granted(lease, template)
+            # The parent's safe capacity is for all the clients this server spoke for; its
+            # own clients each get their part (-1, unlimited, stays unlimited).
+            each = safe if safe is None or safe < 0 else safe / reported.get(item.resource_id, 1)
+            template = ResourceTemplate(item.resource_id, lease.capacity, spec, each)
+            self._granted[item.resource_id] = _Granted(lease, template, safe)
             wait = min(wait, lease.refresh_interval)
-        asked = {r.resource_id for r in request.resource}
-        return _RETRY if asked - set(self._granted) or wait == math.inf else wait
+        return wait
 
     def status(self) -> dict[str, object]:
         now = self._clock.now()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -28,6 +29,7 @@ from ferryman.client._core import (
     SessionRef,
     Sleep,
 )
+from ferryman.client._guard import FallbackRate
 from ferryman.client._holds import HoldView
 from ferryman.client._models import (
     AllowResult,
@@ -144,10 +146,25 @@ class AsyncClient:
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
+        fallback_rate: FallbackRate = None,
+        fallback_burst: float = 1.0,
+        breaker_failures: int = 5,
+        breaker_backoff: float = 1.0,
+        breaker_max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
-            target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
+            target,
+            timeout=timeout,
+            fail_open=fail_open,
+            kill_switch=kill_switch,
+            fallback_rate=fallback_rate,
+            fallback_burst=fallback_burst,
+            breaker_failures=breaker_failures,
+            breaker_backoff=breaker_backoff,
+            breaker_max_backoff=breaker_max_backoff,
+            clock=clock,
         )
         self._credentials = credentials
         self._keepalive = keepalive
@@ -355,7 +372,14 @@ class AsyncClient:
                 answer = None
                 continue
             if isinstance(step, OpenSession):
-                answer = await self._open_session()
+                answer = self._core.admit(call=False)
+                if answer is None:
+                    answer = await self._open_session()
+                    self._core.record(answer)
+                continue
+            refused = self._core.admit()
+            if refused is not None:
+                answer = refused
                 continue
             metadata = (
                 None if step.session is None else ((_protocol.SESSION_METADATA, step.session.id),)
@@ -366,6 +390,7 @@ class AsyncClient:
                 )
             except grpc.RpcError as error:
                 answer = error
+            self._core.record(answer)
 
     async def aclose(self) -> None:
         """Close the session (the service releases what it still holds) and the channel.

@@ -27,6 +27,7 @@ import grpc
 import grpc.aio
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
+from ferryman.client import _protocol
 
 __all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
 
@@ -239,7 +240,10 @@ class _Book:
 class CapacityClient(_Book):
     """A Doorman client of ``target`` (host:port of any replica), refreshed by a thread;
     ``client_id`` defaults to ``host:pid:n``, so two clients in one process are two clients
-    to the server. ``fallback`` is the default for its resources."""
+    to the server. ``fallback`` is the default for its resources. ``tls``, ``ca_file``,
+    ``cert_file``, ``key_file`` and ``credentials`` work as ``ferryman.Client``'s: TLS
+    (verified against ``ca_file``, default the system's roots), mutual TLS with a client
+    certificate, or any other channel credentials; every replica is reached the same way."""
 
     def __init__(
         self,
@@ -248,8 +252,16 @@ class CapacityClient(_Book):
         *,
         timeout: float = 5.0,
         fallback: Fallback = "safe",
+        tls: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
         super().__init__(target, client_id, timeout, fallback)
+        self._credentials = _protocol.channel_credentials(
+            credentials, tls, ca_file, cert_file, key_file
+        )
         self._channels: dict[str, grpc.Channel] = {}
         self._wake = threading.Event()
         self._closed = False
@@ -286,7 +298,10 @@ class CapacityClient(_Book):
 
     def _stub(self, target: str) -> doorman_pb2_grpc.CapacityStub:
         if target not in self._channels:
-            self._channels[target] = grpc.insecure_channel(target)
+            if self._credentials is None:
+                self._channels[target] = grpc.insecure_channel(target)
+            else:
+                self._channels[target] = grpc.secure_channel(target, self._credentials)
         return doorman_pb2_grpc.CapacityStub(self._channels[target])  # type: ignore[no-untyped-call]
 
     def release(self, resource: CapacityResource) -> None:
@@ -333,8 +348,8 @@ class CapacityClient(_Book):
 
 
 class AsyncCapacityClient(_Book):
-    """``CapacityClient`` for asyncio: create it inside a running loop (or ``async with``);
-    the refresh is a task of that loop."""
+    """``CapacityClient`` for asyncio (TLS options included): create it inside a running
+    loop (or ``async with``); the refresh is a task of that loop."""
 
     def __init__(
         self,
@@ -343,8 +358,16 @@ class AsyncCapacityClient(_Book):
         *,
         timeout: float = 5.0,
         fallback: Fallback = "safe",
+        tls: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
         super().__init__(target, client_id, timeout, fallback)
+        self._credentials = _protocol.channel_credentials(
+            credentials, tls, ca_file, cert_file, key_file
+        )
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
@@ -380,7 +403,10 @@ class AsyncCapacityClient(_Book):
 
     def _stub(self, target: str) -> doorman_pb2_grpc.CapacityStub:
         if target not in self._channels:
-            self._channels[target] = grpc.aio.insecure_channel(target)
+            if self._credentials is None:
+                self._channels[target] = grpc.aio.insecure_channel(target)
+            else:
+                self._channels[target] = grpc.aio.secure_channel(target, self._credentials)
         return doorman_pb2_grpc.CapacityStub(self._channels[target])  # type: ignore[no-untyped-call]
 
     def release(self, resource: CapacityResource) -> None:

@@ -28,6 +28,14 @@ from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
 from ferryman.client._backoff import RetrySchedule
+from ferryman.client._guard import (
+    CALL_KINDS,
+    Breaker,
+    BreakerOpenError,
+    FallbackLimiter,
+    FallbackRate,
+    is_outage,
+)
 from ferryman.client._models import (
     AllowResult,
     ClientStats,
@@ -69,6 +77,9 @@ log = logging.getLogger("ferryman.client")
 
 _UINT32 = 2**32 - 1
 _NAME = re.compile(r"[a-zA-Z0-9_]+")
+
+#: The call kinds a fallback rate is named for (``fallback_rate={"allow": 100}``).
+KIND_RLS, KIND_RATE, KIND_ALLOW = CALL_KINDS
 
 #: Seconds each call to the service may take before the client gives up on it.
 DEFAULT_TIMEOUT = 1.0
@@ -311,15 +322,27 @@ def _domain(domain: str) -> str:
 class _Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys((f.name for f in fields(ClientStats)), 0)
+        computed = ("short_circuited", "breaker_opened", "breaker_open")  # the breaker's
+        self._counts = {f.name: 0 for f in fields(ClientStats) if f.name not in computed}
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
 
-    def snapshot(self) -> ClientStats:
+    def snapshot(self, breaker: Breaker) -> ClientStats:
         with self._lock:
-            return ClientStats(**self._counts)
+            counts = dict(self._counts)
+        return ClientStats(
+            **counts,
+            short_circuited=breaker.short_circuited,
+            breaker_opened=breaker.opened,
+            breaker_open=breaker.is_open,
+        )
+
+
+#: How an outage was answered: by the fallback limiter (granted or refused), by the kill
+#: switch (a fallback refusal turned into a grant), or as a degraded grant.
+Outage = str
 
 
 class ClientCore:
@@ -333,6 +356,12 @@ class ClientCore:
         fail_open: bool,
         kill_switch: bool,
         draw: Callable[[], float] = random.random,
+        fallback_rate: FallbackRate = None,
+        fallback_burst: float = 1.0,
+        breaker_failures: int = 5,
+        breaker_backoff: float = 1.0,
+        breaker_max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target: expected host:port, got {target!r}")
@@ -344,10 +373,29 @@ class ClientCore:
         self.kill_switch = kill_switch
         self._draw = draw
         self._counters = _Counters()
+        self.fallback = FallbackLimiter(fallback_rate, burst=fallback_burst, clock=clock)
+        self.breaker = Breaker(
+            breaker_failures, backoff=breaker_backoff, max_backoff=breaker_max_backoff, clock=clock
+        )
 
     def stats(self) -> ClientStats:
         """Counts of what this client did: calls, grants, rejections, retries, overrides..."""
-        return self._counters.snapshot()
+        return self._counters.snapshot(self.breaker)
+
+    # The circuit breaker, asked by the drivers around every call they send.
+
+    def admit(self, *, call: bool = True) -> grpc.RpcError | None:
+        """None to send the call (counted when ``call``); else the error that answers it."""
+        until = self.breaker.admit()
+        if until is not None:
+            return BreakerOpenError(self.target, until)
+        if call:
+            self._counters.add("calls")
+        return None
+
+    def record(self, answer: Answer) -> None:
+        """What became of a call that was sent (or of a session's opening)."""
+        self.breaker.record(isinstance(answer, grpc.RpcError) and is_outage(answer))
 
     # ShouldRateLimit: one call, no retries.
 
@@ -369,15 +417,9 @@ class ClientCore:
         if not all_entries:
             raise RequestError("descriptors", "must have at least one descriptor")
         request = _protocol.rls_request(domain, all_entries, hits)
-        self._counters.add("calls")
         answer = yield Send(_protocol.SHOULD_RATE_LIMIT, request)
         if isinstance(answer, grpc.RpcError):
-            self._fail(answer, f"ShouldRateLimit {domain}")
-            return RateLimitResult(
-                code=Code.OK,
-                statuses=tuple(DescriptorStatus(Code.OK, None, 0, None) for _ in all_entries),
-                degraded=True,
-            )
+            return self._rls_outage(answer, domain, all_entries, hits)
         assert isinstance(answer, rls_pb2.RateLimitResponse)
         result = _protocol.rls_result(answer)
         if result.code is Code.OVER_LIMIT:
@@ -393,6 +435,31 @@ class ClientCore:
         else:
             self._counters.add("granted")
         return result
+
+    def _rls_outage(
+        self, error: grpc.RpcError, domain: str, all_entries: list[Entries], hits: int
+    ) -> RateLimitResult:
+        """ShouldRateLimit without the service: each descriptor's fallback bucket, or OK."""
+        oks: list[bool] = []
+
+        def take() -> int | None:
+            # Every descriptor is charged, as the service charges each one it answers.
+            oks.extend(self.fallback.take(KIND_RLS, (domain, e), hits) for e in all_entries)
+            return hits if all(oks) else None
+
+        answered = self._fail(error, f"ShouldRateLimit {domain}", KIND_RLS, take)
+        if answered.how == "refused":
+            statuses = tuple(
+                DescriptorStatus(Code.OK if ok else Code.OVER_LIMIT, None, 0, None) for ok in oks
+            )
+            return RateLimitResult(code=Code.OVER_LIMIT, statuses=statuses, fallback=True)
+        return RateLimitResult(
+            code=Code.OK,
+            statuses=tuple(DescriptorStatus(Code.OK, None, 0, None) for _ in all_entries),
+            degraded=answered.how == "degraded",
+            overridden=answered.how == "overridden",
+            fallback=answered.fallback,
+        )
 
     # Limiter/Request: retried with backoff within max_wait.
 
@@ -411,20 +478,30 @@ class ClientCore:
         context: RateContext | None = None
         while True:
             attempts += 1
-            self._counters.add("calls")
             # A token-bucket node may grant after a wait: offer what is left of max_wait.
             left = max(0.0, max_wait - schedule.elapsed)
             request = _protocol.rate_request(domain, entries, copies, least, left)
             answer = yield Send(_protocol.LIMITER_REQUEST, request)
             if isinstance(answer, grpc.RpcError):
-                self._fail(answer, f"Request {domain} {_shown(entries)}")
+
+                def take() -> int | None:
+                    for n in dict.fromkeys((copies, least)):
+                        if self.fallback.take(KIND_RATE, (domain, entries), n):
+                            return n
+                    return None
+
+                what = f"Request {domain} {_shown(entries)}"
+                answered = self._fail(answer, what, KIND_RATE, take)
+                got = least if answered.granted is None else answered.granted
                 return RateResult(
-                    success=True,
-                    copies=least,
+                    success=answered.how != "refused",
+                    copies=0 if answered.how == "refused" else got,
                     waited=schedule.elapsed,
                     attempts=attempts,
-                    degraded=True,
+                    degraded=answered.how == "degraded",
+                    overridden=answered.how == "overridden",
                     context=context,
+                    fallback=answered.fallback,
                 )
             assert isinstance(answer, limiter_pb2.RateResponse)
             context = _protocol.rate_context(answer)
@@ -459,13 +536,25 @@ class ClientCore:
         wait_ms = None
         if max_wait is not None:
             wait_ms = math.floor(_seconds(max_wait, "max_wait") * 1000)
-        self._counters.add("calls")
         answer = yield Send(
             _protocol.ALLOW, _protocol.allow_request(namespace, bucket, tokens, wait_ms)
         )
         if isinstance(answer, grpc.RpcError):
-            self._fail(answer, f"Allow {namespace}/{bucket}")
-            return AllowResult("OK", max(tokens, 1), degraded=True)
+
+            def take() -> int | None:
+                ok = self.fallback.take(KIND_ALLOW, (namespace, bucket), tokens)
+                return tokens if ok else None
+
+            answered = self._fail(answer, f"Allow {namespace}/{bucket}", KIND_ALLOW, take)
+            if answered.how == "refused":
+                return AllowResult("REJECTED_TIMEOUT", 0, fallback=True)
+            return AllowResult(
+                "OK",
+                tokens if answered.fallback else max(tokens, 1),
+                degraded=answered.how == "degraded",
+                overridden=answered.how == "overridden",
+                fallback=answered.fallback,
+            )
         assert isinstance(answer, quota_service_pb2.AllowResponse)
         status = quota_service_pb2.AllowResponse.Status.Name(answer.status)
         if status == "REJECTED_INVALID_REQUEST":
@@ -578,7 +667,6 @@ class ClientCore:
             if isinstance(session, grpc.RpcError):
                 return None, session, fresh
             assert isinstance(session, SessionRef)
-            self._counters.add("calls")
             answer = yield Send(method, request, session)
             if isinstance(answer, grpc.RpcError) and _session_gone(answer) and not fresh:
                 self._forget(session)
@@ -615,7 +703,6 @@ class ClientCore:
         if session.ended:
             hold.lost_copies = True
             return  # the service released them when the session ended
-        self._counters.add("calls")
         request = _protocol.release_request(hold.domain, hold.entries, n, hold.groups)
         answer = yield Send(_protocol.LIMITER_RELEASE, request, session)
         if not isinstance(answer, grpc.RpcError):
@@ -654,7 +741,6 @@ class ClientCore:
             hold.lost_copies = True
             return self._transfer_locally(hold, n, f"session {session.id} ended")
         hold.copies -= n
-        self._counters.add("calls")
         request = _protocol.transfer_request(hold.domain, hold.entries, n, hold.groups, ttl)
         answer = yield Send(_protocol.LIMITER_TRANSFER, request, session)
         if isinstance(answer, grpc.RpcError):
@@ -709,7 +795,6 @@ class ClientCore:
                 assert isinstance(opened, SessionRef)
                 session = opened
                 attempts += 1
-                self._counters.add("calls")
                 answer = yield Send(_protocol.LIMITER_SEIZE, request, session)
                 if not isinstance(answer, grpc.RpcError):
                     break
@@ -856,14 +941,43 @@ class ClientCore:
         yield from self.release_all_flow(held, quiet=True)
         held.clear()
 
-    def _fail(self, error: grpc.RpcError, what: str) -> None:
-        """Raise for a client error or when failing closed; else log and count a degraded answer."""
+    def _fail(
+        self,
+        error: grpc.RpcError,
+        what: str,
+        kind: str = "",
+        take: Callable[[], int | None] | None = None,
+    ) -> _Answered:
+        """How a failed call is answered.
+
+        A client error raises. An outage of a call kind with a fallback rate is answered by
+        the fallback limiter (``take`` gives what it grants, None when it refuses; the kill
+        switch turns a refusal into a grant); without one, a fail-open client grants in
+        degraded mode and a fail-closed one raises.
+        """
         translated = _protocol.translate(error, self.target)
-        if isinstance(translated, RequestError) or not self.fail_open:
+        if isinstance(translated, RequestError):
             self._counters.add("errors")
             raise translated from error
         assert isinstance(translated, ServiceUnavailableError)
-        log.warning(
+        if take is not None and self.fallback.covers(kind):
+            self._counters.add("fallback")
+            granted = take()
+            if granted is not None:
+                return _Answered("fallback", granted)
+            self._counters.add("fallback_rejected")
+            if not self.kill_switch:
+                return _Answered("refused", None)
+            self._counters.add("overridden")
+            log.warning("kill switch: fallback refusal of %s overridden", what)
+            return _Answered("overridden", None)
+        if not self.fail_open:
+            self._counters.add("errors")
+            raise translated from error
+        # While the breaker is open every call lands here: the opening was logged once.
+        level = logging.DEBUG if isinstance(error, BreakerOpenError) else logging.WARNING
+        log.log(
+            level,
             "ferryman at %s failed (%s: %s); degraded mode, granting %s",
             self.target,
             translated.code,
@@ -871,6 +985,20 @@ class ClientCore:
             what,
         )
         self._counters.add("degraded")
+        return _Answered("degraded", None)
+
+
+@dataclass(frozen=True)
+class _Answered:
+    """An outage's answer: ``how`` (degraded, fallback, refused, overridden) and what the
+    fallback limiter granted (None: it did not decide, or refused)."""
+
+    how: str
+    granted: int | None
+
+    @property
+    def fallback(self) -> bool:
+        return self.how in ("fallback", "refused", "overridden")
 
 
 def _looks_like_pair(item: object) -> bool:

@@ -94,6 +94,7 @@ class RateLimitResult:
     request_headers: tuple[tuple[str, str], ...] = ()
     degraded: bool = False
     overridden: bool = False
+    fallback: bool = False
 
     @property
     def ok(self) -> bool:
@@ -148,6 +149,7 @@ class RateResult:
     degraded: bool = False
     overridden: bool = False
     context: RateContext | None = None
+    fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,10 @@ class ClientStats:
     ``retries``: rejections followed by a backoff sleep and another attempt.
     ``sessions``: Session streams opened for holds; ``sessions_lost``: those that ended
     while the client was still using them (their holds are lost).
+    ``fallback``: answers the local fallback limiter gave while the service was out of reach,
+    ``fallback_rejected`` the refusals among them. ``short_circuited``: calls answered at
+    once, without being sent, because the circuit breaker was open; ``breaker_opened``: how
+    often it opened; ``breaker_open``: whether it is open now.
     """
 
     calls: int = 0
@@ -237,6 +243,11 @@ class ClientStats:
     errors: int = 0
     sessions: int = 0
     sessions_lost: int = 0
+    fallback: int = 0
+    fallback_rejected: int = 0
+    short_circuited: int = 0
+    breaker_opened: int = 0
+    breaker_open: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,7 @@ class AllowResult:
     waited: float = 0.0
     degraded: bool = False
     overridden: bool = False
+    fallback: bool = False
 
     @property
     def granted(self) -> bool:

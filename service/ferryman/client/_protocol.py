@@ -105,6 +105,7 @@ def translate(error: grpc.RpcError, target: str) -> RequestError | ServiceUnavai
 
 
 DEFAULT_KEEPALIVE = 10.0  # seconds between pings on a quiet connection
+RECONNECT_BACKOFF_MS = 2000
 
 
 def channel_credentials(
@@ -151,7 +152,10 @@ def channel_options(keepalive: float = DEFAULT_KEEPALIVE) -> list[tuple[str, str
     from ferryman._version import __version__
 
     options: list[tuple[str, str | int]] = [
-        ("grpc.primary_user_agent", f"ferryman-python/{__version__}")
+        ("grpc.primary_user_agent", f"ferryman-python/{__version__}"),
+        # The client's circuit breaker spaces the calls during an outage; the channel only
+        # has to notice soon that the service is back (gRPC's own backoff grows to 2 min).
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
     ]
     if keepalive > 0:
         every = max(1, round(keepalive * 1000))

@@ -32,6 +32,7 @@ from ferryman.client._core import (
     SessionRef,
     Sleep,
 )
+from ferryman.client._guard import FallbackRate
 from ferryman.client._holds import HoldView
 from ferryman.client._models import (
     AllowResult,
@@ -130,6 +131,33 @@ class _Stream:
         self._call.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
 
 
+def _unary_methods(
+    channel: grpc.Channel,
+) -> dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]]:
+    methods: dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]] = {
+        _protocol.SHOULD_RATE_LIMIT: channel.unary_unary(
+            _protocol.SHOULD_RATE_LIMIT,
+            rls_pb2.RateLimitRequest.SerializeToString,
+            rls_pb2.RateLimitResponse.FromString,
+        ),
+        _protocol.LIMITER_REQUEST: channel.unary_unary(
+            _protocol.LIMITER_REQUEST,
+            limiter_pb2.RateRequest.SerializeToString,
+            limiter_pb2.RateResponse.FromString,
+        ),
+        _protocol.ALLOW: channel.unary_unary(
+            _protocol.ALLOW,
+            quota_service_pb2.AllowRequest.SerializeToString,
+            quota_service_pb2.AllowResponse.FromString,
+        ),
+    }
+    for method, request_type, response_type in _protocol.HOLD_METHODS:
+        methods[method] = channel.unary_unary(
+            method, request_type.SerializeToString, response_type.FromString
+        )
+    return methods
+
+
 class Client:
     """A blocking ferryman client that owns its gRPC channel; safe to share between threads.
 
@@ -145,6 +173,17 @@ class Client:
     ``tls=True`` speaks TLS, verifying the service against ``ca_file`` (default: the
     system's roots); ``cert_file`` and ``key_file`` present a client certificate (mutual
     TLS). ``credentials`` takes any other gRPC channel credentials instead.
+
+    While the service is out of reach (UNAVAILABLE, or no answer within ``timeout``),
+    ``fallback_rate`` (per second; one number, or one per call kind: ``should_rate_limit``,
+    ``request_rate``, ``allow``) answers from a token bucket in process per descriptor or
+    bucket, holding ``fallback_burst`` seconds of it: results are flagged ``fallback``, and
+    counted in ``stats()``. Without it, ``fail_open`` decides (degraded grants, or an error).
+    After ``breaker_failures`` consecutive outages (0: never) the circuit breaker opens: calls
+    are answered at once without being sent, for ``breaker_backoff`` seconds, doubled after
+    each failed probe up to ``breaker_max_backoff``; then one call at a time probes the
+    service, and the first answer closes the breaker. ``clock`` (monotonic seconds) is what
+    the fallback buckets and the breaker read.
 
     Use it as a context manager, or call ``close()``::
 
@@ -165,37 +204,32 @@ class Client:
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
+        fallback_rate: FallbackRate = None,
+        fallback_burst: float = 1.0,
+        breaker_failures: int = 5,
+        breaker_backoff: float = 1.0,
+        breaker_max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
-            target, timeout=timeout, fail_open=fail_open, kill_switch=kill_switch
+            target,
+            timeout=timeout,
+            fail_open=fail_open,
+            kill_switch=kill_switch,
+            fallback_rate=fallback_rate,
+            fallback_burst=fallback_burst,
+            breaker_failures=breaker_failures,
+            breaker_backoff=breaker_backoff,
+            breaker_max_backoff=breaker_max_backoff,
+            clock=clock,
         )
         options = _protocol.channel_options(keepalive)
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
             self._channel = grpc.secure_channel(target, credentials, options=options)
-        self._methods: dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]] = {
-            _protocol.SHOULD_RATE_LIMIT: self._channel.unary_unary(
-                _protocol.SHOULD_RATE_LIMIT,
-                rls_pb2.RateLimitRequest.SerializeToString,
-                rls_pb2.RateLimitResponse.FromString,
-            ),
-            _protocol.LIMITER_REQUEST: self._channel.unary_unary(
-                _protocol.LIMITER_REQUEST,
-                limiter_pb2.RateRequest.SerializeToString,
-                limiter_pb2.RateResponse.FromString,
-            ),
-            _protocol.ALLOW: self._channel.unary_unary(
-                _protocol.ALLOW,
-                quota_service_pb2.AllowRequest.SerializeToString,
-                quota_service_pb2.AllowResponse.FromString,
-            ),
-        }
-        for method, request_type, response_type in _protocol.HOLD_METHODS:
-            self._methods[method] = self._channel.unary_unary(
-                method, request_type.SerializeToString, response_type.FromString
-            )
+        self._methods = _unary_methods(self._channel)
         self._session_method: grpc.StreamStreamMultiCallable[SessionRequest, SessionEvent] = (
             self._channel.stream_stream(
                 _protocol.LIMITER_SESSION,
@@ -406,7 +440,14 @@ class Client:
                 answer = None
                 continue
             if isinstance(step, OpenSession):
-                answer = self._open_session()
+                answer = self._core.admit(call=False)
+                if answer is None:
+                    answer = self._open_session()
+                    self._core.record(answer)
+                continue
+            refused = self._core.admit()
+            if refused is not None:
+                answer = refused
                 continue
             metadata = (
                 None if step.session is None else ((_protocol.SESSION_METADATA, step.session.id),)
@@ -417,6 +458,7 @@ class Client:
                 )
             except grpc.RpcError as error:
                 answer = error
+            self._core.record(answer)
 
     def close(self) -> None:
         """Close the session (the service releases what it still holds) and the channel.

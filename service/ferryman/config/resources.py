@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, ResourceTemplate
+from ferryman.algorithms.leases.model import (
+    AlgorithmSpec,
+    Kind,
+    ResourceTemplate,
+    with_parameters,
+)
 from ferryman.core.nodes import Ctx, is_null, join, kind, mapping, number, string, whole
 
 __all__ = ["is_resources_file", "read_resources"]
@@ -96,13 +101,14 @@ def _algorithm(ctx: Ctx, node: Node, path: str) -> AlgorithmSpec | None:
             f"{seconds['lease_length']}: leases would lapse between refreshes",
         )
         return None
-    return AlgorithmSpec(
-        algorithm_kind,
-        seconds["lease_length"],
-        seconds["refresh_interval"],
-        learning,
-        parameters,
+    spec = AlgorithmSpec(
+        algorithm_kind, seconds["lease_length"], seconds["refresh_interval"], learning, parameters
     )
+    try:
+        return with_parameters(spec)
+    except ValueError as exc:
+        ctx.error(fields.get("parameters", node), join(path, "parameters"), str(exc))
+        return None
 
 
 def _template(ctx: Ctx, node: Node, path: str) -> ResourceTemplate | None:

@@ -834,6 +834,23 @@ class Settings:
         "lease capacity from this doorman.Capacity server (empty: this server is a root)",
         flag=Flag("--parent", metavar="HOST:PORT"),
     )
+    # The link to the parent speaks TLS as ferryman.Client does (a CA or a certificate
+    # implies it); mutual TLS with a client certificate.
+    doorman_parent_tls: bool = CAPACITY.setting(
+        "DOORMAN_PARENT_TLS", False, _BOOL, "reach the parent server over TLS"
+    )
+    doorman_parent_tls_cacert: str = CAPACITY.setting(
+        "DOORMAN_PARENT_TLS_CACERT",
+        "",
+        _TEXT,
+        "CA that signed the parent's certificate (PEM file; empty: the system's roots)",
+    )
+    doorman_parent_tls_cert: str = CAPACITY.setting(
+        "DOORMAN_PARENT_TLS_CERT", "", _TEXT, "mutual TLS: this server's certificate (PEM file)"
+    )
+    doorman_parent_tls_key: str = CAPACITY.setting(
+        "DOORMAN_PARENT_TLS_KEY", "", _TEXT, "its private key (PEM file)"
+    )
     doorman_election_term: float = CAPACITY.setting(
         "DOORMAN_ELECTION_TERM",
         10.0,

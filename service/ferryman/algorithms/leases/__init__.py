@@ -8,13 +8,15 @@ does so through ``ferryman.apis.capacity_parent``.
 from ferryman.algorithms.leases.algorithms import Division, allocate, divide
 from ferryman.algorithms.leases.model import (
     AlgorithmSpec,
+    Band,
     Demand,
     Kind,
     Lease,
     ResourceTemplate,
     find_template,
+    with_parameters,
 )
-from ferryman.algorithms.leases.state import Band, LeaseState, ResourceState, TemplateSource
+from ferryman.algorithms.leases.state import LeaseState, ResourceState, TemplateSource
 
 __all__ = [
     "AlgorithmSpec",
@@ -30,4 +32,5 @@ __all__ = [
     "allocate",
     "divide",
     "find_template",
+    "with_parameters",
 ]

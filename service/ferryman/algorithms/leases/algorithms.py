@@ -2,17 +2,19 @@
 
 ``divide`` looks at every demand once (FAIR_SHARE sorts them: O(n log n)) and returns a
 Division, which then answers any one demand's share in O(1). A server asking on behalf of
-``weight`` clients counts as that many clients for the equal share.
+``weight`` clients counts as that many clients for the equal share. FAIR_SHARE serves the
+higher priorities first (a server's demand by its priority bands): a lower band shares only
+what the higher ones leave; the other kinds ignore priorities.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ferryman.algorithms.leases.model import Kind
+from ferryman.algorithms.leases.model import Band, Kind
 
 __all__ = ["Demanding", "Division", "allocate", "divide"]
 
@@ -25,6 +27,12 @@ class Demanding(Protocol):
 
     @property
     def weight(self) -> int: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def bands(self) -> tuple[Band, ...]: ...
 
 
 class Division(Protocol):
@@ -84,16 +92,49 @@ def _proportional(capacity: float, demands: Sequence[Demanding]) -> Division:
     return _Proportional(per_client, unused, excess or 1.0)
 
 
-def _fair(capacity: float, demands: Sequence[Demanding]) -> Division:
-    """Max-min fairness by water filling: the least hungry (per client) are served first."""
+@dataclass(frozen=True)
+class _Prioritized:
+    levels: dict[int, float]  # per priority: the water level of _WaterLevel
+
+    def share(self, demand: Demanding) -> float:
+        return sum(min(w, self.levels.get(p, 0.0) * n) for p, w, n in _parts(demand))
+
+
+def _parts(demand: Demanding) -> Iterator[tuple[int, float, int]]:
+    """A demand as (priority, wants, clients): a server's bands, else the demand itself."""
+    if demand.bands:
+        for band in demand.bands:
+            yield band.priority, band.wants, max(1, band.clients)
+    else:
+        yield demand.priority, demand.wants, demand.weight
+
+
+def _level(capacity: float, parts: list[tuple[float, int]]) -> tuple[float, float]:
+    """Max-min fairness by water filling over (wants, clients), the least hungry (per client)
+    served first: the level per client and what is left once every part got its share."""
     left = capacity
-    clients = sum(d.weight for d in demands)
-    for d in sorted(demands, key=lambda d: d.wants / d.weight):
-        if d.wants > left / clients * d.weight:
-            return _WaterLevel(left / clients)
-        left -= d.wants
-        clients -= d.weight
-    return _WaterLevel(math.inf)
+    clients = sum(n for _, n in parts)
+    for wants, n in sorted(parts, key=lambda p: p[0] / p[1]):
+        if wants > left / clients * n:
+            return left / clients, 0.0
+        left -= wants
+        clients -= n
+    return math.inf, left
+
+
+def _fair(capacity: float, demands: Sequence[Demanding]) -> Division:
+    by_priority: dict[int, list[tuple[float, int]]] = {}
+    for d in demands:
+        for priority, wants, n in _parts(d):
+            by_priority.setdefault(priority, []).append((wants, n))
+    if len(by_priority) <= 1:
+        parts = next(iter(by_priority.values()), [])
+        return _WaterLevel(_level(capacity, parts)[0] if parts else math.inf)
+    levels: dict[int, float] = {}
+    left = capacity
+    for priority in sorted(by_priority, reverse=True):
+        levels[priority], left = _level(left, by_priority[priority])
+    return _Prioritized(levels)
 
 
 def divide(kind: Kind, capacity: float, demands: Sequence[Demanding]) -> Division:

@@ -13,22 +13,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ferryman.algorithms.leases.algorithms import Division, divide
-from ferryman.algorithms.leases.model import Demand, Kind, Lease, ResourceTemplate
+from ferryman.algorithms.leases.model import Band, Demand, Kind, Lease, ResourceTemplate
 
 __all__ = ["Band", "ClientEntry", "LeaseState", "ResourceState", "TemplateSource"]
 
 # Kinds whose capacity is a total to share (the others cap each client, or nothing).
 _SHARED = frozenset({Kind.PROPORTIONAL_SHARE, Kind.FAIR_SHARE})
 AMORTIZE = 64
-
-
-@dataclass(frozen=True)
-class Band:
-    """A priority band of a server's demand: ``clients`` clients wanting ``wants`` in all."""
-
-    priority: int
-    clients: int
-    wants: float
 
 
 @dataclass
@@ -116,9 +107,12 @@ class ResourceState:
         self._dirty = True
 
     def safe_capacity(self) -> float:
-        """The template's safe capacity, else an equal share among the clients known."""
+        """The template's safe capacity, else (per client) STATIC's capacity, which is each
+        client's already, or an equal share among the clients known."""
         if self.template.safe_capacity is not None:
             return self.template.safe_capacity
+        if self.template.algorithm.kind is Kind.STATIC:
+            return self.capacity
         return self.capacity / max(1, self.sum_weight)
 
     def grant(
@@ -140,7 +134,12 @@ class ResourceState:
         if entry is not None and now - entry.computed_at < min_interval:
             return entry.lease
         old = 0.0
-        if entry is None or entry.wants != wants or entry.weight != weight:
+        if entry is None or (entry.wants, entry.weight, entry.priority, entry.bands) != (
+            wants,
+            weight,
+            priority,
+            bands,
+        ):
             self._dirty = True
         if entry is not None:
             old = entry.lease.capacity
@@ -154,13 +153,14 @@ class ResourceState:
             # A new master cannot know the outstanding leases: believe what the client holds.
             gets = min(has.capacity, wants) if has is not None else 0.0
         else:
-            if entry is not None:
-                entry.wants, entry.weight = wants, weight  # the division must see it
+            if entry is not None:  # the division must see it
+                entry.wants, entry.weight = wants, weight
+                entry.priority, entry.bands = priority, bands
             else:
                 self.clients[client_id] = ClientEntry(
-                    client_id, priority, wants, weight, Lease(0.0, 0.0, 0.0), now
+                    client_id, priority, wants, weight, Lease(0.0, 0.0, 0.0), now, bands
                 )
-            gets = self.division(now).share(Demand(wants, weight))
+            gets = self.division(now).share(Demand(wants, weight, priority, bands))
             if spec.kind in _SHARED:
                 gets = min(gets, self.capacity - (self.sum_leases - old))
         gets = max(0.0, gets)
