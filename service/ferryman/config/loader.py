@@ -10,7 +10,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,9 @@ from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
-_DOMAIN_KEYS = frozenset({"domain", "descriptors"})
+#: Charon's per-domain switches (booleans beside ``domain``).
+_SWITCHES = ("allow_unconfigured", "ignore_limits")
+_DOMAIN_KEYS = frozenset({"domain", "descriptors", *_SWITCHES})
 _NODE_KEYS = frozenset(
     {
         "key",
@@ -196,6 +198,7 @@ class _FileResult:
     domain: str
     domain_node: Node | None
     descriptors: Node | None
+    switches: frozenset[str] = frozenset()
 
 
 def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
@@ -209,7 +212,39 @@ def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
     if not domain:
         ctx.error(fields.get("domain", root), "domain", "domain must not be empty")
         return None
-    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"))
+    # A domain's switch is on when any of its files turns it on (merged domains).
+    on = frozenset(name for name in _SWITCHES if boolean(ctx, fields.get(name), name))
+    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"), on)
+
+
+def _domain(name: str, files: list[tuple[Ctx, _FileResult]], notes: list[str]) -> Domain:
+    """One domain from its file (or its merged files), with its switches."""
+    rules: list[Rule] = []
+    # Shared by the files of a merged domain, so a repeat names the file it repeats.
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for ctx, result in files:
+        rules.extend(_level(ctx, result.descriptors, "descriptors", (name,), seen).rules)
+        notes.extend(ctx.notes)
+    switches = frozenset().union(*(result.switches for _, result in files))
+    level = Level.of(tuple(rules))
+    return Domain(
+        name,
+        _shadowed(level) if "ignore_limits" in switches else level,
+        tuple(c.file for c, _ in files),
+        allow_unconfigured="allow_unconfigured" in switches,
+        ignore_limits="ignore_limits" in switches,
+    )
+
+
+def _shadowed(level: Level) -> Level:
+    """``level`` with every rule in shadow mode (``ignore_limits``): each kind already
+    counts and lets through an over-limit hit of a rule in shadow mode."""
+    return Level.of(
+        tuple(
+            replace(rule, shadow_mode=True, children=_shadowed(rule.children))
+            for rule in level.rules
+        )
+    )
 
 
 def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
@@ -259,15 +294,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             )
             continue
         owners.append((ctx, result))
-    domains: dict[str, Domain] = {}
-    for domain, files in parsed.items():
-        rules: list[Rule] = []
-        # Shared by the files of a merged domain, so a repeat names the file it repeats.
-        seen: dict[tuple[str, str], tuple[str, str]] = {}
-        for ctx, result in files:
-            rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
-            notes.extend(ctx.notes)
-        domains[domain] = Domain(domain, Level.of(tuple(rules)), tuple(c.file for c, _ in files))
+    domains = {name: _domain(name, files, notes) for name, files in parsed.items()}
     if problems:
         raise ConfigError(problems)
     return Config(

@@ -181,3 +181,7 @@ class Domain:
     name: str
     root: Level
     files: tuple[str, ...]
+    # Charon's domain switches: descriptors that match no rule are recorded (they are
+    # answered OK either way); every rule is in shadow mode (counted, never refused).
+    allow_unconfigured: bool = False
+    ignore_limits: bool = False

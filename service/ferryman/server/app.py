@@ -28,7 +28,7 @@ from ferryman.apis.console.buckets import BucketTable
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
-from ferryman.apis.pages import Pages
+from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
@@ -74,6 +74,8 @@ DEBUG_HELP = (
     "/explain/envoy[?route=NAME&header=NAME=VALUE&remote_address=IP]: the routes of the "
     "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
+    "/unconfigured[?top=N]: per domain with allow_unconfigured, the descriptors no rule "
+    "covers, with counts and rates (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
@@ -385,7 +387,12 @@ class Service:
         console.add_panel("leases", "Capacity clients", self.capacity.leases_table)
         buckets = BucketTable.of(self.quota_store, self.backend, self.clock)
         console.add_panel("buckets", "Token buckets", buckets.read)
+        console.add_panel("domains", "Domain switches and unconfigured traffic", self._domains)
         return console
+
+    def _domains(self) -> dict[str, object]:
+        """The console's table: each domain with a switch on, and its top unconfigured."""
+        return domains_panel(self.holder.config, self.engine.unconfigured, self.clock.now())
 
     def _make_pages(self, settings: Settings, routes: Any) -> None:
         """The config API and the pages of the HTTP, debug and metrics ports."""
@@ -421,6 +428,7 @@ class Service:
                 ("GET", "/explain"): self.pages.explain,
                 ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
+                ("GET", "/unconfigured"): self.pages.unconfigured,
             },
             "debug",
         )
