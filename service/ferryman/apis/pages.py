@@ -32,6 +32,7 @@ from ferryman.engine.explain import explain, parse_descriptor, read_now
 from ferryman.engine.observe import Unconfigured
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.replay.decision_log import DecisionLog
 from ferryman.settings import Settings
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
@@ -54,6 +55,7 @@ class ServiceView(Protocol):
     mapping: StatsdMapping | None
     tls: TlsFiles | None
     event_loop: str
+    decision_log: DecisionLog | None
 
     def healthy(self) -> bool: ...
 
@@ -217,6 +219,9 @@ class Pages:
                 "refused": self.service.backend.counters.refused,
             },
             "holds": self.service.holds.status(),
+            "decision_log": None
+            if self.service.decision_log is None
+            else self.service.decision_log.status(),
             "local_cache": None
             if cache is None
             else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},

@@ -133,6 +133,7 @@ class RateLimitEngine:
         self._rules: dict[Rule, tuple[Limiter, Any]] = {}
         self._rules_of: Config | None = None
         self._prepared: OrderedDict[Hashable, _Prepared] = OrderedDict()
+        self.plans = PLANS  # how many distinct requests are kept (replay keeps more)
         # allow_unconfigured's tables, and whoever is told every decision (the decision log).
         self.unconfigured = Unconfigured(stats)
         self.watchers: list[DecisionWatcher] = []
@@ -199,7 +200,7 @@ class RateLimitEngine:
             if dom is None:
                 return self._not_found(domain, descriptors, hits_addend)
             prepared = kept[key] = self._compile(domain, dom, descriptors, hits_addend)
-            if len(kept) > PLANS:
+            if len(kept) > self.plans:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(key)

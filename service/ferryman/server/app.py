@@ -45,6 +45,7 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.replay.decision_log import decision_log
 from ferryman.server import event_loop
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import Stats
@@ -327,6 +328,9 @@ class Service:
             engine_options(settings),
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
+        self.decision_log = decision_log(settings, self.stats)
+        if self.decision_log is not None:
+            self.engine.watchers.append(self.decision_log)
         self._edge = Edge(self.stats, self.telemetry)
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)
@@ -484,6 +488,8 @@ class Service:
         if self.statsd is not None:  # stopped late: the last flush carries every call
             yield paired(self.statsd.start, self.statsd.stop)
         yield self._backend_up()
+        if self.decision_log is not None:  # stopped after the calls: it writes their lines
+            yield paired(self.decision_log.start, self.decision_log.stop)
         yield paired(self.config_api.start, self.config_api.stop)
         yield paired(self._start_reloader, self.reloader.stop)
         yield paired(self.holds.start, self.holds.stop)
