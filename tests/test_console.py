@@ -293,6 +293,7 @@ def test_panels_are_listed_and_served_as_tables(
             {"id": "capacity", "title": "Capacity leases"},
             {"id": "leases", "title": "Capacity clients"},
             {"id": "buckets", "title": "Token buckets"},
+            {"id": "domains", "title": "Domain switches and unconfigured traffic"},
         ]
     }
     status, leases = get_json(server, "/console/panel?id=capacity")
@@ -308,11 +309,13 @@ def test_panels_are_listed_and_served_as_tables(
         "capacity",
         "leases",
         "buckets",
+        "domains",
         "extra",
     ]
     assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    assert status == 404 and "sessions, capacity, leases, buckets, extra" in missing["error"]
+    listed = "sessions, capacity, leases, buckets, domains, extra"
+    assert status == 404 and listed in missing["error"]
 
 
 @on_stores("memory", "redis")

@@ -54,6 +54,7 @@ RULE_STATS = (
     "within_limit",
     "shadow_mode",
     "domain_not_found",
+    "unconfigured",
 )
 
 # The stats a fixed-window counter updates on every hit, in Stats.rule_counts's order.

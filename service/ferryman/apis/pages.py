@@ -24,14 +24,17 @@ from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
+from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.rules import Unit
 from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.edge.tls import TlsFiles
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.explain import explain, parse_descriptor, read_now
+from ferryman.engine.observe import Unconfigured
 from ferryman.errors import BackendError, FerrymanError, RequestError, status_of
 from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.replay.decision_log import DecisionLog
 from ferryman.settings import Settings
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
@@ -56,6 +59,7 @@ class ServiceView(Protocol):
     tls: TlsFiles | None
     event_loop: str
     access: Access
+    decision_log: DecisionLog | None
 
     def healthy(self) -> bool: ...
 
@@ -147,6 +151,16 @@ class Pages:
         body = json.dumps(answer.as_dict(), indent=2) + "\n"
         return HttpResponse(200, body.encode(), "application/json")
 
+    async def unconfigured(self, request: HttpRequest) -> HttpResponse:
+        """/unconfigured[?top=N]: per domain with allow_unconfigured, the descriptors that
+        reached no rule, most frequent first, with their counts and rates (JSON)."""
+        try:
+            top = int(parse_qs(request.query).get("top", ["0"])[0]) or None
+        except ValueError:
+            return HttpResponse(400, b"bad request: top must be a whole number\n")
+        report = self.service.engine.unconfigured.report(self.service.clock.now(), top)
+        return HttpResponse(200, (json.dumps(report, indent=2) + "\n").encode(), "application/json")
+
     async def stats_page(self, request: HttpRequest) -> HttpResponse:
         body = "".join(f"{name}: {value}\n" for name, value in self.service.stats)
         return HttpResponse(200, body.encode())
@@ -188,6 +202,7 @@ class Pages:
                 "limits": len(config.iter_limits()) if config is not None else 0,
                 "last_error": holder.last_error,
                 "last_error_at": _iso(holder.last_error_at) if holder.last_error else None,
+                "switches": {} if config is None else switches(config),
             },
             "backend": {
                 "name": self.service.backend.name,
@@ -213,6 +228,9 @@ class Pages:
                 "refused": self.service.backend.counters.refused,
             },
             "holds": self.service.holds.status(),
+            "decision_log": None
+            if self.service.decision_log is None
+            else self.service.decision_log.status(),
             "local_cache": None
             if cache is None
             else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},
@@ -231,6 +249,34 @@ class Pages:
             body = await asyncio.to_thread(reader.render, STATS_COUNTER_FAMILIES)
             body = mapping.render(self.service.stats) + body
         return HttpResponse(200, body.encode(), PROMETHEUS_CONTENT_TYPE)
+
+
+def switches(config: Config) -> dict[str, dict[str, bool]]:
+    """The domains with a switch on (``allow_unconfigured``, ``ignore_limits``)."""
+    return {
+        name: {"allow_unconfigured": d.allow_unconfigured, "ignore_limits": d.ignore_limits}
+        for name, d in sorted(config.domains.items())
+        if d.allow_unconfigured or d.ignore_limits
+    }
+
+
+def domains_panel(
+    config: Config | None, unconfigured: Unconfigured, now: float
+) -> dict[str, object]:
+    """The console's table of the domain switches: one row per domain with a switch on,
+    then its five most frequent unconfigured descriptors."""
+    rows: list[list[object]] = []
+    for name, on in ({} if config is None else switches(config)).items():
+        flags = ", ".join(k for k, v in on.items() if v)
+        table = unconfigured.domains.get(name)
+        rows.append([name, flags, "" if table is None else table.total, ""])
+        for top in [] if table is None else table.top(now, 5):
+            rows.append(["", "", top["count"], f"{top['descriptor']} ({top['rate']}/s)"])
+    return {
+        "columns": ["domain", "switches", "unconfigured hits", "top unconfigured descriptors"],
+        "rows": rows,
+        "note": "ignore_limits: every rule in shadow mode; allow_unconfigured: see /unconfigured",
+    }
 
 
 def _iso(epoch: float) -> str:

@@ -1,4 +1,5 @@
-"""``ferryman serve | check | query | explain | envoy | completion | config``: the command line.
+"""``ferryman serve | check | query | explain | envoy | replay | completion | config``: the
+command line.
 
 Each command is one module here with the same two functions: ``add_parser(sub, parents)``
 adds its subparser (and returns it), ``run(args)`` carries it out and returns the exit
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ferryman import _version, logs
-from ferryman.cli import check, completion, config, envoy, explain, query, serve
+from ferryman.cli import check, completion, config, envoy, explain, query, replay, serve
 from ferryman.errors import ConfigError, FerrymanError, SettingsError
 
 if TYPE_CHECKING:
@@ -40,7 +41,16 @@ class Command(Protocol):
 
 
 # In the order ``ferryman --help`` and the completion list them.
-COMMANDS: tuple[Command, ...] = (serve, check, query, explain, envoy, completion, config)
+COMMANDS: tuple[Command, ...] = (
+    serve,
+    check,
+    query,
+    explain,
+    envoy,
+    replay,
+    completion,
+    config,
+)
 
 
 class _Version(argparse.Action):

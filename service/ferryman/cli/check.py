@@ -126,7 +126,16 @@ def _domains(config: Config) -> list[dict[str, Any]]:
                     "quota_mode": rule.quota_mode,
                 }
             )
-        domains.append({"name": name, "files": list(config.domains[name].files), "limits": limits})
+        found = config.domains[name]
+        domains.append(
+            {
+                "name": name,
+                "files": list(found.files),
+                "allow_unconfigured": found.allow_unconfigured,
+                "ignore_limits": found.ignore_limits,
+                "limits": limits,
+            }
+        )
     return domains
 
 
@@ -157,7 +166,9 @@ def _print_text(config: Config, domains: list[dict[str, Any]]) -> None:
     for note in config.notes:
         print(f"note: {note}")
     for domain in domains:
-        print(f"domain {domain['name']} ({', '.join(domain['files'])})")
+        switches = [s for s in ("allow_unconfigured", "ignore_limits") if domain[s]]
+        on = f" [{', '.join(switches)}]" if switches else ""
+        print(f"domain {domain['name']} ({', '.join(domain['files'])}){on}")
         for entry in domain["limits"]:
             flags = [f for f in ("shadow_mode", "quota_mode") if entry[f]]
             suffix = f" [{', '.join(flags)}]" if flags else ""

@@ -11,7 +11,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,11 @@ from ferryman.errors import ConfigError, ConfigProblem
 
 __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
-_DOMAIN_KEYS = frozenset({"domain", "descriptors", "allow_overrides", "allow_negative_hits"})
+#: Charon's per-domain switches (booleans beside ``domain``).
+_SWITCHES = ("allow_unconfigured", "ignore_limits")
+_DOMAIN_KEYS = frozenset(
+    {"domain", "descriptors", "allow_overrides", "allow_negative_hits", *_SWITCHES}
+)
 _NODE_KEYS = frozenset(
     {
         "key",
@@ -200,6 +204,7 @@ class _FileResult:
     descriptors: Node | None
     allow_overrides: bool = True
     allow_negative_hits: bool = True
+    switches: frozenset[str] = frozenset()
 
 
 def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
@@ -217,7 +222,11 @@ def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
         key: boolean(ctx, fields[key], key) if key in fields else True
         for key in ("allow_overrides", "allow_negative_hits")
     }
-    return _FileResult(domain, fields.get("domain"), fields.get("descriptors"), **allowed)
+    # A domain's switch is on when any of its files turns it on (merged domains).
+    on = frozenset(name for name in _SWITCHES if boolean(ctx, fields.get(name), name))
+    return _FileResult(
+        domain, fields.get("domain"), fields.get("descriptors"), **allowed, switches=on
+    )
 
 
 def _access(ctx: Ctx, root: Node | None, before: Policy | None) -> Policy | None:
@@ -229,6 +238,39 @@ def _access(ctx: Ctx, root: Node | None, before: Policy | None) -> Policy | None
     return read_access(ctx, root)
 
 
+def _domain(name: str, files: list[tuple[Ctx, _FileResult]], notes: list[str]) -> Domain:
+    """One domain from its file (or its merged files), with its switches."""
+    rules: list[Rule] = []
+    # Shared by the files of a merged domain, so a repeat names the file it repeats.
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for ctx, result in files:
+        rules.extend(_level(ctx, result.descriptors, "descriptors", (name,), seen).rules)
+        notes.extend(ctx.notes)
+    switches = frozenset().union(*(result.switches for _, result in files))
+    level = Level.of(tuple(rules))
+    return Domain(
+        name,
+        _shadowed(level) if "ignore_limits" in switches else level,
+        tuple(c.file for c, _ in files),
+        # A merged domain allows what every one of its files allows.
+        allow_overrides=all(r.allow_overrides for _, r in files),
+        allow_negative_hits=all(r.allow_negative_hits for _, r in files),
+        allow_unconfigured="allow_unconfigured" in switches,
+        ignore_limits="ignore_limits" in switches,
+    )
+
+
+def _shadowed(level: Level) -> Level:
+    """``level`` with every rule in shadow mode (``ignore_limits``): each kind already
+    counts and lets through an over-limit hit of a rule in shadow mode."""
+    return Level.of(
+        tuple(
+            replace(rule, shadow_mode=True, children=_shadowed(rule.children))
+            for rule in level.rules
+        )
+    )
+
+
 def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
     h = hashlib.sha256()
     for name, text in sources:
@@ -237,28 +279,6 @@ def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
         h.update(text.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
-
-
-def _domains(
-    parsed: dict[str, list[tuple[Ctx, _FileResult]]], notes: list[str]
-) -> dict[str, Domain]:
-    domains: dict[str, Domain] = {}
-    for domain, files in parsed.items():
-        rules: list[Rule] = []
-        # Shared by the files of a merged domain, so a repeat names the file it repeats.
-        seen: dict[tuple[str, str], tuple[str, str]] = {}
-        for ctx, result in files:
-            rules.extend(_level(ctx, result.descriptors, "descriptors", (domain,), seen).rules)
-            notes.extend(ctx.notes)
-        domains[domain] = Domain(
-            domain,
-            Level.of(tuple(rules)),
-            tuple(c.file for c, _ in files),
-            # A merged domain allows what every one of its files allows.
-            allow_overrides=all(r.allow_overrides for _, r in files),
-            allow_negative_hits=all(r.allow_negative_hits for _, r in files),
-        )
-    return domains
 
 
 def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False) -> Config:
@@ -302,7 +322,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
             )
             continue
         owners.append((ctx, result))
-    domains = _domains(parsed, notes)
+    domains = {name: _domain(name, files, notes) for name, files in parsed.items()}
     if problems:
         raise ConfigError(problems)
     return Config(

@@ -74,7 +74,7 @@ def _level_signature(level: Level) -> tuple[object, ...]:
 
 
 def _domain_signature(domain: Domain) -> tuple[object, ...]:
-    return _level_signature(domain.root)
+    return (domain.allow_unconfigured, domain.ignore_limits, _level_signature(domain.root))
 
 
 def _count(n: int, noun: str) -> str:

@@ -184,3 +184,7 @@ class Domain:
     # What Envoy's callers may send (the domain's allow_overrides, allow_negative_hits).
     allow_overrides: bool = True
     allow_negative_hits: bool = True
+    # Charon's domain switches: descriptors that match no rule are recorded (they are
+    # answered OK either way); every rule is in shadow mode (counted, never refused).
+    allow_unconfigured: bool = False
+    ignore_limits: bool = False

@@ -30,6 +30,7 @@ from ferryman.core.answers import (
 from ferryman.core.keys import walk
 from ferryman.core.rules import Domain, Level, Rule
 from ferryman.engine import response
+from ferryman.engine.observe import DecisionWatcher, Seen, Unconfigured
 from ferryman.engine.validate import check_descriptor, check_request
 from ferryman.errors import BackendError, NotFoundError, RequestError
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, Stats
@@ -72,6 +73,8 @@ class _Prepared:
     hits_addend: int
     matches: list[Match]
     compiled: Any  # what the counters' limiter answers it with, or None
+    # The descriptors no limited rule covers, when the domain records them.
+    unmatched: tuple[DescriptorRequest, ...] = ()
 
 
 @dataclass(slots=True)
@@ -134,6 +137,10 @@ class RateLimitEngine:
         self._rules: dict[Rule, tuple[Limiter, Any]] = {}
         self._rules_of: Config | None = None
         self._prepared: OrderedDict[Hashable, _Prepared] = OrderedDict()
+        self.plans = PLANS  # how many distinct requests are kept (replay keeps more)
+        # allow_unconfigured's tables, and whoever is told every decision (the decision log).
+        self.unconfigured = Unconfigured(stats)
+        self.watchers: list[DecisionWatcher] = []
 
     @property
     def local_cache(self) -> Any:
@@ -167,7 +174,16 @@ class RateLimitEngine:
         dom = config.domains.get(domain)
         if dom is None:
             return self._not_found(domain, descriptors, hits_addend)
-        return await self._decide(domain, descriptors, hits_addend, self._match(dom, descriptors))
+        matches = self._match(dom, descriptors)
+        now = self._clock.now()
+        decision = await self._decide(domain, descriptors, hits_addend, matches, now)
+        if dom.allow_unconfigured:
+            unmatched = _unmatched(descriptors, matches)
+            if unmatched:
+                self.unconfigured.record(domain, unmatched, hits_addend or 1, now)
+        if self.watchers:
+            self._tell(now, domain, descriptors, hits_addend, matches, decision)
+        return decision
 
     async def should_rate_limit_kept(
         self, key: Hashable, convert: Callable[[], Request]
@@ -188,15 +204,31 @@ class RateLimitEngine:
             if dom is None:
                 return self._not_found(domain, descriptors, hits_addend)
             prepared = kept[key] = self._compile(domain, dom, descriptors, hits_addend)
-            if len(kept) > PLANS:
+            if len(kept) > self.plans:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(key)
+        now = self._clock.now()
         if prepared.compiled is not None:
-            return await self._compiled(prepared)
-        return await self._decide(
-            prepared.domain, prepared.descriptors, prepared.hits_addend, prepared.matches
-        )
+            decision = await self._compiled(prepared, now)
+        else:
+            decision = await self._decide(
+                prepared.domain, prepared.descriptors, prepared.hits_addend, prepared.matches, now
+            )
+        if prepared.unmatched:
+            self.unconfigured.record(
+                prepared.domain, prepared.unmatched, prepared.hits_addend or 1, now
+            )
+        if self.watchers:
+            self._tell(
+                now,
+                prepared.domain,
+                prepared.descriptors,
+                prepared.hits_addend,
+                prepared.matches,
+                decision,
+            )
+        return decision
 
     def _compile(
         self, domain: str, dom: Domain, descriptors: Sequence[DescriptorRequest], hits_addend: int
@@ -207,13 +239,37 @@ class RateLimitEngine:
         counters = self._counters
         own = [m[1] if m is not None and m[0] is counters else None for m in matches]
         compiled = counters.compile(own, [d.entries for d in descriptors], hits)
-        return _Prepared(domain, descriptors, hits_addend, matches, compiled)
+        unmatched = _unmatched(descriptors, matches) if dom.allow_unconfigured else ()
+        return _Prepared(domain, descriptors, hits_addend, matches, compiled, unmatched)
 
     def _not_found(
         self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int
     ) -> Decision:
         self._stats.rule(domain, "domain_not_found", 1, (domain,))
-        return self._decision(domain, descriptors, hits_addend, [None] * len(descriptors), Tally())
+        decision = self._decision(
+            domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
+        )
+        if self.watchers:
+            self._tell(self._clock.now(), domain, descriptors, hits_addend, None, decision)
+        return decision
+
+    def _tell(
+        self,
+        now: float,
+        domain: str,
+        descriptors: Sequence[DescriptorRequest],
+        hits_addend: int,
+        matches: Sequence[Match] | None,
+        decision: Decision,
+    ) -> None:
+        """Every watcher is told the decision, with the rule each descriptor reached."""
+        if matches is None:
+            rules: tuple[Rule | None, ...] = (None,) * len(descriptors)
+        else:
+            rules = tuple(None if m is None else m[1].rule for m in matches)
+        seen = Seen(now, domain, descriptors, hits_addend, rules, decision)
+        for watcher in self.watchers:
+            watcher.decided(seen)
 
     async def _decide(
         self,
@@ -221,9 +277,9 @@ class RateLimitEngine:
         descriptors: Sequence[DescriptorRequest],
         hits_addend: int,
         matches: Sequence[Match],
+        now: float,
     ) -> Decision:
-        """The decision on a matched request: planned, one backend call, answered."""
-        now = self._clock.now()
+        """The decision on a matched request at ``now``: planned, one backend call, answered."""
         plan = self._plan(domain, matches, descriptors, hits_addend or 1, now)
         if plan.replaced:
             plan.drop_replaced()
@@ -234,9 +290,8 @@ class RateLimitEngine:
             return self._degraded(error, descriptors)
         return self._decision(domain, descriptors, hits_addend, plan.statuses, tally)
 
-    async def _compiled(self, request: _Prepared) -> Decision:
+    async def _compiled(self, request: _Prepared, now: float) -> Decision:
         """A request the counters answer whole, compiled: one store call, no plan."""
-        now = self._clock.now()
         counters = self._counters
         compiled = request.compiled
         items, call = counters.send(self._backend.store(COUNTERS.name), compiled, now)
@@ -391,9 +446,19 @@ class RateLimitEngine:
     ) -> Granted:
         """ferryman.v1's ``Request``: up to ``copies`` hits (at least ``min_copies`` or
         none) on a node whose kind answers it, or a client error naming what the
-        descriptor reaches instead."""
+        descriptor reaches instead. A domain's ``allow_unconfigured`` grants (and records)
+        a descriptor that reaches no such node; its ``ignore_limits`` grants every copy
+        asked for, the refused ones counted as the rule's shadow_mode."""
         kinds, wanted = self._requested
-        path = self.resolve(domain, entries, kinds, wanted)
+        config = self._source.config
+        dom = None if config is None else config.domains.get(domain)
+        try:
+            path = self.resolve(domain, entries, kinds, wanted)
+        except NotFoundError:
+            if dom is None or not dom.allow_unconfigured:
+                raise
+            self.unconfigured.record(domain, (DescriptorRequest(entries),), copies, self.now())
+            return Granted(copies, {}, {})
         rule = path[-1]
         assert rule.limit is not None
         name = rule.limit.kind
@@ -404,7 +469,13 @@ class RateLimitEngine:
         def timed(items: int, call: Awaitable[Any]) -> Awaitable[Any]:
             return self.timed(name, items, call)
 
-        return await limiter.request(self._backend.store(name), ask, self._clock.now, timed)
+        granted = await limiter.request(self._backend.store(name), ask, self._clock.now, timed)
+        if dom is not None and dom.ignore_limits and granted.granted < copies:
+            self._stats.rule(
+                rule.stats_key, "shadow_mode", copies - granted.granted, rule.stats_path
+            )
+            return Granted(copies, granted.fields, {})
+        return granted
 
     def resolve(
         self, domain: str, entries: Sequence[tuple[str, str]], kinds: Sequence[str], wanted: str
@@ -432,3 +503,14 @@ class RateLimitEngine:
             "descriptor",
             f"{path[-1].stats_key} is a {limit.kind.replace('_', ' ')} node ({mark}), not {wanted}",
         )
+
+
+def _unmatched(
+    descriptors: Sequence[DescriptorRequest], matches: Sequence[Match]
+) -> tuple[DescriptorRequest, ...]:
+    """The descriptors that reach no limited rule (and carry no limit of their own)."""
+    return tuple(
+        d
+        for d, m in zip(descriptors, matches, strict=True)
+        if m is None and d.limit is None and d.entries
+    )

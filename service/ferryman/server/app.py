@@ -30,7 +30,7 @@ from ferryman.apis.console.buckets import BucketTable
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
-from ferryman.apis.pages import Pages
+from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.rlqs import QuotaShares
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
@@ -49,6 +49,7 @@ from ferryman.engine import EngineOptions, RateLimitEngine
 from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
+from ferryman.replay.decision_log import decision_log
 from ferryman.server import event_loop
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import Stats
@@ -79,6 +80,8 @@ DEBUG_HELP = (
     "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
     "/rlqs: Envoy's quota streams, and per bucket and Envoy the share, demand and usage (JSON)\n"
+    "/unconfigured[?top=N]: per domain with allow_unconfigured, the descriptors no rule "
+    "covers, with counts and rates (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
@@ -331,6 +334,9 @@ class Service:
             engine_options(settings),
             timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
         )
+        self.decision_log = decision_log(settings, self.stats)
+        if self.decision_log is not None:
+            self.engine.watchers.append(self.decision_log)
         self._edge = Edge(self.stats, self.telemetry)
         self.access = Access(
             lambda: self.holder.config,
@@ -406,7 +412,12 @@ class Service:
         buckets = BucketTable.of(self.quota_store, self.backend, self.clock)
         console.add_panel("buckets", "Token buckets", buckets.read)
         console.add_panel("rlqs", "Envoy quota buckets", self.rlqs.panel)
+        console.add_panel("domains", "Domain switches and unconfigured traffic", self._domains)
         return console
+
+    def _domains(self) -> dict[str, object]:
+        """The console's table: each domain with a switch on, and its top unconfigured."""
+        return domains_panel(self.holder.config, self.engine.unconfigured, self.clock.now())
 
     def _make_pages(self, settings: Settings, routes: Any) -> None:
         """The config API and the pages of the HTTP, debug and metrics ports."""
@@ -443,6 +454,7 @@ class Service:
                 ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
                 ("GET", "/rlqs"): self.pages.rlqs_page,
+                ("GET", "/unconfigured"): self.pages.unconfigured,
             },
             "debug",
         )
@@ -503,6 +515,8 @@ class Service:
         if self.statsd is not None:  # stopped late: the last flush carries every call
             yield paired(self.statsd.start, self.statsd.stop)
         yield self._backend_up()
+        if self.decision_log is not None:  # stopped after the calls: it writes their lines
+            yield paired(self.decision_log.start, self.decision_log.stop)
         yield paired(self.config_api.start, self.config_api.stop)
         yield paired(self._start_reloader, self.reloader.stop)
         yield paired(self.holds.start, self.holds.stop)

@@ -326,6 +326,26 @@ class Settings:
         "log format",
         flag=Flag("--log-format"),
     )
+    decision_log: str = LOGS.setting(
+        "DECISION_LOG",
+        "",
+        _TEXT,
+        "a file that receives one JSON line per ShouldRateLimit decision, written off the "
+        "request path, for `ferryman replay` (empty: off)",
+    )
+    decision_log_sample: float = LOGS.setting(
+        "DECISION_LOG_SAMPLE",
+        1.0,
+        Number(0.0, 1.0),
+        "the share of decisions written to `DECISION_LOG` (1: every one)",
+    )
+    decision_log_max_bytes: int = LOGS.setting(
+        "DECISION_LOG_MAX_BYTES",
+        100 * 1024 * 1024,
+        _COUNT,
+        "past this size `DECISION_LOG` is renamed to `<file>.1` (replacing it) and a new file "
+        "is started (0: no cap)",
+    )
 
     watch_root: bool = CONFIG.setting(
         "RUNTIME_WATCH_ROOT",

@@ -63,6 +63,7 @@ _RULE_HELP = {
     "within_limit": "Hits within the rule's limit.",
     "shadow_mode": "Over-limit hits let through by the rule's shadow_mode.",
     "domain_not_found": "Requests for a domain that no configuration defines.",
+    "unconfigured": "Hits on descriptors that reach no rule of a domain with allow_unconfigured.",
 }
 
 

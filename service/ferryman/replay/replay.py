@@ -1,0 +1,206 @@
+"""Replay: logged requests decided again, in this process, by the real engine on the memory
+backend and a virtual clock set to each request's time, as fast as the engine goes.
+
+Every rule kind replays as it runs: the engine, its limiters and the memory stores are the
+service's own; only the clock is the log's. The replay reaches kinds only through the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ferryman.backends.memory import MemoryBackend
+from ferryman.clock import ManualClock
+from ferryman.config.model import Config
+from ferryman.core.answers import Code, Decision, EngineOptions
+from ferryman.engine import RateLimitEngine
+from ferryman.engine.observe import Seen
+from ferryman.errors import RequestError
+from ferryman.replay.decision_log import Logged
+from ferryman.stats import RATE_LIMIT, Stats
+
+__all__ = ["Change", "Outcome", "Replay", "RuleResult", "replay"]
+
+Entries = tuple[tuple[str, str], ...]
+
+
+def tenant_name(entries: Entries) -> str:
+    return ",".join(f"{k}={v}" for k, v in entries)
+
+
+@dataclass(slots=True)
+class RuleResult:
+    """What one rule answered over a replay."""
+
+    rule: str
+    requests: int = 0
+    allowed: int = 0
+    refused: int = 0
+    shadow: int = 0
+    first_refusal: float | None = None
+    refused_by_tenant: Counter[Entries] = field(default_factory=Counter)
+    # second -> [allowed, refused], for the plot
+    seconds: dict[int, list[int]] = field(default_factory=dict)
+
+    def as_dict(self, tenants: int = 5) -> dict[str, object]:
+        return {
+            "rule": self.rule,
+            "requests": self.requests,
+            "allowed": self.allowed,
+            "refused": self.refused,
+            "shadow_violations": self.shadow,
+            "first_refusal": self.first_refusal,
+            "refused_tenants": [
+                {"tenant": tenant_name(t), "refused": n}
+                for t, n in self.refused_by_tenant.most_common(tenants)
+            ],
+        }
+
+
+class _Source:
+    def __init__(self, config: Config) -> None:
+        self.config: Config | None = config
+
+
+class Replay:
+    """One config's engine on a virtual clock, and what each rule answered."""
+
+    def __init__(self, config: Config, options: EngineOptions | None = None) -> None:
+        self.clock = ManualClock(0.0)
+        self.stats = Stats(max_series=1_000_000)
+        self.backend = MemoryBackend(self.clock)
+        source = _Source(config)
+        self.engine = RateLimitEngine(source, self.backend, self.clock, self.stats, options)
+        self.engine.plans = 1 << 20  # a log repeats its requests: keep their matches
+        self.engine.watchers.append(self)
+        self.rules: dict[str, RuleResult] = {}
+        self.decisions = 0
+        self.refused = 0
+        self.last: Seen | None = None
+
+    def decided(self, seen: Seen) -> None:
+        self.last = seen
+        self.decisions += 1
+        statuses = seen.decision.statuses
+        second = int(seen.now)
+        for i, rule in enumerate(seen.rules):
+            if rule is None:
+                continue
+            result = self.rules.get(rule.stats_key)
+            if result is None:
+                result = self.rules[rule.stats_key] = RuleResult(rule.stats_key)
+            result.requests += 1
+            bucket = result.seconds.get(second)
+            if bucket is None:
+                bucket = result.seconds[second] = [0, 0]
+            if statuses[i].code is Code.OVER_LIMIT:
+                result.refused += 1
+                bucket[1] += 1
+                result.refused_by_tenant[seen.descriptors[i].entries] += 1
+                if result.first_refusal is None:
+                    result.first_refusal = seen.now
+            else:
+                result.allowed += 1
+                bucket[0] += 1
+        if seen.decision.code is Code.OVER_LIMIT:
+            self.refused += 1
+
+    async def decide(self, logged: Logged) -> Decision:
+        """``logged`` decided again at its own time."""
+        self.clock.set(logged.t)
+        if logged.key is None:
+            return await self.engine.should_rate_limit(
+                logged.domain, logged.descriptors, logged.hits
+            )
+        return await self.engine.should_rate_limit_kept(
+            logged.key, lambda: (logged.domain, logged.descriptors, logged.hits)
+        )
+
+    def results(self) -> list[RuleResult]:
+        """Each rule reached, by its stats key, with the over-limit hits its shadow mode
+        let through (the engine's own count)."""
+        for name, value in self.stats:
+            if name.startswith(RATE_LIMIT) and name.endswith(".shadow_mode"):
+                key = name[len(RATE_LIMIT) + 1 : -len(".shadow_mode")]
+                if key in self.rules:
+                    self.rules[key].shadow = value
+        return [self.rules[k] for k in sorted(self.rules)]
+
+
+@dataclass(slots=True)
+class Change:
+    """How one tenant's answers differ between two configs."""
+
+    requests: int = 0
+    newly_refused: int = 0
+    newly_allowed: int = 0
+    first: float | None = None
+    last: float | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A replay's figures: decisions, how fast, and per config its rules."""
+
+    decisions: int
+    seconds: float
+    config: Replay
+    against: Replay | None = None
+    changes: dict[Entries, Change] = field(default_factory=dict)
+    errors: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.decisions / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _compare(changes: dict[Entries, Change], a: Seen, b: Seen) -> None:
+    """Each descriptor's answer under the two configs, by tenant (its entries)."""
+    sa, sb = a.decision.statuses, b.decision.statuses
+    for i, desc in enumerate(a.descriptors):
+        entries = desc.entries
+        change = changes.get(entries)
+        if change is None:
+            change = changes[entries] = Change()
+        change.requests += 1
+        before = sa[i].code is Code.OVER_LIMIT
+        after = sb[i].code is Code.OVER_LIMIT
+        if before == after:
+            continue
+        if after:
+            change.newly_refused += 1
+            change.first = a.now if change.first is None else change.first
+            change.last = a.now
+        else:
+            change.newly_allowed += 1
+
+
+async def replay(
+    logged: Iterable[Logged],
+    config: Config,
+    against: Config | None = None,
+    options: EngineOptions | None = None,
+) -> Outcome:
+    """Every logged request decided under ``config`` (and under ``against``, compared)."""
+    first = Replay(config, options)
+    second = None if against is None else Replay(against, options)
+    changes: dict[Entries, Change] = {}
+    count = 0
+    started = time.perf_counter()
+    errors = 0
+    for item in logged:
+        count += 1
+        try:
+            await first.decide(item)
+            if second is not None:
+                await second.decide(item)
+        except RequestError:  # a request the service would refuse as malformed
+            errors += 1
+            continue
+        if second is not None and first.last is not None and second.last is not None:
+            _compare(changes, first.last, second.last)
+    elapsed = time.perf_counter() - started
+    return Outcome(count, elapsed, first, second, changes, errors)
