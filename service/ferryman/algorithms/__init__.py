@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from ferryman.algorithms.burst import BURST_TIERS
 from ferryman.algorithms.copies import COPIES
+from ferryman.algorithms.cost_budget import COST_BUDGET
 from ferryman.algorithms.fixed_window import FIXED_WINDOW
 from ferryman.algorithms.gcra import GCRA
 from ferryman.algorithms.leased_limit import LEASED_LIMIT
@@ -35,6 +36,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     GCRA,
     LEASED_LIMIT,
     LIMIT_LIST,
+    COST_BUDGET,
 )
 
 BY_NAME: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in ALGORITHMS})

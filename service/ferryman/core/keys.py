@@ -8,25 +8,41 @@ from collections.abc import Sequence
 from ferryman.core.rules import Domain, Rule
 from ferryman.stats import ValuePath
 
-__all__ = ["cache_key", "segment", "stats_key", "walk"]
+__all__ = ["cache_key", "ends_at", "segment", "stats_key", "walk"]
 
 
 def segment(key: str, value: str) -> str:
     return f"{key}_{value}" if value else key
 
 
+def ends_at(rule: Rule, rest: Sequence[tuple[str, str]]) -> bool:
+    """Whether the entries after ``rule``'s (``rest``) are ones its limit reads itself
+    (its ``trailing`` keys, in order: a cost budget's settle key and ``settle``) rather
+    than levels of the tree; they never become part of a counter or stats key."""
+    trailing: tuple[str, ...] = getattr(rule.limit, "trailing", ())
+    return (
+        bool(rest)
+        and len(rest) <= len(trailing)
+        and all(k == t for (k, _), t in zip(rest, trailing, strict=False))
+    )
+
+
 def walk(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Rule] | None:
     """The rules along the path of ``entries``, or None when the tree has no such path.
 
     At each level: the exact value first, then wildcards in config order, then the bare key.
+    The walk stops early at a rule whose limit reads the entries left (``ends_at``).
     """
     level = domain.root
     path: list[Rule] = []
-    for key, value in entries:
+    last = len(entries) - 1
+    for i, (key, value) in enumerate(entries):
         rule = level.match(key, value)
         if rule is None:
             return None
         path.append(rule)
+        if i < last and rule.limit is not None and ends_at(rule, entries[i + 1 :]):
+            return path
         level = rule.children
     return path
 

@@ -1,0 +1,259 @@
+"""The cost budget's decision, pure and clock-free (times in whole milliseconds).
+
+A tenant's budget keeps what was charged in the current window, its open reservations
+(request id -> estimate and expiry) and the request ids settled lately. One call applies a
+request's operations together:
+
+1. each tenant's state is brought to ``now``: a new window starts at zero charged; an open
+   reservation whose time has passed is charged its estimate (to the current window when
+   it expired in it; a window that has ended is not charged again); settled ids are
+   forgotten after the reservation time;
+2. settlements are applied, never refused: the reservation of their request id (if any)
+   is released and the actual cost charged; a request id already settled changes nothing;
+   ``cancel`` releases a reservation without charging (a refusal elsewhere undoing it);
+3. reservations are tried: each is admitted when charged + reserved + its estimate stays
+   within the cap (the budget plus the allowed debt); if all are, each estimate is
+   reserved under its request id, otherwise none is.
+
+``memory.py`` runs this; ``cost_budget.lua`` is its Redis twin, step for step, so that
+both stores give the same answers on the same trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "CANCEL",
+    "RESERVE",
+    "SETTLE_OP",
+    "BudgetOp",
+    "BudgetResult",
+    "BudgetState",
+    "BudgetStore",
+    "BudgetView",
+    "apply",
+    "bring_to",
+]
+
+RESERVE = "r"
+SETTLE_OP = "s"
+CANCEL = "x"
+
+
+@dataclass(slots=True)
+class BudgetState:
+    """One tenant's budget: the window charged in, what it was charged, the open
+    reservations (id -> (estimate, expires at)), their sum, and the ids settled lately
+    (id -> forgotten at)."""
+
+    window: str = ""
+    charged: int = 0
+    reserved: int = 0
+    open: dict[str, tuple[int, int]] = field(default_factory=dict)
+    settled: dict[str, int] = field(default_factory=dict)
+    end_ms: int = 0  # the end of the window charged in, for dropping idle states
+
+    def idle(self, now_ms: int) -> bool:
+        """Nothing left that a later call could need."""
+        done = self.charged == 0 or self.end_ms <= now_ms
+        return done and not self.open and not self.settled
+
+    def copy(self) -> BudgetState:
+        return BudgetState(
+            self.window,
+            self.charged,
+            self.reserved,
+            dict(self.open),
+            dict(self.settled),
+            self.end_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetOp:
+    """One descriptor's operation on the tenant at ``key``: reserve ``amount`` (the
+    estimate), settle it (``amount`` the actual cost) or cancel a reservation; the window
+    the call falls in (its key suffix, start and end) and the rule's numbers."""
+
+    key: str
+    mode: str
+    request_id: str
+    amount: int
+    cap: int
+    window: str
+    start_ms: int
+    end_ms: int
+    ttl_ms: int
+    max_open: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetResult:
+    """One operation's outcome and its tenant's budget after the call.
+
+    ``admitted``: a reservation within the cap (settlements and cancels always are);
+    ``applied``: reserved, settled or released (False for a duplicate settlement, an id
+    already reserved, or a reservation refused with another of the call); ``expired``: the
+    reservations of this tenant charged on expiry in this call (on its first operation
+    only); ``refund``: what a settlement gave back of its estimate."""
+
+    admitted: bool
+    applied: bool
+    charged: int
+    reserved: int
+    open: int
+    expired: int = 0
+    refund: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetView:
+    """A tenant's budget as an operator sees it (nothing counted)."""
+
+    charged: int
+    reserved: int
+    open: int
+
+
+def _oldest(items: dict[str, tuple[int, int]] | dict[str, int]) -> str:
+    """The id that expires first (ties: the smaller id), as a Redis sorted set orders them."""
+    return min(items, key=lambda rid: (_time(items[rid]), rid))
+
+
+def _time(value: tuple[int, int] | int) -> int:
+    return value[1] if isinstance(value, tuple) else value
+
+
+def bring_to(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
+    """The state at ``now_ms`` in ``op``'s window; how many reservations it charged."""
+    if state.window != op.window:
+        state.window, state.charged, state.end_ms = op.window, 0, op.end_ms
+    expired = 0
+    for rid in [r for r, (_, at) in state.open.items() if at <= now_ms]:
+        estimate, at = state.open.pop(rid)
+        state.reserved -= estimate
+        if at >= op.start_ms:
+            state.charged += estimate
+        expired += 1
+    for rid in [r for r, at in state.settled.items() if at <= now_ms]:
+        del state.settled[rid]
+    return expired
+
+
+def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int]:
+    """(applied, refund) of a settlement or a cancel."""
+    rid = op.request_id
+    if op.mode == CANCEL:
+        found = state.open.pop(rid, None)
+        if found is not None:
+            state.reserved -= found[0]
+        return found is not None, 0
+    if rid in state.settled:
+        return False, 0
+    found = state.open.pop(rid, None)
+    refund = 0
+    if found is not None:
+        state.reserved -= found[0]
+        refund = max(0, found[0] - op.amount)
+    state.charged += op.amount
+    state.settled[rid] = now_ms + op.ttl_ms
+    if len(state.settled) > op.max_open:
+        del state.settled[_oldest(state.settled)]
+    return True, refund
+
+
+def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
+    """Reserve ``op``'s estimate; how many older reservations it pushed out (charged)."""
+    state.open[op.request_id] = (op.amount, now_ms + op.ttl_ms)
+    state.reserved += op.amount
+    pushed = 0
+    while len(state.open) > op.max_open:
+        estimate, _ = state.open.pop(_oldest(state.open))
+        state.reserved -= estimate
+        state.charged += estimate
+        pushed += 1
+    return pushed
+
+
+def _repeat(state: BudgetState, op: BudgetOp) -> bool:
+    """A reservation for an id already open or settled: it holds and checks nothing more."""
+    rid = op.request_id
+    return bool(rid) and (rid in state.open or rid in state.settled)
+
+
+def _takes(state: BudgetState, op: BudgetOp) -> bool:
+    """Whether a reservation would hold an estimate (not a check alone, not a repeat)."""
+    return bool(op.request_id) and op.amount > 0 and not _repeat(state, op)
+
+
+def apply(
+    states: dict[str, BudgetState], ops: Sequence[BudgetOp], now_ms: int
+) -> list[BudgetResult]:
+    """Apply ``ops`` to ``states`` (by key; missing ones are created) at ``now_ms``."""
+    expired: dict[str, int] = {}
+    for op in ops:
+        if op.key not in expired:
+            state = states.setdefault(op.key, BudgetState())
+            expired[op.key] = bring_to(state, op, now_ms)
+    done: dict[int, tuple[bool, int]] = {}
+    for i, op in enumerate(ops):
+        if op.mode != RESERVE:
+            done[i] = _settle(states[op.key], op, now_ms)
+    admitted: dict[int, bool] = {}
+    extra: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if op.mode == RESERVE:
+            state = states[op.key]
+            amount = 0 if _repeat(state, op) else op.amount
+            seen = state.charged + state.reserved + extra.get(op.key, 0)
+            admitted[i] = seen + amount <= op.cap
+            if _takes(state, op):
+                extra[op.key] = extra.get(op.key, 0) + amount
+    every = all(admitted.values())
+    for i, op in enumerate(ops):
+        if op.mode == RESERVE and every:
+            state = states[op.key]
+            taken = _takes(state, op)
+            if taken:
+                expired[op.key] += _reserve(state, op, now_ms)
+            done[i] = (taken, 0)
+    out: list[BudgetResult] = []
+    reported: set[str] = set()
+    for i, op in enumerate(ops):
+        state = states[op.key]
+        applied, refund = done.get(i, (False, 0))
+        count = 0 if op.key in reported else expired[op.key]
+        reported.add(op.key)
+        out.append(
+            BudgetResult(
+                admitted.get(i, True),
+                applied,
+                state.charged,
+                state.reserved,
+                len(state.open),
+                count,
+                refund,
+            )
+        )
+    return out
+
+
+class BudgetStore(Protocol):
+    """Where cost budgets live: one atomic call per request."""
+
+    async def apply(self, ops: Sequence[BudgetOp], now: float) -> list[BudgetResult]:
+        """Apply a request's ``ops`` together (see the module); ``now`` in seconds (a Redis
+        store on server time uses Redis's clock). Raises BackendError when the store
+        fails."""
+        ...
+
+    async def peek(self, op: BudgetOp, now: float) -> BudgetView:
+        """The tenant's budget at ``now`` (expired reservations charged), writing nothing."""
+        ...
+
+    async def reset(self, key: str) -> int:
+        """Forget the tenant's budget and reservations (an operator's reset); 1 if held."""
+        ...
