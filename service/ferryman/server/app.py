@@ -30,7 +30,7 @@ from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages
 from ferryman.apis.quota_events import QuotaEventHub
-from ferryman.backends.base import Backend, Watched
+from ferryman.backends.base import Backend, Synced, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
@@ -135,6 +135,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         cache_key_prefix=settings.cache_key_prefix,
         local_cache_bytes=settings.local_cache_size_in_bytes,
         fail_open=settings.fail_open,
+        sync_interval=settings.redis_sync_interval,
     )
 
 
@@ -315,6 +316,9 @@ class Service:
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         if isinstance(self.backend, MemoryBackend):
             self.backend.counters.report = self.stats.inc
+        if isinstance(self.backend, Synced):
+            for synced in self.backend.synced():
+                synced.report = self.stats.inc
         self.reloader = config_source(settings, self.holder, self.stats)
         self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
