@@ -179,3 +179,44 @@ def test_cluster_stop_increment_when_over_across_slots_matches_memory(
         ), f"step {i}"
     # What the memory backend holds after these steps: blocked hits were not stored.
     assert cluster_get(redis_cluster, keys) == [4, 7, 8]
+
+
+SIX = "domain: six\ndescriptors:\n" + "".join(
+    f"  - key: d{i}\n    rate_limit: {{unit: minute, requests_per_unit: 50}}\n" for i in range(6)
+)
+
+
+def two_per_node(prefix: str) -> list[list[tuple[str, str]]]:
+    """Six descriptors whose counters sit on six slots, two on each of the three nodes."""
+    chosen: list[list[tuple[str, str]]] = []
+    per_third: dict[int, int] = {}
+    slots: set[int] = set()
+    for i in range(6):
+        key = f"d{i}"
+        for n in range(10_000):
+            slot = key_slot(f"{prefix}six_{key}_v{n}_{int(EPOCH)}".encode())
+            third = slot * 3 // 16384
+            if per_third.get(third, 0) < 2 and slot not in slots:
+                per_third[third] = per_third.get(third, 0) + 1
+                slots.add(slot)
+                chosen.append([(key, f"v{n}")])
+                break
+    assert sorted(per_third.values()) == [2, 2, 2]
+    return chosen
+
+
+def test_a_request_over_three_nodes_asks_them_at_once_one_write_each(
+    config_dir: ConfigDir, make_server: ServerFactory, redis_cluster: RedisCluster
+) -> None:
+    """Six descriptors on six slots of three nodes: the two scripts of each node leave in
+    one write (one round trip per node, the nodes asked at once), each counter counted once."""
+    config_dir.write("six.yaml", SIX)
+    prefix = unique_prefix()
+    request = two_per_node(prefix)
+    backend = redis_backend(redis_cluster.url, pool_size=8, timeout=5.0, server_time=False)
+    server = make_server(backend=backend, cache_key_prefix=prefix)
+    server.ask("six", *request)  # slot map read, scripts loaded
+    writes, commands = backend.writes, backend.connection.commands
+    second = server.ask("six", *request)
+    assert (backend.writes - writes, backend.connection.commands - commands) == (3, 6)
+    assert remaining(second) == [48] * 6

@@ -21,7 +21,7 @@ from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
 from ferryman.apis.rlqs import QuotaShares
 from ferryman.apis.rls import RateLimitServicer
-from ferryman.backends.base import Backend, Watched
+from ferryman.backends.base import Backend, Synced, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 from ferryman.config.model import Config
@@ -209,6 +209,9 @@ class Pages:
                 "healthy": self.service.backend.healthy(),
                 "connections": [c.describe_state() for c in self.service.backend.connections()]
                 if isinstance(self.service.backend, Watched)
+                else [],
+                "sync": [s.state() for s in self.service.backend.synced()]
+                if isinstance(self.service.backend, Synced)
                 else [],
             },
             "tls": None

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.clock import Clock
 
-__all__ = ["Backend", "ConnectionState", "Watched"]
+__all__ = ["Backend", "ConnectionState", "Synced", "Watched"]
 
 
 class ConnectionState(Protocol):
@@ -37,6 +37,13 @@ class Watched(Protocol):
     """A backend whose connections report their state (Redis; memory has none)."""
 
     def connections(self) -> Sequence[ConnectionState]: ...
+
+
+@runtime_checkable
+class Synced(Protocol):
+    """A backend whose fixed windows may be counted in this process and flushed (Redis)."""
+
+    def synced(self) -> Sequence[Any]: ...
 
 
 class Backend(Protocol):

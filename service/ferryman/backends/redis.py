@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ferryman.algorithms import ALGORITHMS, COUNTERS
+from ferryman.algorithms.fixed_window.synced import SyncedFixedWindows
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.algorithms.token_bucket.redis import RedisTokenBucketStore
 from ferryman.clock import Clock, SystemClock
@@ -75,7 +76,14 @@ class RedisBackend:
     def connections(self) -> list[RedisConnection]:
         return [self.connection]
 
+    def synced(self) -> list[SyncedFixedWindows]:
+        """The stores that count synced fixed windows in this process."""
+        store = self._stores[COUNTERS.name]
+        return [store] if isinstance(store, SyncedFixedWindows) else []
+
     async def close(self) -> None:
+        for store in self.synced():  # their last hits, while the connection is open
+            await store.close()
         await self.connection.close()
 
 
@@ -111,6 +119,9 @@ class RoutedBackend:
 
     def connections(self) -> list[RedisConnection]:
         return [self.main.connection, self._per_second.connection]
+
+    def synced(self) -> list[SyncedFixedWindows]:
+        return [*self.main.synced(), *self._per_second.synced()]
 
     async def close(self) -> None:
         await self.main.close()

@@ -126,6 +126,7 @@ class EngineOptions:
     cache_key_prefix: str = ""
     local_cache_bytes: int = 0
     fail_open: bool = False
+    sync_interval: float = 0.0  # REDIS_SYNC_INTERVAL: for windows without their own sync
 
 
 def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:

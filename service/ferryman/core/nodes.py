@@ -215,6 +215,10 @@ def _flatten(node: MappingNode, active: frozenset[int] = frozenset()) -> tuple[l
     return inherited + own, len(inherited)
 
 
+# Keys some kinds read, and what a map of another kind that has one is told.
+_ONLY_SOME = {"sync": "synced counting is supported by rate_limit (fixed windows) only, not"}
+
+
 def mapping(
     ctx: Ctx, node: Node, path: str, allowed: frozenset[str] | None = None
 ) -> dict[str, Node]:
@@ -240,7 +244,8 @@ def mapping(
             continue
         if allowed is not None and key not in allowed:
             hint = ", ".join(sorted(allowed))
-            ctx.error(key_node, join(path, key), f"unknown key {key!r} (expected one of: {hint})")
+            why = _ONLY_SOME.get(key, "unknown key")
+            ctx.error(key_node, join(path, key), f"{why} {key!r} (expected one of: {hint})")
             continue
         out[key] = value_node
         if i < n_inherited:

@@ -34,7 +34,7 @@ from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.rlqs import QuotaShares
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
-from ferryman.backends.base import Backend, Watched
+from ferryman.backends.base import Backend, Synced, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
@@ -144,6 +144,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         cache_key_prefix=settings.cache_key_prefix,
         local_cache_bytes=settings.local_cache_size_in_bytes,
         fail_open=settings.fail_open,
+        sync_interval=settings.redis_sync_interval,
     )
 
 
@@ -324,6 +325,9 @@ class Service:
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
         if isinstance(self.backend, MemoryBackend):
             self.backend.counters.report = self.stats.inc
+        if isinstance(self.backend, Synced):
+            for synced in self.backend.synced():
+                synced.report = self.stats.inc
         self.reloader = config_source(settings, self.holder, self.stats)
         self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(

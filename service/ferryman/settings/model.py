@@ -632,6 +632,14 @@ class Settings:
     redis_pipeline_limit: int = REDIS.setting(
         "REDIS_PIPELINE_LIMIT", 0, _COUNT, "calls written together at most (0: no limit)"
     )
+    redis_sync_interval: float = REDIS.setting(
+        "REDIS_SYNC_INTERVAL",
+        0.0,
+        _DURATION,
+        "synced counting for every fixed window without its own `sync`: each replica decides "
+        "from its own view and flushes its hits this often (0: exact, a round trip per "
+        "request; see the performance page for the error bound)",
+    )
     # Wait for Redis at start (any REDIS_STARTUP_* set), retrying with exponential backoff
     # from the initial interval up to the maximum; give up after max elapsed (0: never).
     redis_startup_wait: bool = False

@@ -54,7 +54,7 @@ class FixedWindowAlgorithm(AlgorithmBase):
         rate = limit.rate
         if limit.period is None:
             return {"kind": "unlimited", "name": rate.name or None}
-        return {
+        described = {
             "kind": KIND,
             "requests_per_unit": rate.requests_per_unit,
             **limit.period.describe(),
@@ -62,9 +62,15 @@ class FixedWindowAlgorithm(AlgorithmBase):
             "name": rate.name or None,
             "replaces": list(rate.replaces),
         }
+        if limit.sync is not None:
+            described["sync"] = limit.sync
+        return described
 
     def text(self, described: Mapping[str, Any]) -> str:
-        return f"fixed window {described['requests_per_unit']} per {described['per']}"
+        text = f"fixed window {described['requests_per_unit']} per {described['per']}"
+        if described.get("sync"):
+            text += f", synced every {described['sync']:g}s"
+        return text
 
     def rate(self, limit: FixedWindow) -> Rate | None:
         if limit.period is None:
@@ -90,8 +96,11 @@ class FixedWindowAlgorithm(AlgorithmBase):
 
     def redis_store(self, connection: Any, options: StoreOptions) -> FixedWindowStore:
         from ferryman.algorithms.fixed_window.redis import RedisFixedWindows
+        from ferryman.algorithms.fixed_window.synced import SyncedFixedWindows
 
-        return RedisFixedWindows(connection, options.jitter_max)
+        # Exact unless an op asks for synced counting (a rule's sync, REDIS_SYNC_INTERVAL).
+        exact = RedisFixedWindows(connection, options.jitter_max)
+        return SyncedFixedWindows(exact, options.clock)
 
     def memcache_store(self, servers: Sequence[Any], jitter_max: int) -> Any:
         """The counters in memcached (BACKEND_TYPE=memcache), on ``servers``."""

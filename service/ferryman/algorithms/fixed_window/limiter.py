@@ -46,6 +46,7 @@ class WindowRule:
     period: Period | None  # the window (None: unlimited)
     shadow: bool
     metadata: Mapping[str, Any]
+    sync: float = 0.0  # synced counting's interval (0: exact)
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class WindowItem:
     shadow: bool
     quota: bool
     rule: Rule | None
+    sync: float = 0.0
     op: CounterOp | None = None
     cached: bool = False  # over its limit per the local cache: not sent to the store
     metadata: Mapping[str, Any] = field(default_factory=dict)
@@ -99,8 +101,9 @@ class WindowLimiter:
         )
         head = f"{self.opts.cache_key_prefix}{domain}_"
         period = None if limit.unlimited else rule.limit.period
+        sync = self.opts.sync_interval if rule.limit.sync is None else rule.limit.sync
         return WindowRule(
-            rule, limit, path, quota, plain, head, period, rule.shadow_mode, rule.metadata
+            rule, limit, path, quota, plain, head, period, rule.shadow_mode, rule.metadata, sync
         )
 
     def plan(
@@ -133,6 +136,7 @@ class WindowLimiter:
             rule.shadow_mode,
             prepared.quota,
             rule,
+            prepared.sync,
             metadata=rule.metadata,
         )
         return self._counted(item, base, now)
@@ -159,21 +163,27 @@ class WindowLimiter:
             False,
             self.opts.quota_mode,
             None,
+            self.opts.sync_interval,
         )
         return self._counted(
             item, cache_key(self.opts.cache_key_prefix, domain, entries, None), now
         )
 
     @staticmethod
-    def op(base: str, period: Period, hits: int, limit: int, now: float) -> CounterOp:
+    def op(
+        base: str, period: Period, hits: int, limit: int, now: float, sync: float = 0.0
+    ) -> CounterOp:
         """The counter op of the window ``now`` falls in, for a descriptor's ``base`` key
         (``cache_key``): the key names the window's start, and lives as long as the window
         (a whole second at least)."""
         suffix, start, end = period.window(now)
-        return CounterOp(base + suffix, hits, limit, math.ceil(end), max(1, math.ceil(end - start)))
+        ttl = max(1, math.ceil(end - start))
+        return CounterOp(base + suffix, hits, limit, math.ceil(end), ttl, sync)
 
     def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
-        item.op = self.op(base, item.period, item.hits, item.limit.requests_per_unit, now)
+        item.op = self.op(
+            base, item.period, item.hits, item.limit.requests_per_unit, now, item.sync
+        )
         local = self.local
         if local is not None:
             if item.hits < 0:
@@ -226,7 +236,8 @@ class WindowLimiter:
         """The store's ops for ``counters`` at ``now``."""
         op = WindowLimiter.op
         return [
-            op(c.base, c.period, c.hits, c.window.limit.requests_per_unit, now) for c in counters
+            op(c.base, c.period, c.hits, c.window.limit.requests_per_unit, now, c.window.sync)
+            for c in counters
         ]
 
     def send(self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float) -> Call:

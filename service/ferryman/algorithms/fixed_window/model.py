@@ -24,7 +24,8 @@ class CounterOp:
     """Add ``hits`` (negative: give back) to a fixed-window counter.
 
     ``expires_at`` is the end of the window (epoch seconds); ``ttl`` is the window's length
-    in seconds, the key lifetime a remote store sets (plus its expiration jitter).
+    in seconds, the key lifetime a remote store sets (plus its expiration jitter);
+    ``sync`` the interval of synced counting (0: exact), which only a Redis store reads.
     """
 
     key: str
@@ -32,6 +33,7 @@ class CounterOp:
     limit: int
     expires_at: int
     ttl: int
+    sync: float = 0.0
 
 
 @dataclass(slots=True)

@@ -14,7 +14,12 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
+from ferryman.algorithms.fixed_window.model import (
+    CounterOp,
+    CounterResult,
+    FixedWindowStore,
+    over_limit,
+)
 from ferryman.connections.redis import LuaScript, RedisConnection
 
 __all__ = ["RedisFixedWindows", "RoutedFixedWindows"]
@@ -137,7 +142,7 @@ async def apply_only_over(
 class RoutedFixedWindows:
     """Per-second counters to one store, every other window to another (REDIS_PERSECOND)."""
 
-    def __init__(self, main: RedisFixedWindows, per_second: RedisFixedWindows) -> None:
+    def __init__(self, main: FixedWindowStore, per_second: FixedWindowStore) -> None:
         self._main = main
         self._per_second = per_second
 

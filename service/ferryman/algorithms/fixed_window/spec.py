@@ -1,6 +1,7 @@
 """``rate_limit`` on a descriptor node: a count per window, as the reference reads it
 (``unit``), or per window of any length (``window: 30s``) or calendar period (``calendar``);
-``unlimited: true`` for a node that is never limited."""
+``unlimited: true`` for a node that is never limited; ``sync: 100ms`` counts it in the
+replica's own view, flushed to Redis every 100 ms (synced counting)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from typing import ClassVar
 
 from yaml.nodes import MappingNode, Node
 
-from ferryman.core.nodes import Ctx, boolean, join, mapping, read_replaces, string, uint32
+from ferryman.core.nodes import (
+    Ctx,
+    boolean,
+    duration,
+    join,
+    mapping,
+    read_replaces,
+    string,
+    uint32,
+)
 from ferryman.core.periods import Period, read_period
 from ferryman.core.rules import UnitLimit
 
@@ -18,17 +28,21 @@ __all__ = ["KIND", "FixedWindow", "read_fixed_window", "read_window_fields"]
 
 KIND = "fixed_window"
 _KEYS = frozenset(
-    {"unit", "window", "calendar", "requests_per_unit", "unlimited", "name", "replaces"}
+    {"unit", "window", "calendar", "requests_per_unit", "unlimited", "name", "replaces", "sync"}
 )
+# Longer than this and a replica's view would lag a minute window by most of it.
+MAX_SYNC = 60.0
 
 
 @dataclass(frozen=True)
 class FixedWindow:
     """A fixed-window limit: ``rate`` is the count per unit as Envoy is told it (its name
-    and replaces too), ``period`` the window it counts in (None: unlimited)."""
+    and replaces too), ``period`` the window it counts in (None: unlimited), ``sync`` the
+    interval of synced counting (None: as REDIS_SYNC_INTERVAL says; 0: exact)."""
 
     rate: UnitLimit
     period: Period | None = None
+    sync: float | None = None
     kind: ClassVar[str] = KIND
 
     @property
@@ -42,7 +56,7 @@ class FixedWindow:
 
 def read_fixed_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedWindow | None:
     """``rate_limit: {unit | window | calendar, requests_per_unit, unlimited, name,
-    replaces}``."""
+    replaces, sync}``."""
     node = fields.get("rate_limit")
     if node is None:
         return None
@@ -68,4 +82,14 @@ def read_window_fields(ctx: Ctx, node: Node, path: str) -> FixedWindow | None:
     if "replaces" in own:
         replaces = read_replaces(ctx, own["replaces"], join(path, "replaces"), name)
     unit = None if period is None else period.unit
-    return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces), period)
+    sync = read_sync(ctx, own.get("sync"), join(path, "sync"))
+    return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces), period, sync)
+
+
+def read_sync(ctx: Ctx, node: Node | None, path: str) -> float | None:
+    """``sync``: a duration from 0 (exact) to :data:`MAX_SYNC`."""
+    value = duration(ctx, node, path)
+    if value is not None and not 0 <= value <= MAX_SYNC:
+        ctx.error(node, path, f"sync {value:g}s is out of range (0s to {MAX_SYNC:g}s)")
+        return None
+    return value
