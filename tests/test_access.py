@@ -15,10 +15,10 @@ from typing import cast
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
+from envoy.type.v3 import ratelimit_unit_pb2
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
-from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman.access import DENIED
 
 from helpers.capacity import resources_yaml

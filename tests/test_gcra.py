@@ -18,10 +18,10 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.gcra import Gcra
 from ferryman.algorithms.gcra.memory import MemoryGcra

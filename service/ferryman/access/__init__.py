@@ -230,10 +230,13 @@ class Access:
         strict = domain is not None and not (domain.allow_overrides and domain.allow_negative_hits)
         if policy is None and not strict:
             return
+        # The APIs import this module: their converter is imported when first needed.
+        from ferryman.apis.convert import negative_hits
+
         caller = context if isinstance(context, Caller) else caller_of(context)
         self.check(caller, policy, "rls", request.domain)
         for d in request.descriptors:
-            if d.is_negative_hits:
+            if negative_hits(d):
                 if domain is not None and not domain.allow_negative_hits:
                     self.deny(caller, "negative_hits", request.domain)
                 self.check(caller, policy, "negative_hits", request.domain)

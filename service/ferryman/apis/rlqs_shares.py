@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ferryman.algorithms.leases.algorithms import divide
-from ferryman.algorithms.leases.model import Kind
+from ferryman.algorithms.leases.model import Demand, Kind
 
 __all__ = [
     "MAX_FILL_SECONDS",
@@ -74,19 +74,13 @@ def observe(meter: Meter, hits: int, seconds: int) -> Meter:
     return Meter(window, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class _Wants:
-    wants: float
-    weight: int = 1
-
-
 def split(kind: Kind, per_second: float, demands: Mapping[K, float | None]) -> dict[K, float]:
     """Each Envoy's share of ``per_second`` by its demand (None: not known yet, counted as
     wanting it all). What the algorithm leaves over is spread evenly, so that the shares add
     up to the whole rate and a rising demand finds room before the next report."""
     if not demands:
         return {}
-    wants = {name: _Wants(per_second if d is None else max(0.0, d)) for name, d in demands.items()}
+    wants = {name: Demand(per_second if d is None else max(0.0, d)) for name, d in demands.items()}
     division = divide(kind, per_second, list(wants.values()))
     shares = {name: min(per_second, division.share(w)) for name, w in wants.items()}
     left = per_second - sum(shares.values())
