@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 
-from ferryman.apis.convert import mark_negative_hits, negative_hits
+from ferryman.core.wire import mark_negative_hits, negative_hits
 
 from helpers.client_domain import CLIENT_CONFIG
 from helpers.server import ConfigDir, ServerFactory

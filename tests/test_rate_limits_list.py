@@ -153,13 +153,14 @@ def test_random_traces_on_redis_agree_with_memory(
     store: Store, steps: list[tuple[int, str, int]]
 ) -> None:
     """Every decision and every limit's remaining and reset equal the memory store's, on a
-    list of a 10 s window, a 30 s sliding window and a calendar day."""
+    list of a 10 s window, a 30 s sliding window, a calendar day and a GCRA limit."""
     text = (
         "domain: l\ndescriptors:\n  - key: k\n    rate_limits:\n"
         "      - {window: 10s, requests_per_unit: 4}\n"
         "      - sliding_window: {window: 30s, requests_per_unit: 6}\n"
         "      - calendar: {unit: day, time_zone: Europe/Berlin}\n"
         "        requests_per_unit: 9\n"
+        "      - gcra: {rate: 5, per: 3s, burst: 3}\n"
     )
     limit = _limits(text)
     reference = memory_store(ManualClock(EPOCH))

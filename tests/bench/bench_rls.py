@@ -99,7 +99,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
-from ferryman.apis.convert import mark_negative_hits
+from ferryman.core.wire import mark_negative_hits
 from ferryman.errors import SettingsError
 from ferryman.server import event_loop
 

@@ -20,9 +20,9 @@ from envoy.type.v3 import ratelimit_unit_pb2
 
 from ferryman._proto.ferryman.v1 import limiter_pb2_grpc
 from ferryman._proto.quotaservice import quota_service_pb2_grpc
-from ferryman.apis.convert import mark_negative_hits
 from ferryman.backends.base import Backend
 from ferryman.clock import ManualClock, SystemClock
+from ferryman.core.wire import mark_negative_hits
 from ferryman.server.app import Service
 from ferryman.settings import Settings
 from ferryman.telemetry import Telemetry

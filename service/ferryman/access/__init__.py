@@ -25,6 +25,7 @@ from ferryman.access.leases import LeaseLimits, Owners, cap_wants, check_ids
 from ferryman.access.policy import ANONYMOUS, PERMISSIONS, Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.core.rules import Domain
+from ferryman.core.wire import negative_hits
 from ferryman.errors import AccessDeniedError, CapExceededError
 from ferryman.logs import ThrottledLog
 from ferryman.stats import Stats
@@ -230,9 +231,6 @@ class Access:
         strict = domain is not None and not (domain.allow_overrides and domain.allow_negative_hits)
         if policy is None and not strict:
             return
-        # The APIs import this module: their converter is imported when first needed.
-        from ferryman.apis.convert import negative_hits
-
         caller = context if isinstance(context, Caller) else caller_of(context)
         self.check(caller, policy, "rls", request.domain)
         for d in request.descriptors:

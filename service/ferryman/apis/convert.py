@@ -7,9 +7,10 @@ from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
-from google.protobuf import struct_pb2, unknown_fields
+from google.protobuf import struct_pb2
 
 from ferryman.core.rules import Unit, UnitLimit
+from ferryman.core.wire import mark_negative_hits, negative_hits
 from ferryman.engine import Code, Decision, DescriptorRequest
 from ferryman.errors import RequestError
 
@@ -26,28 +27,6 @@ _CODES: dict[Code, Any] = {c: rls_pb2.RateLimitResponse.Code.Value(c.name) for c
 _LIMIT_UNITS: dict[Unit, Any] = {
     u: rls_pb2.RateLimitResponse.RateLimit.Unit.Value(u.name) for u in Unit
 }
-
-
-# Envoy 1.40's RateLimitDescriptor.is_negative_hits (field 4, a varint) is newer than the
-# xds-protos build of Envoy's API: the field arrives as an unknown field, read from there.
-_NEGATIVE_HITS_FIELD = 4
-_NEGATIVE_HITS_TRUE = b"\x20\x01"  # field 4, wire type 0, value 1
-
-
-def negative_hits(descriptor: Any) -> bool:
-    """Whether a descriptor's ``is_negative_hits`` is set (hits given back, not taken)."""
-    fields = unknown_fields.UnknownFieldSet(descriptor)
-    return any(
-        fields[i].field_number == _NEGATIVE_HITS_FIELD
-        and fields[i].wire_type == 0
-        and fields[i].data != 0
-        for i in range(len(fields))
-    )
-
-
-def mark_negative_hits(descriptor: Any) -> None:
-    """Set a descriptor's ``is_negative_hits``, as Envoy 1.40 sends it."""
-    descriptor.MergeFromString(_NEGATIVE_HITS_TRUE)
 
 
 def request_from_proto(

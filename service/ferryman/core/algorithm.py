@@ -345,8 +345,9 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def step_lua(self) -> tuple[str, str] | None:
-        """The package and file of the Lua twin of the kind's steps (None: no steps)."""
+    def step_lua(self) -> tuple[str, ...] | None:
+        """The package and files (shared functions first) of the Lua twin of the kind's
+        steps (None: no steps)."""
         ...
 
     def redis_store(self, connection: Any, options: StoreOptions) -> Any:
@@ -361,7 +362,7 @@ class AlgorithmBase:
 
     held = False
     stats: Mapping[str, str] = MappingProxyType({})
-    step_lua: tuple[str, str] | None = None
+    step_lua: tuple[str, ...] | None = None
 
     def rate(self, limit: Any) -> Rate | None:
         return None

@@ -323,11 +323,7 @@ class Service:
         self.telemetry = telemetry if telemetry is not None else Telemetry(settings)
         self.holder = ConfigHolder()
         self.backend = backend if backend is not None else make_backend(settings, self.clock)
-        if isinstance(self.backend, MemoryBackend):
-            self.backend.counters.report = self.stats.inc
-        if isinstance(self.backend, Synced):
-            for synced in self.backend.synced():
-                synced.report = self.stats.inc
+        self._count_backend_events()
         self.reloader = config_source(settings, self.holder, self.stats)
         self.backend_latency = LatencyRecorder()
         self.engine = RateLimitEngine(
@@ -367,6 +363,14 @@ class Service:
         self._drains: list[Callable[[], Awaitable[None]]] = []
         self._grace: float | None = None
         self._stopping = False
+
+    def _count_backend_events(self) -> None:
+        """The memory backend's evictions and synced counters' flushes, counted in stats."""
+        if isinstance(self.backend, MemoryBackend):
+            self.backend.counters.report = self.stats.inc
+        if isinstance(self.backend, Synced):
+            for synced in self.backend.synced():
+                synced.report = self.stats.inc
 
     def _make_stateful(self, settings: Settings) -> None:
         """The services that hold state for the APIs (and the console and pages)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from yaml.nodes import Node
 
+from ferryman.algorithms.gcra.item import GcraStep
 from ferryman.algorithms.gcra.limiter import GcraLimiter, gcra_key, reported
 from ferryman.algorithms.gcra.model import GcraStore
 from ferryman.algorithms.gcra.spec import KIND, Gcra, read_gcra
@@ -31,6 +32,7 @@ class GcraAlgorithm(AlgorithmBase):
 
     name = KIND
     keys = (KIND,)
+    step_lua = (__name__, "gcra_core.lua", "item.lua")
     stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> Gcra | None:
@@ -53,6 +55,9 @@ class GcraAlgorithm(AlgorithmBase):
 
     def reported(self, limit: Gcra) -> UnitLimit | None:
         return reported(limit)
+
+    def stepper(self, limit: Gcra) -> GcraStep:
+        return GcraStep(limit)
 
     def limiter(self, options: EngineOptions, stats: Stats) -> GcraLimiter:
         return GcraLimiter(self, options, stats)

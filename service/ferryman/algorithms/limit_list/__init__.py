@@ -78,7 +78,7 @@ class LimitListAlgorithm(AlgorithmBase):
 
         return RedisLimits(connection, self.steps(), options.server_time)
 
-    def steps(self) -> list[tuple[str, str]]:
+    def steps(self) -> list[tuple[str, ...]]:
         """The Lua steps of every kind that can be one of a list."""
         return [a.step_lua for a in _registry().ALGORITHMS if a.step_lua is not None]
 

@@ -16,10 +16,12 @@ from ferryman.errors import BackendError
 __all__ = ["RedisLimits", "script"]
 
 
-def script(steps: Sequence[tuple[str, str]]) -> LuaScript:
-    """The script with the Lua steps ``steps`` (package, file) in front of its own text."""
+def script(steps: Sequence[tuple[str, ...]]) -> LuaScript:
+    """The script with the Lua steps ``steps`` (package, files) in front of its own text."""
     text = "local STEPS = {}\n" + "".join(
-        resources.files(package).joinpath(name).read_text("utf-8") for package, name in steps
+        resources.files(package).joinpath(name).read_text("utf-8")
+        for package, *names in steps
+        for name in names
     )
     return LuaScript.of(__package__ or "", "limits.lua", prefix=text)
 
@@ -30,7 +32,7 @@ class RedisLimits:
     name = "redis"
 
     def __init__(
-        self, connection: RedisConnection, steps: Sequence[tuple[str, str]], server_time: bool
+        self, connection: RedisConnection, steps: Sequence[tuple[str, ...]], server_time: bool
     ) -> None:
         self._connection = connection
         self._script = script(steps)
