@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ferryman._proto.ferryman.v1 import limiter_pb2
@@ -96,14 +96,16 @@ class Textbook:
 PERS = {"memory": (1_000, 1_000_000, 60_000_000), "redis": (60_000_000, 3_600_000_000)}
 steps = st.lists(
     st.tuples(
-        st.integers(0, 40),  # quarters to move on: of an emission interval, or (< 0)
+        st.sampled_from(
+            [0, 0, 0, 1, 1, 2, 3, 5, 40]
+        ),  # quarters to move on: of an interval, or (< 0)
         st.sampled_from([1, 1, -1]),  # of ``per``, which land exactly on its boundaries
         st.integers(-2, 2),  # and a few microseconds either side of that
         st.sampled_from("ab"),
-        st.integers(0, 7),  # the cost
-        st.sampled_from([0, 0, 0, 1, 3]),  # the wait offered, in halves of an interval
+        st.sampled_from([0, 1, 1, 1, 2, 3, 7]),  # the cost
+        st.sampled_from([0, 0, 1, 3, 8]),  # the wait offered, in halves of an interval
     ),
-    min_size=1,
+    min_size=10,
     max_size=30,
 )
 
@@ -131,8 +133,13 @@ async def _replay(
 
 
 @on_stores()
-@settings(EXAMPLES, max_examples=60)
-@given(trace=steps, rate=st.integers(1, 9), burst=st.integers(1, 12), per=st.integers(0, 2))
+@settings(EXAMPLES, max_examples=100)
+@example(  # a look right after a wait pushed the debt past the burst
+    trace=[(0, 1, 0, "a", 1, 0), (0, 1, 0, "a", 1, 3), (0, 1, 0, "a", 0, 0)], rate=1, burst=1, per=1
+)
+@given(
+    trace=steps, rate=st.integers(1, 9), burst=st.sampled_from([1, 2, 3, 8]), per=st.integers(0, 2)
+)
 def test_every_store_decides_as_the_textbook_gcra(
     store: Store, trace: list[tuple[int, int, int, str, int, int]], rate: int, burst: int, per: int
 ) -> None:
@@ -143,6 +150,19 @@ def test_every_store_decides_as_the_textbook_gcra(
     params = (rate, pers[per % len(pers)], burst)
     for got, want in store.run(_replay(store, trace, params)):
         assert got == want
+
+
+@on_stores()
+def test_a_changed_limit_rounds_a_kept_time_up_to_its_microsecond(store: Store) -> None:
+    """A TAT kept under 7 per second (a seventh of a microsecond past a whole one) is read
+    under 2 per second as the next whole microsecond: a little stricter, never lost."""
+    key = f"{store.prefix}ferryman_gcra_{{g|t}}"
+    gcra, now = store.backend.store("gcra"), round(EPOCH * 1e6)
+    assert store.run(gcra.take(key, GcraParams.of(7, 1_000_000, 1), 1, 0, now / 1e6)).allowed
+    slower = GcraParams.of(2, 1_000_000, 1)
+    assert store.run(gcra.peek(key, slower, now / 1e6)).full_us == 142_858
+    assert not store.run(gcra.take(key, slower, 1, 0, (now + 142_857) / 1e6)).allowed
+    assert store.run(gcra.take(key, slower, 1, 0, (now + 142_858) / 1e6)).full_us == 500_000
 
 
 @on_stores("redis")

@@ -38,8 +38,12 @@ local function gcra_debt(saved, den, now)
 end
 
 -- Would cost fit with the debt before it (after a wait of at most max_wait µs)? Returns
--- allowed, the wait (µs, rounded up; 0 when refused) and the debt it would leave.
+-- allowed, the wait (µs, rounded up; 0 when refused) and the debt it would leave. A cost
+-- of 0 (a look) always fits.
 local function gcra_fit(before, step, den, burst, cost, max_wait)
+  if cost <= 0 then
+    return true, 0, before
+  end
   local after = before + cost * step
   local excess = after - burst * step
   local wait = 0

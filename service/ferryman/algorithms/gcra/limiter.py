@@ -129,7 +129,7 @@ class GcraLimiter:
         code = Code.OK if result.allowed or item.rule.shadow_mode else Code.OVER_LIMIT
         shown = result.remaining if result.allowed else 0
         reset = math.ceil(result.full_us / 1e6)
-        window = limit.burst * limit.interval
+        window = limit.burst * limit.per / limit.rate
         return Status(code, item.reported, shown, reset, item.quota, window, limit.burst)
 
     async def request(

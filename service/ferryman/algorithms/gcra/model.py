@@ -128,8 +128,10 @@ def fit(
     tat: Tat | None, params: GcraParams, cost: int, now_us: int, max_wait_us: int = 0
 ) -> Verdict:
     """Whether ``cost`` (>= 0) fits now, or after a wait of at most ``max_wait_us``;
-    nothing is changed. More than the burst never fits."""
+    nothing is changed. More than the burst never fits; nothing (a look) always does."""
     before = debt(tat, params, now_us)
+    if cost <= 0:
+        return Verdict(True, 0, before, before, 0)
     after = before + cost * params.step
     excess = after - params.span
     wait_us = _ceil_div(excess, params.den) if excess > 0 else 0

@@ -43,11 +43,6 @@ class Gcra:
     def replaces(self) -> tuple[str, ...]:
         return ()
 
-    @property
-    def interval(self) -> float:
-        """Seconds between requests once the burst is spent."""
-        return self.per / self.rate
-
 
 def read_gcra(ctx: Ctx, fields: Mapping[str, Node], path: str) -> Gcra | None:
     """``gcra: {rate, per, burst, name}``: rate and per required and positive, burst at
