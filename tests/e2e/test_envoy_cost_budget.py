@@ -5,6 +5,8 @@ server stand-in, asking a real `ferryman serve` on envoy/llm/descriptors."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +48,9 @@ class _Model(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.headers.get("x-test-stream"):
+            self._stream()
+            return
         usage = self.headers.get("x-test-usage", "")
         body = json.dumps({"choices": [], "usage": {"total_tokens": int(usage or 0)}}).encode()
         self.send_response(200)
@@ -55,6 +60,21 @@ class _Model(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _stream(self) -> None:
+        """A long streamed answer, its usage in the headers, until the client goes."""
+        self.send_response(200)
+        self.send_header("x-usage-tokens", self.headers.get("x-test-usage", "0"))
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for _ in range(100):
+                self.wfile.write(b"6\r\ntoken \r\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # Envoy reset the stream: the client has gone
 
 
 @dataclass
@@ -145,3 +165,22 @@ def test_usage_in_the_json_body_is_settled_through_the_lua_filter(
         assert gateway.send(user, 5000, 777) == 200
         seen = gateway.charged("user", user)
         assert (seen["charged"], seen["reserved"], seen["open_reservations"]) == (777, 0, 0)
+
+
+def test_a_client_gone_mid_stream_is_settled_from_the_response_header(gateway: Gateway) -> None:
+    """The client reads the headers of a streamed answer and hangs up: Envoy still sends
+    the settlement, with the usage the headers reported, in place of the estimate."""
+    user = f"u{uuid.uuid4().hex[:8]}"
+    before = gateway.stat("user.settlements")
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
+        conn.sendall(
+            f"GET /v1/chat HTTP/1.1\r\nHost: llm\r\nx-user: {user}\r\nx-org: o-{user}\r\n"
+            "x-estimate-tokens: 9000\r\nx-test-stream: 1\r\nx-test-usage: 1234\r\n\r\n".encode()
+        )
+        head = b""
+        while b"token" not in head:
+            head += conn.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200")
+    wait_for(lambda: gateway.stat("user.settlements") > before)
+    seen = gateway.charged("user", user)
+    assert (seen["charged"], seen["reserved"]) == (1234, 0)
