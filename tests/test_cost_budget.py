@@ -216,6 +216,7 @@ def test_estimates_are_admitted_until_the_cap_and_settlements_charge_the_exact_t
     query = "/explain?domain=llm&descriptor=user=alice,request_id=r7,settle=1"
     explained = json.loads(server.http("GET", query, debug=True)[1])["descriptors"][0]
     assert explained["stats_key"] == "llm.user"
+    assert explained["read_by_rule"] == [["request_id", "r7"], ["settle", "1"]]
     assert (explained["charged"], explained["reserved"]) == (sum(costs.values()), 0)
     assert _ask(server, ([("user", "alice"), ("request_id", "r5")], 1)) == ["OK"]
     assert _settle(server, "alice", "r9", 100) == ["OK"]  # never refused, even into debt

@@ -166,6 +166,8 @@ def explain(
         done = len(path) == len(entries) or (bool(path) and ends_at(path[-1], entries[len(path) :]))
         last = path[-1] if done and path else None
         rules.append(last)
+        if last is not None and len(path) < len(entries):
+            d["read_by_rule"] = [list(e) for e in entries[len(path) :]]
         if last is None:
             d["outcome"] = f"no match at level {len(path) + 1}: OK, nothing counted"
         else:
@@ -232,6 +234,9 @@ def render(answer: dict[str, Any]) -> str:
             if step.get("wildcards_not_matching"):
                 tried = ", ".join(step["wildcards_not_matching"])
                 lines.append(f"           wildcards not matching: {tried}")
+        if d.get("read_by_rule"):
+            tail = ", ".join(f"{k}={v}" for k, v in d["read_by_rule"])
+            lines.append(f"  then: {tail}: read by the rule itself, not a level of the tree")
         rule = d.get("rule")
         if rule is not None:
             lines.append("  rule: " + rule_text(rule))
