@@ -350,9 +350,7 @@ def generate(
         ]
         docs = _istio(domain, limits, ferryman)
         held = [
-            p[-1].stats_key
-            for p in paths
-            if _held(p[-1].limit) or hasattr(p[-1].limit, "trailing")
+            p[-1].stats_key for p in paths if _held(p[-1].limit) or hasattr(p[-1].limit, "trailing")
         ]
         if held:
             # A virtual host's entries cannot give a copy back when the stream ends.
