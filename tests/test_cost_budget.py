@@ -156,7 +156,7 @@ async def _replay(
 
 
 @on_stores()
-@settings(EXAMPLES, max_examples=30)
+@settings(EXAMPLES, max_examples=60)
 @given(trace=steps)
 def test_any_trace_leaves_usage_equal_to_settled_costs_plus_expired_estimates(
     store: Store, trace: list[tuple[str, int, object]]
