@@ -28,6 +28,7 @@ from ferryman.algorithms.cost_budget.model import (
 from ferryman.clock import ManualClock
 from ferryman.config import load_sources
 from ferryman.core.periods import Span
+from ferryman.engine.reset import reset_counters
 from ferryman.errors import ConfigError
 
 from helpers.envoy_cli import envoy_cli
@@ -233,7 +234,8 @@ def test_a_requests_budgets_are_reserved_all_or_none_and_unsettled_ones_expire(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
     """A user with room and an organisation without: the request is refused and the user's
-    estimate is not held; an estimate never settled is charged when its 30 s are up."""
+    estimate is not held; an estimate never settled is charged when its 30 s are up; an
+    operator's reset forgets the budget."""
     config_dir.write("b.yaml", CONFIG)
     server = make_server()
     clock.set(EPOCH + 60)
@@ -247,6 +249,19 @@ def test_a_requests_budgets_are_reserved_all_or_none_and_unsettled_ones_expire(
     clock.set(EPOCH + 95)
     assert _ask(server, ([("user", "bob"), ("request_id", "r3")], 1)) == ["OVER_LIMIT"]
     assert server.stats["ratelimit.service.rate_limit.llm.user.expired_reservations"] == 1
+    service = server.service
+    cleared = server.run(
+        reset_counters(
+            service.backend.store,
+            service.holder.config,
+            "llm",
+            [("user", "bob")],
+            service.engine.options,
+            clock.now(),
+        )
+    )
+    assert (cleared.kind, cleared.held) == ("cost_budget", True)
+    assert _ask(server, ([("user", "bob"), ("request_id", "r4")], 1200)) == ["OK"]
 
 
 @on_stores("redis")
