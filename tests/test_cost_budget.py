@@ -5,10 +5,13 @@ through the real gRPC server."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +28,10 @@ from ferryman.algorithms.cost_budget.model import (
 from ferryman.clock import ManualClock
 from ferryman.config import load_sources
 from ferryman.core.periods import Span
+from ferryman.engine.reset import reset_counters
 from ferryman.errors import ConfigError
 
+from helpers.envoy_cli import envoy_cli
 from helpers.server import EPOCH, ConfigDir, Server, ServerFactory, codes, descriptor
 from helpers.stores import Store, memory_store, on_stores
 
@@ -152,7 +157,7 @@ async def _replay(
 
 
 @on_stores()
-@settings(EXAMPLES, max_examples=30)
+@settings(EXAMPLES, max_examples=60)
 @given(trace=steps)
 def test_any_trace_leaves_usage_equal_to_settled_costs_plus_expired_estimates(
     store: Store, trace: list[tuple[str, int, object]]
@@ -209,8 +214,11 @@ def test_estimates_are_admitted_until_the_cap_and_settlements_charge_the_exact_t
     for rid, cost in costs.items():
         assert _settle(server, "alice", rid, cost) == ["OK"]
     assert _settle(server, "alice", "r1", 480) == ["OK"]  # a duplicate changes nothing
-    explained = server.http("GET", "/explain?domain=llm&descriptor=user=alice", debug=True)
-    assert f'"charged": {sum(costs.values())}' in explained[1].decode(), explained
+    query = "/explain?domain=llm&descriptor=user=alice,request_id=r7,settle=1"
+    explained = json.loads(server.http("GET", query, debug=True)[1])["descriptors"][0]
+    assert explained["stats_key"] == "llm.user"
+    assert explained["read_by_rule"] == [["request_id", "r7"], ["settle", "1"]]
+    assert (explained["charged"], explained["reserved"]) == (sum(costs.values()), 0)
     assert _ask(server, ([("user", "alice"), ("request_id", "r5")], 1)) == ["OK"]
     assert _settle(server, "alice", "r9", 100) == ["OK"]  # never refused, even into debt
     assert _ask(server, ([("user", "alice"), ("request_id", "r6")], 0)) == ["OVER_LIMIT"]
@@ -226,7 +234,8 @@ def test_a_requests_budgets_are_reserved_all_or_none_and_unsettled_ones_expire(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
     """A user with room and an organisation without: the request is refused and the user's
-    estimate is not held; an estimate never settled is charged when its 30 s are up."""
+    estimate is not held; an estimate never settled is charged when its 30 s are up; an
+    operator's reset forgets the budget."""
     config_dir.write("b.yaml", CONFIG)
     server = make_server()
     clock.set(EPOCH + 60)
@@ -240,6 +249,19 @@ def test_a_requests_budgets_are_reserved_all_or_none_and_unsettled_ones_expire(
     clock.set(EPOCH + 95)
     assert _ask(server, ([("user", "bob"), ("request_id", "r3")], 1)) == ["OVER_LIMIT"]
     assert server.stats["ratelimit.service.rate_limit.llm.user.expired_reservations"] == 1
+    service = server.service
+    cleared = server.run(
+        reset_counters(
+            service.backend.store,
+            service.holder.config,
+            "llm",
+            [("user", "bob")],
+            service.engine.options,
+            clock.now(),
+        )
+    )
+    assert (cleared.kind, cleared.held) == ("cost_budget", True)
+    assert _ask(server, ([("user", "bob"), ("request_id", "r4")], 1200)) == ["OK"]
 
 
 @on_stores("redis")
@@ -281,3 +303,40 @@ def test_cost_budget_yaml_and_its_errors() -> None:
         assert "b.yaml:4" in text, text
         assert f"descriptors[0].cost_budget{path}" in text, text
         assert message in text
+
+
+def test_envoy_generate_emits_the_estimate_and_the_settlement_and_check_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ferryman envoy generate` gives a budget's route its two RateLimitPerRoute entries
+    (the estimate at request time, the settlement at stream end, paired by x-request-id);
+    `envoy check` walks both to the budget and warns that the estimate header may be absent,
+    and that a route's own rate_limits would drop hits_addend."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "b.yaml").write_text(CONFIG)
+    run = envoy_cli(capsys, "generate", "--config", str(config), "--domain", "llm")
+    assert run.code == 0, run.err
+    tree = yaml.safe_load(run.out)
+    routes = tree["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    route = routes["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]
+    estimate, settle = route["typed_per_filter_config"]["envoy.filters.http.ratelimit"][
+        "rate_limits"
+    ]
+    pair = {"request_headers": {"header_name": "x-request-id", "descriptor_key": "request_id"}}
+    assert estimate["actions"][1:] == [pair]
+    assert estimate["hits_addend"] == {"format": "%REQ(x-estimate-cost)%"}
+    mark = {"generic_key": {"descriptor_key": "settle", "descriptor_value": "1"}}
+    assert settle["actions"][1:] == [pair, mark] and settle["apply_on_stream_done"] is True
+    assert settle["hits_addend"] == {"format": "%RESP(x-cost)%"}
+    envoy = tmp_path / "envoy.yaml"
+    envoy.write_text(run.out)
+    checked = envoy_cli(capsys, "check", str(envoy), "--config", str(config))
+    assert checked.code == 0, checked.out
+    assert checked.out.count("-> llm.user: cost budget 1000 per 1h") == 2, checked.out
+    assert "no x-estimate-cost header" in checked.out
+    route.pop("typed_per_filter_config")
+    route["route"]["rate_limits"] = [estimate]
+    envoy.write_text(yaml.safe_dump(tree))
+    checked = envoy_cli(capsys, "check", str(envoy), "--config", str(config))
+    assert "Envoy drops hits_addend (%REQ(x-estimate-cost)%)" in checked.out, checked.out

@@ -235,10 +235,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Upstream:
-    """A stdlib HTTP server on a loopback port answering 200 ``upstream`` to everything."""
+    """A stdlib HTTP server on a loopback port answering 200 ``upstream`` to everything (or
+    as ``handler`` answers)."""
 
-    def __init__(self) -> None:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler] | None = None) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler or _Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

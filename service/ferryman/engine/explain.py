@@ -12,7 +12,7 @@ from ferryman.algorithms import BY_NAME, algorithm_of
 from ferryman.config.model import Config
 from ferryman.core.algorithm import Algorithm, Target
 from ferryman.core.answers import EngineOptions
-from ferryman.core.keys import stats_key
+from ferryman.core.keys import ends_at, stats_key
 from ferryman.core.rules import Level, Rule
 from ferryman.engine.validate import check_descriptor
 from ferryman.errors import RequestError
@@ -125,6 +125,8 @@ def _walk(level: Level, entries: Sequence[tuple[str, str]]) -> tuple[list[Rule],
         if rule is None:
             break
         path.append(rule)
+        if rule.limit is not None and ends_at(rule, entries[len(path) :]):
+            break
         level = rule.children
     return path, walk
 
@@ -161,8 +163,11 @@ def explain(
     for entries in requests:
         path, walk = _walk(dom.root, entries)
         d: dict[str, Any] = {"entries": [list(e) for e in entries], "walk": walk}
-        last = path[-1] if len(path) == len(entries) and path else None
+        done = len(path) == len(entries) or (bool(path) and ends_at(path[-1], entries[len(path) :]))
+        last = path[-1] if done and path else None
         rules.append(last)
+        if last is not None and len(path) < len(entries):
+            d["read_by_rule"] = [list(e) for e in entries[len(path) :]]
         if last is None:
             d["outcome"] = f"no match at level {len(path) + 1}: OK, nothing counted"
         else:
@@ -184,7 +189,7 @@ def _reached(
     """A descriptor that reaches a rule: the rule, its stats key and its state's key."""
     last = path[-1]
     d["rule"] = describe_rule(last)
-    d["stats_key"] = stats_key(domain, entries, path)[0]
+    d["stats_key"] = stats_key(domain, entries[: len(path)], path)[0]
     if last.limit is None:
         d["outcome"] = "the path matches a node with no limit: OK, nothing counted"
         return
@@ -229,6 +234,9 @@ def render(answer: dict[str, Any]) -> str:
             if step.get("wildcards_not_matching"):
                 tried = ", ".join(step["wildcards_not_matching"])
                 lines.append(f"           wildcards not matching: {tried}")
+        if d.get("read_by_rule"):
+            tail = ", ".join(f"{k}={v}" for k, v in d["read_by_rule"])
+            lines.append(f"  then: {tail}: read by the rule itself, not a level of the tree")
         rule = d.get("rule")
         if rule is not None:
             lines.append("  rule: " + rule_text(rule))

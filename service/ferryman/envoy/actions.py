@@ -16,8 +16,9 @@ RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
 _RATELIMIT_TYPE = "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
 _PER_ROUTE_TYPE = "envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute"
 _HCM_TYPE = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-# Always present on an HTTP request, so reading them never drops a descriptor.
-_PSEUDO = frozenset({":path", ":method", ":authority", ":scheme", "host"})
+# Always present on an HTTP request, so reading them never drops a descriptor
+# (x-request-id: the connection manager sets one on every request unless told not to).
+_PSEUDO = frozenset({":path", ":method", ":authority", ":scheme", "host", "x-request-id"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Entry:
     filters: tuple[Filter, ...] | None = None
     vhost: str = ""  # the virtual host's name
     routes: tuple[str, ...] = ()  # the routes Envoy sends it for (see route_label)
+    required: frozenset[str] = frozenset()  # headers its route matches only when present
 
     def shown(self) -> str:
         return ", ".join(
@@ -180,6 +182,7 @@ def _entries(
     filters: tuple[Filter, ...] | None,
     vhost: str = "",
     routes: tuple[str, ...] = (),
+    required: frozenset[str] = frozenset(),
 ) -> Iterator[Entry]:
     for i, limit in enumerate(limits):
         addend = ""
@@ -197,7 +200,22 @@ def _entries(
             filters,
             vhost,
             routes,
+            required,
         )
+
+
+def _required(route: Any) -> frozenset[str]:
+    """The headers a route matches only when they are present (lower-cased)."""
+    match = route.match
+    if match is None:
+        return frozenset()
+    return frozenset(
+        str(h.name).lower()
+        for h in match.headers or ()
+        if not h.invert_match
+        and h.present_match is not False
+        and not h.treat_missing_header_as_empty
+    )
 
 
 def _per_route(route: Any) -> Any:
@@ -232,13 +250,15 @@ def _virtual_host(
         per = _per_route(route)
         domain = (per.domain if per is not None else "") or vh_domain
         label = (labels[r],)
+        need = _required(route)
         if per is not None and per.rate_limits:
+            where_per = f"{at}.typed_per_filter_config"
             yield from _entries(
-                file, f"{at}.typed_per_filter_config", per.rate_limits, domain, filters, name, label
+                file, where_per, per.rate_limits, domain, filters, name, label, need
             )
             continue
         own = list(route.route.rate_limits) if route.route is not None else []
-        yield from _entries(file, f"{at}.route", own, domain, filters, name, label)
+        yield from _entries(file, f"{at}.route", own, domain, filters, name, label, need)
         mode = int(per.vh_rate_limits) if per is not None else 0  # OVERRIDE, INCLUDE, IGNORE
         include = route.route is not None and route.route.include_vh_rate_limits
         if mode == 1 or include or (mode == 0 and not own):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from ferryman.algorithms import BY_NAME
 from ferryman.config.model import Config
 from ferryman.core.answers import EngineOptions
+from ferryman.core.keys import ends_at
 from ferryman.core.rules import Level, Rule
 from ferryman.engine.explain import describe_rule
 from ferryman.envoy.actions import Entry, Inventory, Part
@@ -88,6 +90,10 @@ def walk(level: Level, parts: Sequence[Part], path: tuple[Rule, ...]) -> list[_O
         return [_Outcome(path, stop=stop)]
     out = []
     for rule, value in found:
+        if rule.limit is not None and ends_at(rule, [(p.key, p.value or "") for p in rest]):
+            # The rest is read by the rule's kind (a cost budget's settle key and mark).
+            out.append(_Outcome((*path, rule), (value,) if value else ()))
+            continue
         for o in walk(rule.children, rest, (*path, rule)):
             values = (value, *o.values) if value else o.values
             out.append(_Outcome(o.path, values, o.stop))
@@ -177,7 +183,8 @@ def _report_problems(report: Report, entry: Entry) -> bool:
     for problem in broken:
         report.add("error", entry.file, entry.where, f"{problem}: Envoy rejects this entry")
     for part in entry.parts:
-        if part.drops and part.value is None:
+        required = part.source.startswith("header ") and part.source[7:].lower() in entry.required
+        if part.drops and part.value is None and not required:
             report.add(
                 "warning",
                 entry.file,
@@ -185,7 +192,36 @@ def _report_problems(report: Report, entry: Entry) -> bool:
                 f"Envoy sends no descriptor when the {part.drops.removesuffix(' missing')} is "
                 f"missing (add skip_if_absent: true to send the rest, or make sure it is set)",
             )
+    _report_addend(report, entry)
     return bool(broken)
+
+
+_REQUEST_VALUE = re.compile(r"%REQ\(([^)]+)\)%")
+
+
+def _report_addend(report: Report, entry: Entry) -> None:
+    """Where Envoy drops an entry's ``hits_addend``, or the whole descriptor for it."""
+    addend = entry.hits_addend
+    if not addend:
+        return
+    if "typed_per_filter_config" not in entry.where and "http_filters" not in entry.where:
+        report.add(
+            "warning",
+            entry.file,
+            entry.where,
+            f"Envoy drops hits_addend ({addend}) from a route's or virtual host's rate_limits: "
+            "move the entry to the route's typed_per_filter_config (RateLimitPerRoute)",
+        )
+    header = _REQUEST_VALUE.search(addend)
+    if header and not entry.apply_on_stream_done and header.group(1).lower() not in entry.required:
+        report.add(
+            "warning",
+            entry.file,
+            entry.where,
+            f"Envoy sends no descriptor when the request has no {header.group(1)} header "
+            "(or one that is not a whole number): such a request passes unchecked; make "
+            "the route require it, or set a default before the rate limit filter",
+        )
 
 
 def _record(

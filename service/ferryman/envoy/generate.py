@@ -4,10 +4,16 @@ cluster, and per rule path a route whose ``rate_limits`` actions send that path'
 Well-known keys become their own actions (``remote_address``, ``destination_cluster``,
 ``source_cluster``, ``generic_key``); any other key is read from the request header of the
 same name, or the one ``--header KEY=HEADER`` names.
+
+A rule settled at stream end (a cost budget: its limit reads a settle key and ``settle``
+after its own entries) gets two entries: the estimate at request time (``hits_addend``
+from the ``estimate`` header) and the settlement when the stream ends (from the ``cost``
+response header), paired by the settle key's header (``x-request-id`` unless mapped).
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
@@ -33,6 +39,9 @@ _ROUTER = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
 _H2 = _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _CLUSTER = "ferryman"
 _HEADER = re.compile(r"^:?[0-9a-zA-Z!#$%&'*+\-.^_|~`]+$")
+# The headers a settled rule's entries read unless --header maps them: the request's
+# estimate, the response's actual cost, and the id pairing the two calls.
+SETTLED_HEADERS = {"estimate": "x-estimate-cost", "cost": "x-cost", "": "x-request-id"}
 
 
 def parse_headers(pairs: Sequence[str]) -> dict[str, str]:
@@ -91,10 +100,36 @@ def _held(limit: Limit | None) -> bool:
     return limit is not None and algorithm_of(limit.kind).held
 
 
+def _settled(
+    actions: list[dict[str, Any]], trailing: tuple[str, ...], headers: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A settled rule's estimate and settlement entries (``trailing``: its settle key and
+    the settlement's mark). Envoy reads ``hits_addend`` here only from a RateLimitPerRoute
+    or the filter's own entries, never from a route's ``rate_limits``."""
+    key, mark = trailing
+    header = headers.get(key, SETTLED_HEADERS[""])
+    pair = {"request_headers": {"header_name": header, "descriptor_key": key}}
+    estimate = headers.get("estimate", SETTLED_HEADERS["estimate"])
+    cost = headers.get("cost", SETTLED_HEADERS["cost"])
+    settle = {"generic_key": {"descriptor_key": mark, "descriptor_value": "1"}}
+    return [
+        {"actions": [*actions, pair], "hits_addend": {"format": f"%REQ({estimate})%"}},
+        {
+            # Copies, so that the YAML repeats the actions rather than aliasing them.
+            "actions": copy.deepcopy([*actions, pair, settle]),
+            "apply_on_stream_done": True,
+            "hits_addend": {"format": f"%RESP({cost})%"},
+        },
+    ]
+
+
 def _limits(
     path: tuple[Rule, ...], limit: Limit | None, headers: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     actions = [_action(rule, headers) for rule in path]
+    trailing: tuple[str, ...] = getattr(limit, "trailing", ())
+    if len(trailing) == 2:
+        return _settled(actions, trailing, headers)
     limits: list[dict[str, Any]] = [{"actions": actions}]
     if _held(limit):
         # A held copy is given back when the request's stream ends.
@@ -179,7 +214,7 @@ def _route(
         "match": {"prefix": _slug(path)},
         "route": {"cluster": "upstream"},
     }
-    if len(limits) == 1:
+    if len(limits) == 1 and "hits_addend" not in limits[0]:
         route["route"]["rate_limits"] = limits
     else:
         # hits_addend and apply_on_stream_done are read from the filter's own rate_limits.
@@ -339,12 +374,15 @@ def generate(
             for limit in _limits(path, None, headers)  # no stream-done release on a vhost
         ]
         docs = _istio(domain, limits, ferryman)
-        held = [p[-1].stats_key for p in paths if _held(p[-1].limit)]
+        held = [
+            p[-1].stats_key for p in paths if _held(p[-1].limit) or hasattr(p[-1].limit, "trailing")
+        ]
         if held:
             # A virtual host's entries cannot give a copy back when the stream ends.
             head += (
-                f"# {', '.join(held)} hold copies: add, per route, a RateLimitPerRoute entry "
-                "with apply_on_stream_done and negative hits_addend to give them back.\n"
+                f"# {', '.join(held)} hold copies or are settled at stream end: add, per "
+                "route, RateLimitPerRoute entries with apply_on_stream_done and hits_addend "
+                "(a virtual host's entries lose hits_addend).\n"
             )
         return head + yaml.safe_dump_all(docs, sort_keys=False)
     routes = [_route(path, path[-1].limit, headers) for path in paths]

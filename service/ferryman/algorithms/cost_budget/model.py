@@ -21,7 +21,8 @@ both stores give the same answers on the same trace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,7 +48,8 @@ CANCEL = "x"
 class BudgetState:
     """One tenant's budget: the window charged in, what it was charged, the open
     reservations (id -> (estimate, expires at)), their sum, and the ids settled lately
-    (id -> forgotten at)."""
+    (id -> forgotten at); each time-ordered too (a heap of (time, id), stale entries
+    dropped as they surface), so that a call touches only what is due."""
 
     window: str = ""
     charged: int = 0
@@ -55,6 +57,8 @@ class BudgetState:
     open: dict[str, tuple[int, int]] = field(default_factory=dict)
     settled: dict[str, int] = field(default_factory=dict)
     end_ms: int = 0  # the end of the window charged in, for dropping idle states
+    open_by: list[tuple[int, str]] = field(default_factory=list)
+    settled_by: list[tuple[int, str]] = field(default_factory=list)
 
     def idle(self, now_ms: int) -> bool:
         """Nothing left that a later call could need."""
@@ -69,7 +73,41 @@ class BudgetState:
             dict(self.open),
             dict(self.settled),
             self.end_ms,
+            list(self.open_by),
+            list(self.settled_by),
         )
+
+    def open_at(self, rid: str) -> int | None:
+        found = self.open.get(rid)
+        return None if found is None else found[1]
+
+    def add_open(self, rid: str, estimate: int, at: int) -> None:
+        self.open[rid] = (estimate, at)
+        _push(self.open_by, len(self.open), at, rid, self.open_at)
+
+    def add_settled(self, rid: str, at: int) -> None:
+        self.settled[rid] = at
+        _push(self.settled_by, len(self.settled), at, rid, self.settled.get)
+
+
+def _push(
+    heap: list[tuple[int, str]], live: int, at: int, rid: str, at_of: Callable[[str], int | None]
+) -> None:
+    heapq.heappush(heap, (at, rid))
+    if len(heap) > 2 * live + 16:  # mostly stale: rebuilt from the live entries
+        heap[:] = [(t, r) for t, r in heap if at_of(r) == t]
+        heapq.heapify(heap)
+
+
+def _first(heap: list[tuple[int, str]], at_of: Callable[[str], int | None]) -> tuple[int, str]:
+    """The earliest live entry, (time, id) ordered as a Redis sorted set orders them;
+    (2^63, "") when there is none."""
+    while heap:
+        at, rid = heap[0]
+        if at_of(rid) == at:
+            return at, rid
+        heapq.heappop(heap)
+    return 2**63, ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,28 +156,25 @@ class BudgetView:
     open: int
 
 
-def _oldest(items: dict[str, tuple[int, int]] | dict[str, int]) -> str:
-    """The id that expires first (ties: the smaller id), as a Redis sorted set orders them."""
-    return min(items, key=lambda rid: (_time(items[rid]), rid))
-
-
-def _time(value: tuple[int, int] | int) -> int:
-    return value[1] if isinstance(value, tuple) else value
-
-
 def bring_to(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     """The state at ``now_ms`` in ``op``'s window; how many reservations it charged."""
     if state.window != op.window:
         state.window, state.charged, state.end_ms = op.window, 0, op.end_ms
     expired = 0
-    for rid in [r for r, (_, at) in state.open.items() if at <= now_ms]:
-        estimate, at = state.open.pop(rid)
+    at, rid = _first(state.open_by, state.open_at)
+    while at <= now_ms:
+        heapq.heappop(state.open_by)
+        estimate, _ = state.open.pop(rid)
         state.reserved -= estimate
         if at >= op.start_ms:
             state.charged += estimate
         expired += 1
-    for rid in [r for r, at in state.settled.items() if at <= now_ms]:
+        at, rid = _first(state.open_by, state.open_at)
+    at, rid = _first(state.settled_by, state.settled.get)
+    while at <= now_ms:
+        heapq.heappop(state.settled_by)
         del state.settled[rid]
+        at, rid = _first(state.settled_by, state.settled.get)
     return expired
 
 
@@ -159,19 +194,23 @@ def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int]:
         state.reserved -= found[0]
         refund = max(0, found[0] - op.amount)
     state.charged += op.amount
-    state.settled[rid] = now_ms + op.ttl_ms
+    state.add_settled(rid, now_ms + op.ttl_ms)
     if len(state.settled) > op.max_open:
-        del state.settled[_oldest(state.settled)]
+        _, oldest = _first(state.settled_by, state.settled.get)
+        heapq.heappop(state.settled_by)
+        del state.settled[oldest]
     return True, refund
 
 
 def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     """Reserve ``op``'s estimate; how many older reservations it pushed out (charged)."""
-    state.open[op.request_id] = (op.amount, now_ms + op.ttl_ms)
+    state.add_open(op.request_id, op.amount, now_ms + op.ttl_ms)
     state.reserved += op.amount
     pushed = 0
     while len(state.open) > op.max_open:
-        estimate, _ = state.open.pop(_oldest(state.open))
+        _, oldest = _first(state.open_by, state.open_at)
+        heapq.heappop(state.open_by)
+        estimate, _ = state.open.pop(oldest)
         state.reserved -= estimate
         state.charged += estimate
         pushed += 1

@@ -432,6 +432,9 @@
         (d.debt_ms ? `, in debt: ${d.debt_ms}ms to wait` : "")) : null,
       "estimate" in d ? el("p", { "data-explain": "count" },
         `now: ${d.estimate} counted (estimate), ${d.remaining} left, window ends in ${d.reset_after}s`) : null,
+      "charged" in d ? el("p", { "data-explain": "count" },
+        `now: ${d.charged} charged, ${d.reserved} reserved by ${d.open_reservations} open requests, ` +
+        `${d.remaining} left, debt ${d.debt}, window resets in ${d.reset_after}s`) : null,
       d.outcome ? el("p", { class: "outcome" }, d.outcome) : null);
   }
 
@@ -439,7 +442,8 @@
     const numbers = rule.kind === "fixed_window" || rule.kind === "sliding_window"
       ? `${rule.requests_per_unit} per ${rule.unit}`
       : rule.kind === "token_bucket" ? `size ${rule.size}, ${rule.fill_rate} per second`
-      : rule.kind === "burst_tiers" ? rule.tiers : rule.kind === "copies" ? rule.copies : "";
+      : rule.kind === "burst_tiers" ? rule.tiers : rule.kind === "copies" ? rule.copies
+      : rule.kind === "cost_budget" ? `${rule.budget} per ${rule.per}, max debt ${rule.max_debt}` : "";
     return [el("span", { class: `badge kind-${rule.kind}` }, rule.kind.replace("_", " ")),
       ` ${numbers}`, rule.name ? ` (name ${rule.name})` : "",
       rule.shadow_mode ? el("span", { class: "badge flag" }, "shadow") : null,
