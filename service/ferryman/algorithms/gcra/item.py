@@ -31,7 +31,7 @@ class GcraStep:
 
     @property
     def window(self) -> float | None:
-        return self.limit.burst * self.limit.interval
+        return self.limit.burst * self.limit.per / self.limit.rate
 
     def args(self, now: float) -> tuple[float, ...]:
         params = self.limit.params
