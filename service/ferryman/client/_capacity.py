@@ -68,6 +68,8 @@ class CapacityResource:
         self.priority = priority
         self.fallback: Fallback = fallback
         self._wants = wants
+        self.users = 1  # opened this many times; released with the last
+        self.learned = False  # wants comes from how the resource is used (RateLimiter)
         self.lease: doorman_pb2.Lease | None = None
         self.safe_capacity: float | None = None
         self.mode = "none"  # lease, safe, optimistic or pessimistic, as last seen
@@ -101,7 +103,11 @@ class CapacityResource:
             return self._client.observe(self, time.time())
 
     def release(self) -> None:
-        """Give the lease back and stop asking for this resource."""
+        """Let go of this resource: the lease is given back when its last user releases it."""
+        with self._client.lock:
+            self.users -= 1
+            if self.users > 0:
+                return
         self._client.release(self)
 
 
@@ -133,16 +139,25 @@ class _Book:
         self._listeners.append(listener)
 
     def _add(
-        self, resource_id: str, wants: float, priority: int, fallback: Fallback | None
+        self, resource_id: str, wants: float | None, priority: int, fallback: Fallback | None
     ) -> CapacityResource:
+        """The resource, opened once more if this client holds it already (one lease,
+        shared: it asks for the larger demand, and is released with its last user)."""
         if not resource_id:
             raise ValueError("resource_id must not be empty")
-        resource = CapacityResource(self, resource_id, 0.0, priority, fallback or self.fallback)
         with self.lock:
-            if resource_id in self._resources:
-                raise ValueError(f"resource {resource_id!r} is already held by this client")
-            self._resources[resource_id] = resource
-        resource.wants = wants
+            resource = self._resources.get(resource_id)
+            if resource is not None:
+                resource.users += 1
+            else:
+                resource = CapacityResource(
+                    self, resource_id, 0.0, priority, fallback or self.fallback
+                )
+                resource.learned = wants is None
+                self._resources[resource_id] = resource
+        if wants is not None:
+            resource.learned = False
+            resource.wants = max(wants, resource.wants)
         return resource
 
     def observe(self, resource: CapacityResource, now: float) -> float:
@@ -269,9 +284,17 @@ class CapacityClient(_Book):
         self._thread.start()
 
     def resource(
-        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+        self,
+        resource_id: str,
+        wants: float | None = None,
+        priority: int = 0,
+        fallback: Fallback | None = None,
     ) -> CapacityResource:
-        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        """Start asking for ``resource_id``; the first lease comes with the next refresh.
+
+        Without ``wants`` the demand is learned from use (a ``RateLimiter`` on it). Opened
+        again, the same resource (and lease) comes back; each opening is released once.
+        """
         return self._add(resource_id, wants, priority, fallback)
 
     def refresh_soon(self) -> None:
@@ -331,7 +354,7 @@ class CapacityClient(_Book):
         with self.lock:
             resources = list(self._resources.values())
         for resource in resources:
-            resource.release()
+            self.release(resource)  # whoever still uses it: the client is closing
         for channel in self._channels.values():
             channel.close()
 
@@ -374,9 +397,17 @@ class AsyncCapacityClient(_Book):
         self._task = self._loop.create_task(self._run())
 
     def resource(
-        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+        self,
+        resource_id: str,
+        wants: float | None = None,
+        priority: int = 0,
+        fallback: Fallback | None = None,
     ) -> CapacityResource:
-        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        """Start asking for ``resource_id``; the first lease comes with the next refresh.
+
+        Without ``wants`` the demand is learned from use (a ``RateLimiter`` on it). Opened
+        again, the same resource (and lease) comes back; each opening is released once.
+        """
         return self._add(resource_id, wants, priority, fallback)
 
     def refresh_soon(self) -> None:
