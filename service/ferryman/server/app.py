@@ -30,6 +30,7 @@ from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages
 from ferryman.apis.quota_events import QuotaEventHub
+from ferryman.apis.quota_http import QuotaHttp
 from ferryman.backends.base import Backend, Watched
 from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
@@ -398,6 +399,7 @@ class Service:
                 ("GET", "/healthcheck"): self._healthcheck,
                 ("HEAD", "/healthcheck"): self._healthcheck,
                 ("POST", "/json"): self.pages.json,
+                ("POST", "/quota/allow"): QuotaHttp.of(self).allow,
             },
             "http",
         )
