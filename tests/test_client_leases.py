@@ -8,6 +8,7 @@ import pytest
 from ferryman.client import CapacityClient, RateLimiter
 
 from helpers.capacity import resources_yaml
+from helpers.ports import refused_port
 from helpers.server import ConfigDir, Server, ServerFactory, wait_for
 
 
@@ -78,3 +79,13 @@ def test_opening_a_resource_twice_shares_one_lease_released_with_its_last_user(
         second.release()
         assert "fair" not in client.stats().capacity
         wait_for("the server frees it", lambda: _holders(server) == 0, timeout=10)
+
+
+def test_a_numeric_fallback_is_the_capacity_used_without_a_lease() -> None:
+    """With no server to lease from, a resource's numeric fallback is its capacity; a
+    negative one is refused."""
+    with CapacityClient(f"127.0.0.1:{refused_port()}", fallback=25.0, timeout=1) as client:
+        resource = client.resource("fair", 100)
+        assert resource.capacity == 25 and client.stats().mode == {"fair": "fallback"}
+        with pytest.raises(ValueError, match="capacity >= 0"):
+            client.resource("other", 1, fallback=-1.0)

@@ -4,7 +4,8 @@ A client keeps the resources it was asked for, refreshes all their leases in one
 ``GetCapacity`` as often as the server says, and follows ``mastership`` to the master. While
 the server is out of reach a lease stays good until it expires; after that the resource's
 capacity is its fallback: ``"safe"`` (the server's safe capacity; -1 unlimited, 0 stop; the
-default), ``"optimistic"`` (what it wants) or ``"pessimistic"`` (0).
+default), ``"optimistic"`` (what it wants), ``"pessimistic"`` (0) or a number, the local
+capacity (a RateLimiter's rate) to use until the server answers again.
 ``AsyncCapacityClient`` is the same over ``grpc.aio``, refreshed by an asyncio task.
 """
 
@@ -31,7 +32,8 @@ from ferryman.client import _protocol
 
 __all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
 
-Fallback = Literal["safe", "optimistic", "pessimistic"]
+#: A mode, or a number: the capacity (a rate, for a RateLimiter) to use in its place.
+Fallback = Literal["safe", "optimistic", "pessimistic"] | float
 FALLBACKS: tuple[str, ...] = ("safe", "optimistic", "pessimistic")
 
 _IDS = itertools.count(1)
@@ -61,8 +63,21 @@ class CapacityResource:
         priority: int,
         fallback: Fallback = "safe",
     ):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, not {fallback!r}")
+        if (
+            isinstance(fallback, bool)
+            or not isinstance(fallback, str | int | float)
+            or (
+                (
+                    isinstance(fallback, int | float)
+                    and not (math.isfinite(fallback) and fallback >= 0)
+                )
+                or (isinstance(fallback, str) and fallback not in FALLBACKS)
+            )
+        ):
+            raise ValueError(
+                f"fallback must be one of {', '.join(FALLBACKS)} or a capacity >= 0, "
+                f"not {fallback!r}"
+            )
         self._client = client
         self.resource_id = resource_id
         self.priority = priority
@@ -150,9 +165,8 @@ class _Book:
             if resource is not None:
                 resource.users += 1
             else:
-                resource = CapacityResource(
-                    self, resource_id, 0.0, priority, fallback or self.fallback
-                )
+                mode = self.fallback if fallback is None else fallback
+                resource = CapacityResource(self, resource_id, 0.0, priority, mode)
                 resource.learned = wants is None
                 self._resources[resource_id] = resource
         if wants is not None:
@@ -165,10 +179,12 @@ class _Book:
         lease = resource.lease
         if lease is not None and lease.expiry_time > now:
             mode, capacity = "lease", float(lease.capacity)
+        elif not isinstance(resource.fallback, str):
+            mode, capacity = "fallback", float(resource.fallback)
         elif resource.fallback == "optimistic":
             mode, capacity = "optimistic", resource.wants
         elif resource.fallback == "pessimistic" or resource.safe_capacity is None:
-            mode, capacity = resource.fallback, 0.0
+            mode, capacity = str(resource.fallback), 0.0
         else:
             safe = resource.safe_capacity
             mode, capacity = "safe", (math.inf if safe < 0 else float(safe))
