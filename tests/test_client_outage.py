@@ -50,6 +50,7 @@ def test_fallback_bucket_refills_at_its_rate_and_keeps_each_key_apart() -> None:
     assert limiter.take("allow", "a", 1)
     assert not limiter.take("allow", "a", 1)
     assert not FallbackLimiter({"allow": 1.0}, clock=clock).covers("request_rate")
+    assert not FallbackLimiter(0.0, clock=clock).take("allow", "a", 1)  # 0: closed
 
 
 def test_breaker_opens_after_n_failures_probes_once_and_backs_off_to_its_cap() -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import grpc
 
@@ -343,7 +343,7 @@ class _Counters:
 
 #: How an outage was answered: by the fallback limiter (granted or refused), by the kill
 #: switch (a fallback refusal turned into a grant), or as a degraded grant.
-Outage = str
+Outage = Literal["degraded", "fallback", "refused", "overridden"]
 
 
 class ClientCore:
@@ -1044,7 +1044,7 @@ class _Answered:
     """An outage's answer: ``how`` (degraded, fallback, refused, overridden) and what the
     fallback limiter granted (None: it did not decide, or refused)."""
 
-    how: str
+    how: Outage
     granted: int | None
 
     @property
