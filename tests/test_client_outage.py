@@ -17,7 +17,7 @@ import ferryman
 from ferryman.client._guard import Breaker, FallbackLimiter
 
 from helpers.client_domain import CLIENT_CONFIG
-from helpers.ports import free_port, refused_port
+from helpers.ports import free_port, refused_port, silent_listener
 from helpers.server import ConfigDir, Server, ServerFactory
 
 
@@ -50,6 +50,7 @@ def test_fallback_bucket_refills_at_its_rate_and_keeps_each_key_apart() -> None:
     assert limiter.take("allow", "a", 1)
     assert not limiter.take("allow", "a", 1)
     assert not FallbackLimiter({"allow": 1.0}, clock=clock).covers("request_rate")
+    assert not FallbackLimiter(0.0, clock=clock).take("allow", "a", 1)  # 0: closed
 
 
 def test_breaker_opens_after_n_failures_probes_once_and_backs_off_to_its_cap() -> None:
@@ -113,6 +114,21 @@ def test_outage_is_answered_by_the_fallback_and_the_breaker_stops_calling(
         assert not stats.breaker_open and stats.short_circuited == skipped
         after = _ask(client, "c")
         assert not after.fallback and client.stats().fallback == stats.fallback
+
+
+def test_a_server_that_never_answers_is_no_longer_called_once_the_breaker_opens() -> None:
+    """Against a port that accepts and never answers, only the first N calls are sent (each
+    waits out its timeout); every later one is answered by the fallback without a call."""
+    clock = Clock()
+    with silent_listener() as port:
+        client = ferryman.Client(
+            f"127.0.0.1:{port}", timeout=0.2, fallback_rate=5, breaker_failures=2, clock=clock
+        )
+        with client:
+            answers = [client.allow("ns", "b").granted for _ in range(8)]
+            stats = client.stats()
+    assert answers == [True] * 5 + [False] * 3
+    assert stats.calls == 2 and stats.short_circuited == 6 and stats.breaker_opened == 1
 
 
 def test_without_a_fallback_rate_the_open_breaker_gives_degraded_grants_at_once() -> None:

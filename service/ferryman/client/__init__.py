@@ -12,10 +12,14 @@ ServiceUnavailableError; a kill switch turns rejections into reported grants. Th
 interceptors rate-limit a program's own outgoing gRPC calls through a client.
 ``CapacityClient`` (and ``AsyncCapacityClient``) leases shares of global capacities
 (Doorman's protocol) and refreshes them in the background; ``RateLimiter`` and ``Gauge``
-enforce a lease's capacity locally, with no call per use.
+enforce a lease's capacity locally, with no call per use. ``bucket`` keeps a local reserve
+of a quota bucket refilled in batches, and ``charge`` accounts for tokens after the fact.
+While the service is out of reach a ``fallback_rate`` answers from token buckets in process,
+and a circuit breaker stops calling after repeated outages.
 """
 
 from ferryman.client._async import AsyncClient, AsyncHold
+from ferryman.client._bucket import AsyncLocalBucket, BucketStats, LocalBucket
 from ferryman.client._capacity import (
     AsyncCapacityClient,
     CapacityClient,
@@ -53,7 +57,9 @@ __all__ = [
     "AsyncCapacityClient",
     "AsyncClient",
     "AsyncHold",
+    "AsyncLocalBucket",
     "AsyncRateLimitInterceptor",
+    "BucketStats",
     "CapacityClient",
     "CapacityResource",
     "CapacityStats",
@@ -65,6 +71,7 @@ __all__ = [
     "Gauge",
     "Hold",
     "HoldGroup",
+    "LocalBucket",
     "MultiHold",
     "RateContext",
     "RateLimit",

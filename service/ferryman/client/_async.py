@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
@@ -16,6 +17,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
+from ferryman.client._bucket import AsyncLocalBucket, Charges
 from ferryman.client._core import (
     DEFAULT_TIMEOUT,
     Answer,
@@ -40,9 +42,13 @@ from ferryman.client._models import (
     RateResult,
     Resource,
 )
-from ferryman.client._sync import session_name
+from ferryman.client._sync import _positive, session_name
+from ferryman.errors import FerrymanError
+from ferryman.tasks import cancel
 
 __all__ = ["AsyncClient", "AsyncHold"]
+
+log = logging.getLogger("ferryman.client")
 
 T = TypeVar("T")
 
@@ -152,6 +158,7 @@ class AsyncClient:
         breaker_backoff: float = 1.0,
         breaker_max_backoff: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        charge_interval: float = 1.0,
     ) -> None:
         credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
@@ -176,6 +183,10 @@ class AsyncClient:
         self._stream: _AsyncStream | None = None
         self._session_lock: asyncio.Lock | None = None
         self._closed = False
+        self._buckets: list[AsyncLocalBucket] = []
+        self._charges = Charges(self._core)
+        self._charge_interval = _positive(charge_interval, "charge_interval")
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def target(self) -> str:
@@ -231,6 +242,40 @@ class AsyncClient:
         """The quota service's Allow; awaits the wait the service asks for before returning
         (see ``Client.allow``)."""
         return await self._drive(self._core.allow_flow(namespace, bucket, tokens, max_wait))
+
+    def bucket(
+        self, namespace: str, name: str, *, batch: int, low_water: int | None = None
+    ) -> AsyncLocalBucket:
+        """``Client.bucket`` refilled by a task: call it inside the running loop."""
+        self._open()
+        low = batch // 4 if low_water is None else low_water
+        made = AsyncLocalBucket(self, namespace, name, batch, low)
+        self._buckets.append(made)
+        return made
+
+    def pending_charges(self) -> dict[tuple[str, str], int]:
+        """The tokens charged per (namespace, bucket) that the service has not taken yet."""
+        return self._charges.snapshot()
+
+    def charge(self, namespace: str, bucket: str, tokens: int = 1) -> None:
+        """``Client.charge``: sent by a task every ``charge_interval`` seconds."""
+        self._charges.add(namespace, bucket, tokens)
+        if self._flusher is None and not self._closed:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
+
+    async def flush(self) -> None:
+        """Send the charges recorded so far now."""
+        for namespace, bucket, n in self._charges.due():
+            flow = self._charges.flow(namespace, bucket, n)
+            self._charges.settle(namespace, bucket, n, await self._drive(flow, closing=True))
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(self._charge_interval)
+            try:
+                await self.flush()
+            except FerrymanError:  # a bad charge must not stop the others being sent
+                log.exception("ferryman: sending charges failed")
 
     def _open(self) -> dict[str, grpc.aio.UnaryUnaryMultiCallable[Request, Response]]:
         if self._closed:
@@ -397,7 +442,15 @@ class AsyncClient:
 
         Calls made afterwards raise RuntimeError; holds still open become no-ops.
         """
+        if self._closed:
+            return
         self._closed = True
+        for bucket in self._buckets:
+            await bucket.aclose()
+        await cancel(self._flusher)
+        if self._channel is not None:
+            with contextlib.suppress(FerrymanError):
+                await self.flush()
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.stop(self._core.timeout)

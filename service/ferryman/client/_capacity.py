@@ -4,7 +4,8 @@ A client keeps the resources it was asked for, refreshes all their leases in one
 ``GetCapacity`` as often as the server says, and follows ``mastership`` to the master. While
 the server is out of reach a lease stays good until it expires; after that the resource's
 capacity is its fallback: ``"safe"`` (the server's safe capacity; -1 unlimited, 0 stop; the
-default), ``"optimistic"`` (what it wants) or ``"pessimistic"`` (0).
+default), ``"optimistic"`` (what it wants), ``"pessimistic"`` (0) or a number, the local
+capacity (a RateLimiter's rate) to use until the server answers again.
 ``AsyncCapacityClient`` is the same over ``grpc.aio``, refreshed by an asyncio task.
 """
 
@@ -31,7 +32,8 @@ from ferryman.client import _protocol
 
 __all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
 
-Fallback = Literal["safe", "optimistic", "pessimistic"]
+#: A mode, or a number: the capacity (a rate, for a RateLimiter) to use in its place.
+Fallback = Literal["safe", "optimistic", "pessimistic"] | float
 FALLBACKS: tuple[str, ...] = ("safe", "optimistic", "pessimistic")
 
 _IDS = itertools.count(1)
@@ -61,13 +63,28 @@ class CapacityResource:
         priority: int,
         fallback: Fallback = "safe",
     ):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, not {fallback!r}")
+        if (
+            isinstance(fallback, bool)
+            or not isinstance(fallback, str | int | float)
+            or (
+                (
+                    isinstance(fallback, int | float)
+                    and not (math.isfinite(fallback) and fallback >= 0)
+                )
+                or (isinstance(fallback, str) and fallback not in FALLBACKS)
+            )
+        ):
+            raise ValueError(
+                f"fallback must be one of {', '.join(FALLBACKS)} or a capacity >= 0, "
+                f"not {fallback!r}"
+            )
         self._client = client
         self.resource_id = resource_id
         self.priority = priority
         self.fallback: Fallback = fallback
         self._wants = wants
+        self.users = 1  # opened this many times; released with the last
+        self.learned = False  # wants comes from how the resource is used (RateLimiter)
         self.lease: doorman_pb2.Lease | None = None
         self.safe_capacity: float | None = None
         self.mode = "none"  # lease, safe, optimistic or pessimistic, as last seen
@@ -101,7 +118,11 @@ class CapacityResource:
             return self._client.observe(self, time.time())
 
     def release(self) -> None:
-        """Give the lease back and stop asking for this resource."""
+        """Let go of this resource: the lease is given back when its last user releases it."""
+        with self._client.lock:
+            self.users -= 1
+            if self.users > 0:
+                return
         self._client.release(self)
 
 
@@ -133,16 +154,24 @@ class _Book:
         self._listeners.append(listener)
 
     def _add(
-        self, resource_id: str, wants: float, priority: int, fallback: Fallback | None
+        self, resource_id: str, wants: float | None, priority: int, fallback: Fallback | None
     ) -> CapacityResource:
+        """The resource, opened once more if this client holds it already (one lease,
+        shared: it asks for the larger demand, and is released with its last user)."""
         if not resource_id:
             raise ValueError("resource_id must not be empty")
-        resource = CapacityResource(self, resource_id, 0.0, priority, fallback or self.fallback)
         with self.lock:
-            if resource_id in self._resources:
-                raise ValueError(f"resource {resource_id!r} is already held by this client")
-            self._resources[resource_id] = resource
-        resource.wants = wants
+            resource = self._resources.get(resource_id)
+            if resource is not None:
+                resource.users += 1
+            else:
+                mode = self.fallback if fallback is None else fallback
+                resource = CapacityResource(self, resource_id, 0.0, priority, mode)
+                resource.learned = wants is None
+                self._resources[resource_id] = resource
+        if wants is not None:
+            resource.learned = False
+            resource.wants = max(wants, resource.wants)
         return resource
 
     def observe(self, resource: CapacityResource, now: float) -> float:
@@ -150,10 +179,12 @@ class _Book:
         lease = resource.lease
         if lease is not None and lease.expiry_time > now:
             mode, capacity = "lease", float(lease.capacity)
+        elif not isinstance(resource.fallback, str):
+            mode, capacity = "fallback", float(resource.fallback)
         elif resource.fallback == "optimistic":
             mode, capacity = "optimistic", resource.wants
         elif resource.fallback == "pessimistic" or resource.safe_capacity is None:
-            mode, capacity = resource.fallback, 0.0
+            mode, capacity = str(resource.fallback), 0.0
         else:
             safe = resource.safe_capacity
             mode, capacity = "safe", (math.inf if safe < 0 else float(safe))
@@ -269,9 +300,17 @@ class CapacityClient(_Book):
         self._thread.start()
 
     def resource(
-        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+        self,
+        resource_id: str,
+        wants: float | None = None,
+        priority: int = 0,
+        fallback: Fallback | None = None,
     ) -> CapacityResource:
-        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        """Start asking for ``resource_id``; the first lease comes with the next refresh.
+
+        Without ``wants`` the demand is learned from use (a ``RateLimiter`` on it). Opened
+        again, the same resource (and lease) comes back; each opening is released once.
+        """
         return self._add(resource_id, wants, priority, fallback)
 
     def refresh_soon(self) -> None:
@@ -331,7 +370,7 @@ class CapacityClient(_Book):
         with self.lock:
             resources = list(self._resources.values())
         for resource in resources:
-            resource.release()
+            self.release(resource)  # whoever still uses it: the client is closing
         for channel in self._channels.values():
             channel.close()
 
@@ -374,9 +413,17 @@ class AsyncCapacityClient(_Book):
         self._task = self._loop.create_task(self._run())
 
     def resource(
-        self, resource_id: str, wants: float, priority: int = 0, fallback: Fallback | None = None
+        self,
+        resource_id: str,
+        wants: float | None = None,
+        priority: int = 0,
+        fallback: Fallback | None = None,
     ) -> CapacityResource:
-        """Start asking for ``resource_id``; the first lease comes with the next refresh."""
+        """Start asking for ``resource_id``; the first lease comes with the next refresh.
+
+        Without ``wants`` the demand is learned from use (a ``RateLimiter`` on it). Opened
+        again, the same resource (and lease) comes back; each opening is released once.
+        """
         return self._add(resource_id, wants, priority, fallback)
 
     def refresh_soon(self) -> None:

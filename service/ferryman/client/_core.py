@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2
@@ -63,6 +63,7 @@ __all__ = [
     "Answer",
     "ClientCore",
     "Flow",
+    "Granted",
     "HoldState",
     "OpenSession",
     "Request",
@@ -342,7 +343,7 @@ class _Counters:
 
 #: How an outage was answered: by the fallback limiter (granted or refused), by the kill
 #: switch (a fallback refusal turned into a grant), or as a degraded grant.
-Outage = str
+Outage = Literal["degraded", "fallback", "refused", "overridden"]
 
 
 class ClientCore:
@@ -529,16 +530,8 @@ class ClientCore:
     def allow_flow(
         self, namespace: str, bucket: str, tokens: int, max_wait: float | None
     ) -> Flow[AllowResult]:
-        for field_name, name in (("namespace", namespace), ("bucket", bucket)):
-            if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise RequestError(field_name, f"{name!r} must match [a-zA-Z0-9_]+")
-        tokens = _count(tokens, "tokens", 0)
-        wait_ms = None
-        if max_wait is not None:
-            wait_ms = math.floor(_seconds(max_wait, "max_wait") * 1000)
-        answer = yield Send(
-            _protocol.ALLOW, _protocol.allow_request(namespace, bucket, tokens, wait_ms)
-        )
+        request = _allow_request(namespace, bucket, tokens, max_wait)
+        answer = yield Send(_protocol.ALLOW, request)
         if isinstance(answer, grpc.RpcError):
 
             def take() -> int | None:
@@ -572,6 +565,42 @@ class ClientCore:
         if waited > 0:
             yield Sleep(waited)
         return AllowResult(status, answer.tokens_granted, waited)
+
+    def quota_flow(
+        self, namespace: str, bucket: str, tokens: int, max_wait: float | None
+    ) -> Flow[Granted | None]:
+        """One Allow whose wait is not slept (a refill, a charge): what the service said, or
+        None when it could not be asked (the caller keeps what it meant to ask)."""
+        request = _allow_request(namespace, bucket, tokens, max_wait)
+        answer = yield Send(_protocol.ALLOW, request)
+        if isinstance(answer, grpc.RpcError):
+            translated = _protocol.translate(answer, self.target)
+            if isinstance(translated, RequestError):
+                self._counters.add("errors")
+                raise translated from answer
+            return None
+        assert isinstance(answer, quota_service_pb2.AllowResponse)
+        status = quota_service_pb2.AllowResponse.Status.Name(answer.status)
+        if status == "REJECTED_INVALID_REQUEST":
+            self._counters.add("errors")
+            raise RequestError("allow", f"the service refused {namespace}/{bucket} x{tokens}")
+        self._counters.add("granted" if status == "OK" else "rejected")
+        return Granted(status, answer.tokens_granted, answer.wait_millis / 1000)
+
+    def local_allow(self, namespace: str, bucket: str, tokens: int) -> bool:
+        """Tokens of a bucket while the service is out of reach: the fallback limiter's
+        answer, else a degraded grant when failing open."""
+        if self.fallback.covers(KIND_ALLOW):
+            self._counters.add("fallback")
+            if self.fallback.take(KIND_ALLOW, (namespace, bucket), tokens):
+                return True
+            self._counters.add("fallback_rejected")
+            return False
+        if self.fail_open:
+            self._counters.add("degraded")
+            return True
+        self._counters.add("rejected")
+        return False
 
     # Sessions: counted here, opened and watched by the drivers.
 
@@ -989,11 +1018,33 @@ class ClientCore:
 
 
 @dataclass(frozen=True)
+class Granted:
+    """What the service said to an Allow: its status name, tokens and wait (seconds)."""
+
+    status: str
+    tokens: int
+    wait: float
+
+
+def _allow_request(
+    namespace: str, bucket: str, tokens: int, max_wait: float | None
+) -> quota_service_pb2.AllowRequest:
+    for field_name, name in (("namespace", namespace), ("bucket", bucket)):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise RequestError(field_name, f"{name!r} must match [a-zA-Z0-9_]+")
+    tokens = _count(tokens, "tokens", 0)
+    wait_ms = None
+    if max_wait is not None:
+        wait_ms = math.floor(_seconds(max_wait, "max_wait") * 1000)
+    return _protocol.allow_request(namespace, bucket, tokens, wait_ms)
+
+
+@dataclass(frozen=True)
 class _Answered:
     """An outage's answer: ``how`` (degraded, fallback, refused, overridden) and what the
     fallback limiter granted (None: it did not decide, or refused)."""
 
-    how: str
+    how: Outage
     granted: int | None
 
     @property

@@ -119,7 +119,7 @@ class Breaker:
 class FallbackLimiter:
     """Token buckets in process, one per call kind and descriptor (or bucket), used while the
     service is out of reach: ``rate`` per second each, holding up to ``burst`` seconds of it
-    (at least one token)."""
+    (at least one token; a rate of 0 refuses everything)."""
 
     def __init__(
         self, rate: FallbackRate, *, burst: float = 1.0, clock: Callable[[], float]
@@ -138,7 +138,7 @@ class FallbackLimiter:
     def take(self, kind: str, key: Hashable, n: int) -> bool:
         """Take ``n`` tokens from the bucket of ``(kind, key)``; False (nothing taken) if short."""
         rate = self._rates[kind]
-        size = max(1.0, rate * self._burst)
+        size = max(1.0, rate * self._burst) if rate > 0 else 0.0  # 0: refuse everything
         now = self._clock()
         with self._lock:
             tokens, at = self._buckets.get((kind, key), (size, now))

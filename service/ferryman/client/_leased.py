@@ -18,6 +18,41 @@ from ferryman.client._capacity import CapacityResource
 __all__ = ["Gauge", "RateLimiter"]
 
 _IDLE_POLL = 0.05  # seconds between looks at a capacity of 0
+_SMOOTHING = 0.5  # weight of the last whole second in the learned demand
+_HEADROOM = 1.1  # asked above the demand seen, so that a growing demand shows
+_CHANGE = 0.1  # a learned demand this far from the one asked is asked at once
+
+
+class _Demand:
+    """How often a limiter is asked, per whole second of its clock, smoothed: the demand
+    a resource opened without ``wants`` asks for. A second in which callers had to wait
+    (the lease was too small to tell the demand) asks for twice as much as it got."""
+
+    def __init__(self, second: int) -> None:
+        self.second = second
+        self.seen = 0
+        self.short = False  # a caller waited or was refused this second
+        self.demand = 0.0
+
+    def count(self, now: float, short: bool) -> float | None:
+        """Count one call at ``now``; the wants to ask for when a second has ended."""
+        second = math.floor(now)
+        wants = None
+        if second != self.second:
+            idle = second - self.second - 1
+            seen = float(self.seen)
+            self.demand = (
+                seen if self.demand == 0 else ((1 - _SMOOTHING) * self.demand + _SMOOTHING * seen)
+            )
+            if idle > 0:
+                self.demand *= (1 - _SMOOTHING) ** min(idle, 64)
+            wants = self.demand * _HEADROOM
+            if self.short:
+                wants = max(wants, 2 * max(seen, 1.0))
+            self.second, self.seen, self.short = second, 0, False
+        self.seen += 1
+        self.short = self.short or short
+        return wants
 
 
 class RateLimiter:
@@ -26,7 +61,9 @@ class RateLimiter:
     Unused time is saved as permits up to ``burst`` seconds of capacity (at most one second:
     never a burst above one second's capacity); the spacing follows the lease whenever its
     capacity changes. ``wait()`` blocks until the next permit, ``try_acquire()`` takes one
-    only if it is due now.
+    only if it is due now. On a resource opened without ``wants`` the limiter asks for what
+    it is asked: the calls per second, smoothed, with 10% headroom (twice what it got in a
+    second when callers had to wait), at once when that moves by more than 10%.
     """
 
     def __init__(
@@ -45,11 +82,23 @@ class RateLimiter:
         self._next = clock()  # when the next permit is free
         self._stored = 0.0
         self.permits = 0
+        # A resource opened without wants asks for what this limiter is asked.
+        self._demand = _Demand(math.floor(self._next)) if resource.learned else None
 
     @property
     def rate(self) -> float:
         """Permits per second now: the resource's capacity."""
         return self.resource.capacity
+
+    def _learn(self, now: float, short: bool) -> None:
+        if self._demand is None:
+            return
+        with self._lock:
+            wants = self._demand.count(now, short)
+        if wants is not None:
+            asked = self.resource.wants
+            changed = abs(wants - asked) > _CHANGE * max(asked, 1.0)
+            self.resource.ask(wants, now=changed)
 
     def _reserve(self, now: float, only_if_due: bool) -> float | None:
         """Take a permit; the seconds to wait before using it (None: none to take now)."""
@@ -74,13 +123,22 @@ class RateLimiter:
             self.permits += 1
             return max(0.0, wait)
 
+    def _short(self, now: float) -> bool:
+        """Whether a permit asked for at ``now`` would have to wait."""
+        with self._lock:
+            return self.rate <= 0 or (now < self._next and self._stored < 1.0)
+
     def try_acquire(self) -> bool:
         """Take a permit if one is due now."""
-        return self._reserve(self._clock(), only_if_due=True) is not None
+        now = self._clock()
+        got = self._reserve(now, only_if_due=True) is not None
+        self._learn(now, short=not got)
+        return got
 
     def wait(self) -> float:
         """Block until the next permit; the seconds waited."""
         start = self._clock()
+        self._learn(start, short=self._short(start))
         while True:
             wait = self._reserve(self._clock(), only_if_due=False)
             if wait is not None:
@@ -92,6 +150,7 @@ class RateLimiter:
     async def wait_async(self) -> float:
         """``wait()`` without blocking the event loop."""
         start = self._clock()
+        self._learn(start, short=self._short(start))
         while True:
             wait = self._reserve(self._clock(), only_if_due=False)
             if wait is not None:

@@ -85,7 +85,8 @@ class RateLimitResult:
     answer; every status is then OK without a limit) or ``overridden`` (the kill switch
     turned OVER_LIMIT into OK; ``statuses`` still hold what the service said).
     ``headers`` are the response headers the service asks to add (``RateLimit-*``...),
-    ``request_headers`` those for the upstream request.
+    ``request_headers`` those for the upstream request. ``fallback``: the service was out of
+    reach and the client's fallback limiter answered (OVER_LIMIT when it refused).
     """
 
     code: Code
@@ -139,7 +140,8 @@ class RateResult:
     included), ``attempts`` the number of calls made. ``degraded``: the service could not
     answer, ``min_copies`` were granted locally. ``overridden``: the service refused and the
     kill switch granted ``min_copies`` anyway. ``context`` is the service's last answer
-    (None when degraded before any answer).
+    (None when degraded before any answer). ``fallback``: the service was out of reach and
+    the client's fallback limiter answered.
     """
 
     success: bool
@@ -258,7 +260,8 @@ class AllowResult:
     ``"REJECTED_TIMEOUT"``, ...); ``granted`` is whether the tokens may be used now;
     ``waited`` the seconds ``allow`` slept before returning (the service's ``wait_millis``);
     ``degraded``: granted locally because the service failed (``fail_open``);
-    ``overridden``: a rejection granted by the kill switch.
+    ``overridden``: a rejection granted by the kill switch; ``fallback``: the service was out
+    of reach and the client's fallback limiter answered (``REJECTED_TIMEOUT`` when it refused).
     """
 
     status: str

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import queue
 import socket
@@ -19,6 +21,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.client import _protocol
+from ferryman.client._bucket import Charges, LocalBucket
 from ferryman.client._core import (
     DEFAULT_TIMEOUT,
     Answer,
@@ -43,8 +46,11 @@ from ferryman.client._models import (
     RateResult,
     Resource,
 )
+from ferryman.errors import FerrymanError
 
 __all__ = ["Client", "Hold"]
+
+log = logging.getLogger("ferryman.client")
 
 T = TypeVar("T")
 
@@ -131,6 +137,12 @@ class _Stream:
         self._call.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
 
 
+def _positive(value: float, name: str) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: expected seconds > 0, got {value!r}")
+    return float(value)
+
+
 def _unary_methods(
     channel: grpc.Channel,
 ) -> dict[str, grpc.UnaryUnaryMultiCallable[Request, Response]]:
@@ -210,6 +222,7 @@ class Client:
         breaker_backoff: float = 1.0,
         breaker_max_backoff: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        charge_interval: float = 1.0,
     ) -> None:
         credentials = _protocol.channel_credentials(credentials, tls, ca_file, cert_file, key_file)
         self._core = ClientCore(
@@ -240,6 +253,11 @@ class Client:
         self._stream: _Stream | None = None
         self._session_lock = threading.Lock()
         self._closed = False
+        self._buckets: list[LocalBucket] = []
+        self._charges = Charges(self._core)
+        self._charge_interval = _positive(charge_interval, "charge_interval")
+        self._flusher: threading.Thread | None = None
+        self._stop_flushing = threading.Event()
 
     @property
     def target(self) -> str:
@@ -311,6 +329,52 @@ class Client:
         (``result.granted`` is False, ``result.status`` says why), not an exception.
         """
         return self._drive(self._core.allow_flow(namespace, bucket, tokens, max_wait))
+
+    def bucket(
+        self, namespace: str, name: str, *, batch: int, low_water: int | None = None
+    ) -> LocalBucket:
+        """A local reserve of the quota bucket ``namespace/name`` (the smart client).
+
+        ``take()`` decides in process; a background thread refills the reserve with one
+        Allow for ``batch - reserve`` tokens once it is down to ``low_water`` (default: a
+        quarter of ``batch``). It holds only tokens the service granted, at most ``batch``;
+        while the service is out of reach, takes the reserve cannot cover are answered as
+        ``allow`` would be (fallback limiter or degraded mode). Closed with the client.
+        """
+        low = batch // 4 if low_water is None else low_water
+        made = LocalBucket(self, namespace, name, batch, low)
+        with self._session_lock:
+            self._buckets.append(made)
+        return made
+
+    def pending_charges(self) -> dict[tuple[str, str], int]:
+        """The tokens charged per (namespace, bucket) that the service has not taken yet."""
+        return self._charges.snapshot()
+
+    def charge(self, namespace: str, bucket: str, tokens: int = 1) -> None:
+        """Record ``tokens`` already used from ``namespace/bucket``; sent in one Allow per
+        bucket every ``charge_interval`` seconds (and at ``flush()`` and ``close()``)."""
+        self._charges.add(namespace, bucket, tokens)
+        with self._session_lock:
+            if self._flusher is None and not self._closed:
+                self._flusher = threading.Thread(
+                    target=self._flush_every, name="ferryman-charges", daemon=True
+                )
+                self._flusher.start()
+
+    def flush(self) -> None:
+        """Send the charges recorded so far now; what the service refuses or cannot take
+        stays pending for the next flush."""
+        for namespace, bucket, n in self._charges.due():
+            granted = self._drive(self._charges.flow(namespace, bucket, n), closing=True)
+            self._charges.settle(namespace, bucket, n, granted)
+
+    def _flush_every(self) -> None:
+        while not self._stop_flushing.wait(self._charge_interval):
+            try:
+                self.flush()
+            except Exception:  # a bad charge must not stop the others being sent
+                log.exception("ferryman: sending charges failed")
 
     @contextlib.contextmanager
     def hold_copy(
@@ -470,6 +534,14 @@ class Client:
                 return
             self._closed = True
             stream, self._stream = self._stream, None
+            buckets, flusher = list(self._buckets), self._flusher
+        for bucket in buckets:
+            bucket.close()
+        self._stop_flushing.set()
+        if flusher is not None:
+            flusher.join(self._core.timeout + 1)
+        with contextlib.suppress(FerrymanError):
+            self.flush()
         if stream is not None:
             stream.stop(self._core.timeout)
         self._channel.close()

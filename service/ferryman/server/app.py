@@ -32,6 +32,7 @@ from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
+from ferryman.apis.quota_http import QuotaHttp
 from ferryman.apis.rlqs import QuotaShares
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Synced, Watched
@@ -438,6 +439,7 @@ class Service:
                 ("GET", "/healthcheck"): self._healthcheck,
                 ("HEAD", "/healthcheck"): self._healthcheck,
                 ("POST", "/json"): self.pages.json,
+                ("POST", "/quota/allow"): QuotaHttp.of(self).allow,
             },
             "http",
         )
