@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ferryman.core.answers import Decision, DescriptorRequest
 from ferryman.core.rules import Rule
@@ -23,10 +23,9 @@ TOP_K = 50
 MAX_DOMAINS = 100
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
+class Seen(NamedTuple):
     """One decision as made: when, on what, which rule each descriptor reached (None: no
-    limited rule), and the answer."""
+    limited rule), and the answer. (A tuple: made on every decision a watcher sees.)"""
 
     now: float
     domain: str

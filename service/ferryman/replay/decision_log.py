@@ -21,9 +21,8 @@ import queue
 import random
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from ferryman.core.answers import DescriptorRequest
 from ferryman.core.rules import Unit, UnitLimit
@@ -73,9 +72,8 @@ def encode(seen: Seen) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Logged:
-    """One line of a decision log, read back."""
+class Logged(NamedTuple):
+    """One line of a decision log, read back (a tuple: one is made per line)."""
 
     t: float
     domain: str
@@ -150,7 +148,7 @@ def _known(line: str, seen: dict[str, Logged]) -> Logged:
     until = line.find(',"code":', at)
     if at < 0 or until < 0:
         return decode(line)
-    codes = tuple(json.loads(line[at + 9 : until]))
+    codes = tuple(line[at + 11 : until - 2].split('","'))
     code = line[until + 9 : line.rfind('"')]
     return Logged(t, found.domain, found.hits, found.descriptors, codes, code, found.key)
 
