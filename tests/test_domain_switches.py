@@ -109,7 +109,7 @@ def test_space_saving_keeps_the_heavy_hitters_in_a_bounded_table() -> None:
     for i in range(100):
         table.add((("k", "hot"),), 1, float(i))
         table.add((("k", f"cold{i}"),), 1, float(i))
-    assert len(table.entries) == 3
+    assert len(table.counts) == 3
     top = table.top(100.0)
     assert top[0]["descriptor"] == "k=hot" and top[0]["count"] == 100 and top[0]["error"] == 0
     assert table.total == 200
