@@ -315,6 +315,8 @@ class RateLimitEngine:
             self._rules = self._prepare(config)
             self._rules_of = config
             self._prepared.clear()
+            recording = [n for n, d in config.domains.items() if d.allow_unconfigured]
+            self.unconfigured.forget(recording)
         return config
 
     def _prepare(self, config: Config) -> dict[Rule, tuple[Limiter, Any]]:
