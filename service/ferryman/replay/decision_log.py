@@ -39,6 +39,8 @@ WRITTEN = f"{SERVICE}.decision_log.written"
 DROPPED = f"{SERVICE}.decision_log.dropped"
 #: Decisions waiting for the writer; past this they are dropped.
 QUEUE = 10_000
+#: Distinct requests a reader keeps decoded (a log of more decodes the rest line by line).
+KEPT = 100_000
 #: The writer flushes at least this often, so a line is in the file within a second.
 FLUSH_SECONDS = 0.2
 
@@ -140,7 +142,7 @@ def _known(line: str, seen: dict[str, Logged]) -> Logged:
     found = seen.get(key)
     if found is None:
         found = decode(line)
-        if len(seen) < 1_000_000:
+        if len(seen) < KEPT:
             seen[key] = found
         return found
     t = float(line[5:start])

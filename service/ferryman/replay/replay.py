@@ -94,7 +94,8 @@ class Replay:
         self.backend = MemoryBackend(self.clock)
         source = _Source(config)
         self.engine = RateLimitEngine(source, self.backend, self.clock, self.stats, options)
-        self.engine.plans = 1 << 20  # a log repeats its requests: keep their matches
+        # A log repeats its requests: keep the matches of many (bounded: memory).
+        self.engine.plans = 1 << 16
         self.engine.watchers.append(self)
         self.rules: dict[str, RuleResult] = {}
         self.decisions = 0
