@@ -59,7 +59,7 @@ def test_allow_unconfigured_records_what_no_rule_covers_through_rls_and_v1(
 ) -> None:
     """Descriptors that reach no limit are answered OK and counted per domain, most frequent
     first, over Envoy's RLS and ferryman.v1; a configured descriptor and a domain without
-    the switch are not recorded."""
+    the switch are not recorded, and turning the switch off forgets the domain's table."""
     config_dir.write("web.yaml", WEB)
     config_dir.write("api.yaml", "domain: api\ndescriptors:\n  - key: user\n")
     server = make_server()
@@ -79,6 +79,8 @@ def test_allow_unconfigured_records_what_no_rule_covers_through_rls_and_v1(
     ]
     assert web["total"] == 8
     assert server.stat("ratelimit.service.rate_limit.web.unconfigured") == 8
+    config_dir.write("web.yaml", WEB.replace("allow_unconfigured: true\n", ""))
+    wait_for("the reload", lambda: server.ask("web", [("x", "y")]) and not unconfigured(server))
 
 
 def test_ignore_limits_lets_everything_through_counted_and_a_reload_turns_it_off(
@@ -109,7 +111,7 @@ def test_space_saving_keeps_the_heavy_hitters_in_a_bounded_table() -> None:
     for i in range(100):
         table.add((("k", "hot"),), 1, float(i))
         table.add((("k", f"cold{i}"),), 1, float(i))
-    assert len(table.entries) == 3
+    assert len(table.counts) == 3
     top = table.top(100.0)
     assert top[0]["descriptor"] == "k=hot" and top[0]["count"] == 100 and top[0]["error"] == 0
     assert table.total == 200

@@ -317,7 +317,17 @@ def test_bash_completion_offers_commands_options_and_values(workdir: Path) -> No
     result = ferryman("completion", "bash", cwd=workdir)
     assert result.returncode == 0
     script = result.stdout
-    commands = ["serve", "check", "query", "explain", "envoy", "replay", "completion", "config"]
+    commands = [
+        "serve",
+        "check",
+        "query",
+        "explain",
+        "envoy",
+        "replay",
+        "simulate",
+        "completion",
+        "config",
+    ]
     assert complete(script, "") == [*commands, "--version", "--help", "--debug"]
     assert complete(script, "se") == ["serve"]
     assert "--grpc-port" in complete(script, "serve", "--")

@@ -48,8 +48,9 @@ def _seen(t: float) -> Seen:
 def test_a_live_servers_decision_log_replays_to_the_answers_it_gave(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock, tmp_path: Path
 ) -> None:
-    """Traffic over gRPC on every kind of rule, its time moving, is logged line by line;
-    replaying the log in process gives, request by request, the codes the server answered."""
+    """Traffic over gRPC on fixed windows, a sliding window and burst tiers, its time
+    moving, is logged line by line; replaying the log in process gives, request by request,
+    the codes the server answered, and the per-rule counts add up to them."""
     config_dir.write("web.yaml", CONFIG)
     log = tmp_path / "decisions.jsonl"
     server = make_server(decision_log=str(log))

@@ -1,5 +1,5 @@
-"""``ferryman serve | check | query | explain | envoy | replay | completion | config``: the
-command line.
+"""``ferryman serve | check | query | explain | envoy | replay | simulate | completion |
+config``: the command line.
 
 Each command is one module here with the same two functions: ``add_parser(sub, parents)``
 adds its subparser (and returns it), ``run(args)`` carries it out and returns the exit
@@ -21,7 +21,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ferryman import _version, logs
-from ferryman.cli import check, completion, config, envoy, explain, query, replay, serve
+from ferryman.cli import (
+    check,
+    completion,
+    config,
+    envoy,
+    explain,
+    query,
+    replay,
+    serve,
+    simulate,
+)
 from ferryman.errors import ConfigError, FerrymanError, SettingsError
 
 if TYPE_CHECKING:
@@ -48,6 +58,7 @@ COMMANDS: tuple[Command, ...] = (
     explain,
     envoy,
     replay,
+    simulate,
     completion,
     config,
 )

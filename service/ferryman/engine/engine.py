@@ -75,6 +75,8 @@ class _Prepared:
     compiled: Any  # what the counters' limiter answers it with, or None
     # The descriptors no limited rule covers, when the domain records them.
     unmatched: tuple[DescriptorRequest, ...] = ()
+    # The rule each descriptor reaches, for the watchers.
+    rules: tuple[Rule | None, ...] = ()
 
 
 @dataclass(slots=True)
@@ -182,7 +184,7 @@ class RateLimitEngine:
             if unmatched:
                 self.unconfigured.record(domain, unmatched, hits_addend or 1, now)
         if self.watchers:
-            self._tell(now, domain, descriptors, hits_addend, matches, decision)
+            self._tell(now, domain, descriptors, hits_addend, _rules(matches), decision)
         return decision
 
     async def should_rate_limit_kept(
@@ -225,7 +227,7 @@ class RateLimitEngine:
                 prepared.domain,
                 prepared.descriptors,
                 prepared.hits_addend,
-                prepared.matches,
+                prepared.rules,
                 decision,
             )
         return decision
@@ -240,7 +242,8 @@ class RateLimitEngine:
         own = [m[1] if m is not None and m[0] is counters else None for m in matches]
         compiled = counters.compile(own, [d.entries for d in descriptors], hits)
         unmatched = _unmatched(descriptors, matches) if dom.allow_unconfigured else ()
-        return _Prepared(domain, descriptors, hits_addend, matches, compiled, unmatched)
+        rules = _rules(matches)
+        return _Prepared(domain, descriptors, hits_addend, matches, compiled, unmatched, rules)
 
     def _not_found(
         self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int
@@ -250,7 +253,8 @@ class RateLimitEngine:
             domain, descriptors, hits_addend, [None] * len(descriptors), Tally()
         )
         if self.watchers:
-            self._tell(self._clock.now(), domain, descriptors, hits_addend, None, decision)
+            rules = (None,) * len(descriptors)
+            self._tell(self._clock.now(), domain, descriptors, hits_addend, rules, decision)
         return decision
 
     def _tell(
@@ -259,14 +263,10 @@ class RateLimitEngine:
         domain: str,
         descriptors: Sequence[DescriptorRequest],
         hits_addend: int,
-        matches: Sequence[Match] | None,
+        rules: tuple[Rule | None, ...],
         decision: Decision,
     ) -> None:
         """Every watcher is told the decision, with the rule each descriptor reached."""
-        if matches is None:
-            rules: tuple[Rule | None, ...] = (None,) * len(descriptors)
-        else:
-            rules = tuple(None if m is None else m[1].rule for m in matches)
         seen = Seen(now, domain, descriptors, hits_addend, rules, decision)
         for watcher in self.watchers:
             watcher.decided(seen)
@@ -319,6 +319,8 @@ class RateLimitEngine:
             self._rules = self._prepare(config)
             self._rules_of = config
             self._prepared.clear()
+            recording = [n for n, d in config.domains.items() if d.allow_unconfigured]
+            self.unconfigured.forget(recording)
         return config
 
     def _prepare(self, config: Config) -> dict[Rule, tuple[Limiter, Any]]:
@@ -514,3 +516,8 @@ def _unmatched(
         for d, m in zip(descriptors, matches, strict=True)
         if m is None and d.limit is None and d.entries
     )
+
+
+def _rules(matches: Sequence[Match]) -> tuple[Rule | None, ...]:
+    """The rule each match reached (None: no limited rule)."""
+    return tuple(None if m is None else m[1].rule for m in matches)

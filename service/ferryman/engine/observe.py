@@ -8,25 +8,24 @@ and its rate since it entered the table.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ferryman.core.answers import Decision, DescriptorRequest
 from ferryman.core.rules import Rule
 from ferryman.stats import Stats
 
-__all__ = ["DecisionWatcher", "Seen", "TopK", "Unconfigured"]
+__all__ = ["DecisionWatcher", "Seen", "SpaceSaving", "TopK", "Unconfigured"]
 
 #: The descriptors kept per domain, and the domains kept, by default.
 TOP_K = 50
 MAX_DOMAINS = 100
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
+class Seen(NamedTuple):
     """One decision as made: when, on what, which rule each descriptor reached (None: no
-    limited rule), and the answer."""
+    limited rule), and the answer. (A tuple: made on every decision a watcher sees.)"""
 
     now: float
     domain: str
@@ -43,54 +42,101 @@ class DecisionWatcher(Protocol):
     def decided(self, seen: Seen) -> None: ...
 
 
-@dataclass(slots=True)
-class _Entry:
-    count: int
-    error: int
-    since: float
-    last: float
+class SpaceSaving:
+    """The heaviest keys of a stream in ``capacity`` counters (Metwally et al.'s space-saving),
+    with every count multiplied by ``decay`` at each :meth:`age`, so that the ranking follows
+    what is heavy now rather than since the start.
+
+    A key that enters a full table takes the place of the lightest one and inherits its count
+    as ``error``: a key's true weight lies between ``count - error`` and ``count``.
+    """
+
+    def __init__(self, capacity: int, decay: float = 1.0) -> None:
+        self.capacity = capacity
+        self.decay = decay
+        self._counts: dict[str, float] = {}
+        self._errors: dict[str, float] = {}
+
+    def offer(self, key: str, weight: float) -> None:
+        counts = self._counts
+        if key in counts:
+            counts[key] += weight
+            return
+        if len(counts) < self.capacity:
+            counts[key] = weight
+            self._errors[key] = 0.0
+            return
+        lightest = min(counts, key=counts.__getitem__)
+        floor = counts.pop(lightest)
+        self._errors.pop(lightest, None)
+        counts[key] = floor + weight
+        self._errors[key] = floor
+
+    def age(self) -> None:
+        """Decay every count; forget keys whose weight has faded below a hundredth of a hit."""
+        if self.decay == 1.0:
+            return
+        d = self.decay
+        for key in list(self._counts):
+            count = self._counts[key] * d
+            if count < 0.01:
+                del self._counts[key]
+                self._errors.pop(key, None)
+            else:
+                self._counts[key] = count
+                self._errors[key] *= d
+
+    def top(self, n: int) -> list[tuple[str, float, float]]:
+        """The ``n`` heaviest keys as (key, count, error), heaviest first."""
+        best = heapq.nlargest(n, self._counts.items(), key=lambda item: item[1])
+        return [(key, count, self._errors.get(key, 0.0)) for key, count in best]
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._counts
 
 
 class TopK:
-    """The space-saving algorithm over at most ``k`` keys: a key not in a full table takes
-    the place of the least counted one and inherits its count (as its ``error``)."""
+    """The most frequent descriptors of one domain (a plain :class:`SpaceSaving` of ``k``
+    counters), each with when it entered the table and when it was last seen."""
 
-    __slots__ = ("entries", "k", "total")
+    __slots__ = ("counts", "k", "seen", "total")
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.total = 0
-        self.entries: dict[tuple[tuple[str, str], ...], _Entry] = {}
+        self.counts = SpaceSaving(k)
+        # descriptor -> [entries, since, last]; pruned to the counted keys as it grows
+        self.seen: dict[str, list[Any]] = {}
 
     def add(self, key: tuple[tuple[str, str], ...], hits: int, now: float) -> None:
         self.total += hits
-        entry = self.entries.get(key)
-        if entry is not None:
-            entry.count += hits
-            entry.last = now
+        name = ",".join(f"{k}={v}" for k, v in key)
+        known = name in self.counts
+        self.counts.offer(name, hits)
+        if known:
+            self.seen[name][2] = now
             return
-        if len(self.entries) < self.k:
-            self.entries[key] = _Entry(hits, 0, now, now)
-            return
-        # O(k), only when a new key arrives at a full table.
-        least = min(self.entries, key=lambda found: self.entries[found].count)
-        floor = self.entries.pop(least).count
-        self.entries[key] = _Entry(floor + hits, floor, now, now)
+        self.seen[name] = [key, now, now]  # new, or back after it was pushed out
+        if len(self.seen) > 4 * self.k:
+            self.seen = {n: v for n, v in self.seen.items() if n in self.counts}
 
     def top(self, now: float, limit: int | None = None) -> list[dict[str, object]]:
         """The keys by count, most first, each with its count, error and hits per second."""
-        ranked = sorted(self.entries.items(), key=lambda item: -item[1].count)
         out: list[dict[str, object]] = []
-        for key, entry in ranked[:limit]:
-            span = max(1.0, now - entry.since)
+        for name, count, error in self.counts.top(limit or self.k):
+            key, since, last = self.seen[name]
+            span = max(1.0, now - since)
             out.append(
                 {
-                    "descriptor": ",".join(f"{k}={v}" for k, v in key),
+                    "descriptor": name,
                     "entries": [list(pair) for pair in key],
-                    "count": entry.count,
-                    "error": entry.error,
-                    "rate": round((entry.count - entry.error) / span, 3),
-                    "last_seen": entry.last,
+                    "count": round(count),
+                    "error": round(error),
+                    "rate": round((count - error) / span, 3),
+                    "last_seen": last,
                 }
             )
         return out

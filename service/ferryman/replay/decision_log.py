@@ -21,9 +21,8 @@ import queue
 import random
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from ferryman.core.answers import DescriptorRequest
 from ferryman.core.rules import Unit, UnitLimit
@@ -40,6 +39,8 @@ WRITTEN = f"{SERVICE}.decision_log.written"
 DROPPED = f"{SERVICE}.decision_log.dropped"
 #: Decisions waiting for the writer; past this they are dropped.
 QUEUE = 10_000
+#: Distinct requests a reader keeps decoded (a log of more decodes the rest line by line).
+KEPT = 100_000
 #: The writer flushes at least this often, so a line is in the file within a second.
 FLUSH_SECONDS = 0.2
 
@@ -73,9 +74,8 @@ def encode(seen: Seen) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Logged:
-    """One line of a decision log, read back."""
+class Logged(NamedTuple):
+    """One line of a decision log, read back (a tuple: one is made per line)."""
 
     t: float
     domain: str
@@ -142,7 +142,7 @@ def _known(line: str, seen: dict[str, Logged]) -> Logged:
     found = seen.get(key)
     if found is None:
         found = decode(line)
-        if len(seen) < 1_000_000:
+        if len(seen) < KEPT:
             seen[key] = found
         return found
     t = float(line[5:start])
@@ -150,7 +150,7 @@ def _known(line: str, seen: dict[str, Logged]) -> Logged:
     until = line.find(',"code":', at)
     if at < 0 or until < 0:
         return decode(line)
-    codes = tuple(json.loads(line[at + 9 : until]))
+    codes = tuple(line[at + 11 : until - 2].split('","'))
     code = line[until + 9 : line.rfind('"')]
     return Logged(t, found.domain, found.hits, found.descriptors, codes, code, found.key)
 

@@ -10,7 +10,9 @@ from html import escape
 __all__ = ["Panel", "Series", "svg"]
 
 WIDTH, PANEL_HEIGHT, MARGIN = 760, 150, 48
-COLOURS = ("#2e7d32", "#c62828", "#1565c0", "#ef6c00", "#6a1b9a", "#00838f")
+COLOURS = ("#1565c0", "#ef6c00", "#6a1b9a", "#00838f", "#455a64")
+# The colour of a series by what it counts: granted green, refused red.
+MEANING = {"allowed": "#2e7d32", "granted": "#2e7d32", "handed": "#2e7d32", "refused": "#c62828"}
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,13 @@ def svg(panels: Sequence[Panel], title: str = "") -> str:
         )
         out.append(f'<text x="4" y="{top + 10}">{high:g}</text>')
         out.append(f'<text x="4" y="{top + PANEL_HEIGHT}">0</text>')
+        count = len(panel.series)
         for i, series in enumerate(panel.series):
-            colour = COLOURS[i % len(COLOURS)]
+            colour = MEANING.get(series.name, COLOURS[i % len(COLOURS)])
             points = _polyline(series, x0, span, top, high)
             out.append(f'<polyline fill="none" stroke="{colour}" points="{points}"/>')
             out.append(
-                f'<text x="{WIDTH - MARGIN - 140 + 70 * (i % 2)}" y="{top - 6 - 12 * (i // 2)}" '
+                f'<text x="{WIDTH - MARGIN - 110 * (count - i)}" y="{top - 6}" '
                 f'fill="{colour}">{escape(series.name)}</text>'
             )
         out.append(

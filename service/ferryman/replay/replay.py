@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ferryman.backends.memory import MemoryBackend
-from ferryman.clock import ManualClock
 from ferryman.config.model import Config
 from ferryman.core.answers import Code, Decision, EngineOptions
 from ferryman.engine import RateLimitEngine
@@ -37,13 +36,19 @@ class RuleResult:
 
     rule: str
     requests: int = 0
-    allowed: int = 0
-    refused: int = 0
     shadow: int = 0
     first_refusal: float | None = None
     refused_by_tenant: Counter[Entries] = field(default_factory=Counter)
     # second -> [allowed, refused], for the plot
     seconds: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by_tenant.values())
+
+    @property
+    def allowed(self) -> int:
+        return self.requests - self.refused
 
     def as_dict(self, tenants: int = 5) -> dict[str, object]:
         return {
@@ -60,6 +65,21 @@ class RuleResult:
         }
 
 
+class VirtualClock:
+    """The log's time: set before each request (no lock: one task reads and sets it)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+    def set(self, t: float) -> None:
+        self.t = t
+
+
 class _Source:
     def __init__(self, config: Config) -> None:
         self.config: Config | None = config
@@ -69,12 +89,13 @@ class Replay:
     """One config's engine on a virtual clock, and what each rule answered."""
 
     def __init__(self, config: Config, options: EngineOptions | None = None) -> None:
-        self.clock = ManualClock(0.0)
+        self.clock = VirtualClock()
         self.stats = Stats(max_series=1_000_000)
         self.backend = MemoryBackend(self.clock)
         source = _Source(config)
         self.engine = RateLimitEngine(source, self.backend, self.clock, self.stats, options)
-        self.engine.plans = 1 << 20  # a log repeats its requests: keep their matches
+        # A log repeats its requests: keep the matches of many (bounded: memory).
+        self.engine.plans = 1 << 16
         self.engine.watchers.append(self)
         self.rules: dict[str, RuleResult] = {}
         self.decisions = 0
@@ -86,31 +107,32 @@ class Replay:
         self.decisions += 1
         statuses = seen.decision.statuses
         second = int(seen.now)
-        for i, rule in enumerate(seen.rules):
+        results = self.rules
+        over = Code.OVER_LIMIT
+        i = -1
+        for rule in seen.rules:
+            i += 1
             if rule is None:
                 continue
-            result = self.rules.get(rule.stats_key)
+            result = results.get(rule.stats_key)
             if result is None:
-                result = self.rules[rule.stats_key] = RuleResult(rule.stats_key)
+                result = results[rule.stats_key] = RuleResult(rule.stats_key)
             result.requests += 1
+            refused = statuses[i].code is over
             bucket = result.seconds.get(second)
             if bucket is None:
                 bucket = result.seconds[second] = [0, 0]
-            if statuses[i].code is Code.OVER_LIMIT:
-                result.refused += 1
-                bucket[1] += 1
+            bucket[refused] += 1
+            if refused:
                 result.refused_by_tenant[seen.descriptors[i].entries] += 1
                 if result.first_refusal is None:
                     result.first_refusal = seen.now
-            else:
-                result.allowed += 1
-                bucket[0] += 1
-        if seen.decision.code is Code.OVER_LIMIT:
+        if seen.decision.code is over:
             self.refused += 1
 
     async def decide(self, logged: Logged) -> Decision:
         """``logged`` decided again at its own time."""
-        self.clock.set(logged.t)
+        self.clock.t = logged.t
         if logged.key is None:
             return await self.engine.should_rate_limit(
                 logged.domain, logged.descriptors, logged.hits

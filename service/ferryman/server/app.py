@@ -84,7 +84,8 @@ DEBUG_HELP = (
     "/unconfigured[?top=N]: per domain with allow_unconfigured, the descriptors no rule "
     "covers, with counts and rates (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
-    "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
+    "/console/panels, /console/panel?id=ID, /console/simulate?domain=D&descriptor=k=v&rate=R"
+    "&seconds=N[&on_off=ON:OFF&burst=AT:N]: what the console draws (JSON)\n"
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
     "/api/v1/counters/reset: the config API (bearer tokens of ADMIN_TOKENS_FILE)\n"
 )

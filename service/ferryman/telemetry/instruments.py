@@ -120,6 +120,16 @@ _FIXED_COUNTERS = (
         "Over-limit answers turned OK by SHADOW_MODE.",
     ),
     (
+        "ratelimit_service_decision_log_written",
+        "ratelimit.service.decision_log.written",
+        "Decisions written to DECISION_LOG.",
+    ),
+    (
+        "ratelimit_service_decision_log_dropped",
+        "ratelimit.service.decision_log.dropped",
+        "Decisions not written to DECISION_LOG: its queue was full or the file failed.",
+    ),
+    (
         "ratelimit_service_stats_overflow",
         STATS_OVERFLOW,
         "Increments folded into the overflow series past METRICS_MAX_SERIES.",

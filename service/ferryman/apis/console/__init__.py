@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 
 from ferryman.algorithms import BY_NAME, algorithm_of
 from ferryman.apis.console.sampler import LatencyRecorder, Sampler, SpaceSaving, series_label
+from ferryman.apis.console.simulator import Simulator
 from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
@@ -47,6 +48,7 @@ STATIC = {
     "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console/console.css": ("console.css", "text/css; charset=utf-8"),
     "/console/editor.js": ("editor.js", "text/javascript; charset=utf-8"),
+    "/console/simulator.js": ("simulator.js", "text/javascript; charset=utf-8"),
 }
 TOP = 10  # over-limit series shown
 SESSIONS = 50  # sessions listed, the biggest holders first
@@ -156,6 +158,7 @@ class Console:
                 ("GET", "/console/tenant"): self._tenant,
                 ("GET", "/console/panels"): self._panels,
                 ("GET", "/console/panel"): self._panel,
+                ("GET", "/console/simulate"): Simulator(lambda: self.holder.config).page,
             }
         )
         return routes

@@ -20,6 +20,7 @@ from time import perf_counter
 from typing import Any, TypeVar
 
 from ferryman.engine import BackendTimer
+from ferryman.engine.observe import SpaceSaving
 from ferryman.stats import CALL, REQUEST_CALL, RuleSeries, Stats
 from ferryman.tasks import cancel
 
@@ -107,59 +108,6 @@ def _quantile(buckets: list[int], count: int, q: float, slowest: float) -> float
             bound = LATENCY_BOUNDS[i] if i < len(LATENCY_BOUNDS) else slowest
             return min(bound, slowest)
     return slowest
-
-
-class SpaceSaving:
-    """The heaviest keys of a stream in ``capacity`` counters (Metwally et al.'s space-saving),
-    with every count multiplied by ``decay`` at each :meth:`age`, so that the ranking follows
-    what is heavy now rather than since the start.
-
-    A key that enters a full table takes the place of the lightest one and inherits its count
-    as ``error``: a key's true weight lies between ``count - error`` and ``count``.
-    """
-
-    def __init__(self, capacity: int, decay: float = 1.0) -> None:
-        self.capacity = capacity
-        self.decay = decay
-        self._counts: dict[str, float] = {}
-        self._errors: dict[str, float] = {}
-
-    def offer(self, key: str, weight: float) -> None:
-        counts = self._counts
-        if key in counts:
-            counts[key] += weight
-            return
-        if len(counts) < self.capacity:
-            counts[key] = weight
-            self._errors[key] = 0.0
-            return
-        lightest = min(counts, key=counts.__getitem__)
-        floor = counts.pop(lightest)
-        self._errors.pop(lightest, None)
-        counts[key] = floor + weight
-        self._errors[key] = floor
-
-    def age(self) -> None:
-        """Decay every count; forget keys whose weight has faded below a hundredth of a hit."""
-        if self.decay == 1.0:
-            return
-        d = self.decay
-        for key in list(self._counts):
-            count = self._counts[key] * d
-            if count < 0.01:
-                del self._counts[key]
-                self._errors.pop(key, None)
-            else:
-                self._counts[key] = count
-                self._errors[key] *= d
-
-    def top(self, n: int) -> list[tuple[str, float, float]]:
-        """The ``n`` heaviest keys as (key, count, error), heaviest first."""
-        best = heapq.nlargest(n, self._counts.items(), key=lambda item: item[1])
-        return [(key, count, self._errors.get(key, 0.0)) for key, count in best]
-
-    def __len__(self) -> int:
-        return len(self._counts)
 
 
 def series_label(path: tuple[str, ...] | None) -> str:
