@@ -184,14 +184,22 @@ def test_a_small_increase_is_not_pushed_but_a_decrease_is() -> None:
     assert assigned(shares, a) == {"tenant=gold": (13, 13, 1)}
 
 
-def test_a_closed_stream_gives_its_share_back() -> None:
-    """When an Envoy's stream ends, the others share the whole rate again."""
-    shares = QuotaShares(holder_of(), ManualClock(), Stats())
+def test_a_closed_streams_share_is_kept_until_its_ttl_then_given_back() -> None:
+    """An Envoy whose stream ends enforces its last bucket until the TTL: the others get its
+    share only then, so that the sum never passes the limit."""
+    clock = ManualClock()
+    shares = QuotaShares(holder_of(), clock, Stats())
     a, b = shares.open("a"), shares.open("b")
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
     shares.take(a)
     shares.close(b)
+    shares.expire()
+    assert assigned(shares, a) == {}
+    shares.report(a, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
+    assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}
+    clock.advance(15)
+    shares.expire()
     assert assigned(shares, a) == {"tenant=gold": (20, 20, 1)}
     assert len(shares.buckets) == 1 and len(shares.streams) == 1
 
@@ -293,7 +301,8 @@ async def servicer_stream() -> None:
     await inbox.put(report("quota", ({}, 1, 0, 0)))
     with pytest.raises(RequestError, match=r"bucket_quota_usages\[0\]\.bucket_id"):
         await anext(responses)
-    assert not shares.streams and not shares.buckets
+    assert not shares.streams
+    assert [e["connected"] for e in shares.status()["buckets"][0]["envoys"]] == [False]
 
 
 def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:

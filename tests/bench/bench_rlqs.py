@@ -240,6 +240,9 @@ def restart(workdir: Path) -> None:
             until(lambda: len(shares(ferryman)) == 2, 30)
             time.sleep(6)
             stopped = int(time.time())
+            # Back on the same gRPC port: the Envoys' cluster names it.
+            at = ferryman.command.index("--grpc-port") + 1
+            ferryman.command[at] = str(ferryman.grpc_port)
             ferryman.stop()
             time.sleep(25)
             print("ferryman stopped; allowed per second from then (TTL 15 s, then ALLOW_ALL):")

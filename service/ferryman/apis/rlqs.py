@@ -161,6 +161,11 @@ class _Usage:
     idle: int = 0
     share: float | None = None
     sent: Bucket | str | None = None
+    sent_at: float = 0.0
+    envoy: str = ""
+    # Its stream has ended: the Envoy enforces the last bucket sent until its TTL, which
+    # stays reserved until then (handed to the others at once, the sum would pass the limit).
+    gone: bool = False
 
 
 @dataclass(slots=True)
@@ -291,7 +296,29 @@ class QuotaShares:
         if self.streams.pop(stream.id, None) is None:
             return
         for bucket in stream.buckets.values():
-            bucket.users.pop(stream.id, None)
+            user = bucket.users.get(stream.id)
+            if user is None:
+                continue
+            if isinstance(user.sent, Bucket) and user.sent.tokens_per_fill > 0:
+                user.gone = True
+                continue
+            del bucket.users[stream.id]
+            if bucket.users:
+                self._reshare(bucket, None)
+            else:
+                self._drop(bucket)
+
+    def expire(self) -> None:
+        """Hand the shares of ended streams to the others once their TTL has run out."""
+        now = self._clock.now()
+        for bucket in list(self.buckets.values()):
+            over = [
+                sid for sid, u in bucket.users.items() if u.gone and u.sent_at + TTL_SECONDS <= now
+            ]
+            if not over:
+                continue
+            for sid in over:
+                del bucket.users[sid]
             if bucket.users:
                 self._reshare(bucket, None)
             else:
@@ -311,7 +338,9 @@ class QuotaShares:
             bucket = self._bucket_of(stream, _key(message.domain, usage.bucket_id.bucket))
             if bucket is None:
                 continue
-            user = bucket.users.setdefault(stream.id, _Usage())
+            user = bucket.users.get(stream.id)
+            if user is None:
+                user = bucket.users[stream.id] = _Usage(envoy=stream.envoy)
             hits = usage.num_requests_allowed + usage.num_requests_denied
             user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
             user.allowed += usage.num_requests_allowed
@@ -385,8 +414,12 @@ class QuotaShares:
             bucket.capacity = self._capacity(bucket, rate)
             if bucket.capacity is None:
                 return  # no lease yet, or none live: nothing new is assigned
-            demands = {sid: user.meter.rate for sid, user in bucket.users.items()}
-            shares = split(resolved.kind, bucket.capacity, demands)
+            users = bucket.users.values()
+            reserved = sum(
+                u.sent.per_second for u in users if u.gone and isinstance(u.sent, Bucket)
+            )
+            demands = {sid: u.meter.rate for sid, u in bucket.users.items() if not u.gone}
+            shares = split(resolved.kind, max(0.0, bucket.capacity - reserved), demands)
         for sid, user in list(bucket.users.items()):
             stream = self.streams.get(sid)
             if stream is None:
@@ -409,7 +442,7 @@ class QuotaShares:
             self._queue(stream, bucket, user, new)
 
     def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
-        user.sent = sent
+        user.sent, user.sent_at = sent, self._clock.now()
         stream.pending[bucket.key] = _action(bucket.key, sent)
         stream.wake.set()
         self._stats.inc(f"{RLQS}.assigned.{bucket.resolved.answer}")
@@ -439,7 +472,7 @@ class QuotaShares:
         return rlqs_pb2.RateLimitQuotaResponse(bucket_action=actions)
 
     def close_all(self) -> None:
-        """End every stream (at shutdown): Envoy keeps its assignments until their TTL."""
+        """End every stream (at shutdown): each Envoy keeps its bucket until the TTL."""
         for stream in list(self.streams.values()):
             self.close(stream)
 
@@ -461,12 +494,12 @@ class QuotaShares:
         resolved = bucket.resolved
         rate = resolved.rate
         envoys = []
-        for sid, user in bucket.users.items():
-            stream = self.streams.get(sid)
+        for user in bucket.users.values():
             sent = user.sent
             envoys.append(
                 {
-                    "envoy": stream.envoy if stream is not None else "",
+                    "envoy": user.envoy,
+                    "connected": not user.gone,
                     "share_per_second": user.share,
                     "demand_per_second": user.meter.rate,
                     "allowed": user.allowed,
@@ -626,6 +659,7 @@ async def _tick(shares: QuotaShares) -> None:
         await asyncio.sleep(_TICK_SECONDS)
         try:
             shares.refresh()
+            shares.expire()
             shares.poll_leases()
         except Exception:  # one bad pass must not end the pushes
             log.exception("re-dividing the quota buckets failed")
