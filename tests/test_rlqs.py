@@ -4,18 +4,25 @@ demand are pushed as token buckets, malformed reports are refused, streams are b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+import queue
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
 from ferryman.apis.rlqs import Limits, QuotaShares, RlqsServicer, bucket_entries, resolve
+from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
 from ferryman.errors import RequestError, TooManyStreamsError
 from ferryman.stats import Stats
+
+from helpers.server import ConfigDir, ServerFactory
 
 CONFIG = """
 domain: quota
@@ -313,3 +320,57 @@ def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:
     for n in range(200):
         shares.report(busy, report("quota", ({"tenant": "gold"}, 5 * (n % 40), 0, 5)))
     assert len(quiet.pending) == 1
+
+
+STREAM = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+
+
+def test_the_grpc_port_serves_the_stream_and_the_debug_port_shows_it(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Over gRPC: a report is answered with the bucket's assignment; /rlqs and /rlqs/explain
+    show the Envoy's share; a malformed report ends the stream with INVALID_ARGUMENT naming
+    the field."""
+    config_dir.write("quota.yaml", CONFIG)
+    server = make_server()
+    call = server.channel.stream_stream(
+        STREAM,
+        rlqs_pb2.RateLimitQuotaUsageReports.SerializeToString,
+        rlqs_pb2.RateLimitQuotaResponse.FromString,
+    )
+    inbox: queue.Queue[Any] = queue.Queue()
+    responses: Iterator[Any] = iter(
+        call(iter(inbox.get, None), metadata=(("ferryman-envoy", "edge-1"),), timeout=10)
+    )
+    inbox.put(report("quota", ({"tenant": "gold"}, 1, 0, 0)))
+    first = next(responses)
+    assert first.bucket_action[0].quota_assignment_action.rate_limit_strategy.HasField(
+        "token_bucket"
+    )
+    status, body = server.http("GET", "/rlqs", debug=True)
+    assert status == 200
+    assert json.loads(body)["streams"] == [{"envoy": "edge-1", "domain": "quota", "buckets": 1}]
+    status, body = server.http("GET", "/rlqs/explain?domain=quota&bucket=tenant=gold", debug=True)
+    explained = json.loads(body)
+    assert (explained["answer"], explained["rate_per_second"]) == ("share", 20.0)
+    assert [e["envoy"] for e in explained["envoys"]] == ["edge-1"]
+    inbox.put(report("quota", ({}, 1, 0, 0)))
+    with pytest.raises(grpc.RpcError) as ended:
+        next(responses)
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "bucket_quota_usages[0].bucket_id" in str(ended.value.details())
+    inbox.put(None)
+
+
+def test_explain_names_the_rule_a_bucket_id_reaches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ferryman explain --bucket`` walks the id (any order) and says what Envoys get;
+    an id that reaches no rule exits 1."""
+    (tmp_path / "quota.yaml").write_text(CONFIG)
+    base = ["explain", "--config", str(tmp_path), "--domain", "quota"]
+    assert main([*base, "--bucket", "path=/a,tenant=x"]) == 0
+    out = capsys.readouterr().out
+    assert "walk: tenant=x -> path=/a" in out and "DENY_ALL" in out
+    assert main([*base, "--bucket", "nothing=1", "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["answer"] == "unconfigured"

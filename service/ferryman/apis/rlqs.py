@@ -36,10 +36,13 @@ from ferryman.apis import api
 from ferryman.apis.rlqs_leases import BucketLeases
 from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
 from ferryman.clock import Clock
+from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.algorithm import Rate
+from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Domain, Rule
 from ferryman.edge.rpc import Method
+from ferryman.engine.explain import explain, rule_text
 from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
 from ferryman.stats import Stats
 from ferryman.tasks import cancel
@@ -55,6 +58,8 @@ __all__ = [
     "Resolved",
     "RlqsServicer",
     "bucket_entries",
+    "explain_bucket",
+    "render_bucket",
     "resolve",
 ]
 
@@ -145,6 +150,67 @@ def resolve(domain: Domain | None, bucket: Mapping[str, str], shadow_mode: bool)
     if rate.per_second <= 0:
         return Resolved("deny", rule, rate)
     return Resolved("share", rule, rate)
+
+
+def explain_bucket(
+    config: Config, options: EngineOptions, domain: str, bucket: Mapping[str, str], now: float
+) -> dict[str, Any]:
+    """``ferryman explain --bucket``: the path the bucket id walks, the rule it reaches and
+    what every Envoy reporting it is answered (with the walk as ShouldRateLimit explains it)."""
+    dom = config.domains.get(domain)
+    entries = None if dom is None else bucket_entries(dom, bucket)
+    resolved = resolve(dom, bucket, options.shadow_mode)
+    rate = resolved.rate
+    out: dict[str, Any] = {
+        "domain": domain,
+        "bucket_id": dict(bucket),
+        "entries": entries,
+        "answer": resolved.answer,
+        "rate_per_second": None if rate is None else rate.per_second,
+        "burst": None if rate is None else rate.burst,
+        "algorithm": resolved.kind.name,
+    }
+    if entries:
+        out["explain"] = explain(config, domain, [entries], options, now).as_dict()
+    return out
+
+
+_ANSWER_TEXT = {
+    "share": "each Envoy its share by demand, as a token bucket",
+    "deny": "DENY_ALL (a limit of 0)",
+    "unlimited": "ALLOW_ALL (unlimited)",
+    "unconfigured": "ALLOW_ALL, counted (no rule: traffic no limit governs)",
+    "no_rate": "ALLOW_ALL, counted (the rule's kind has no rate to share)",
+    "shadow_mode": "ALLOW_ALL, counted (shadow mode)",
+}
+
+
+def render_bucket(answer: Mapping[str, Any]) -> str:
+    """:func:`explain_bucket`'s answer as text."""
+    shown = ",".join(f"{k}={v}" for k, v in sorted(answer["bucket_id"].items()))
+    lines = [f"domain {answer['domain']} bucket {shown}"]
+    entries = answer["entries"]
+    if entries is None:
+        lines.append("  walk: no path of the tree uses every entry of the id")
+    else:
+        lines.append("  walk: " + " -> ".join(f"{k}={v}" for k, v in entries))
+    rule = answer.get("explain", {}).get("descriptors", [{}])[0].get("rule")
+    if rule is not None:
+        lines.append("  rule: " + rule_text(rule))
+    lines.append("  envoys are assigned: " + _ANSWER_TEXT[answer["answer"]])
+    if answer["rate_per_second"] is not None:
+        lines.append(
+            f"  global rate: {answer['rate_per_second']:g}/s, burst {answer['burst']:g}, "
+            f"divided by {answer['algorithm']}"
+        )
+    for e in answer.get("envoys", ()):
+        share, demand = e["share_per_second"], e["demand_per_second"]
+        lines.append(
+            f"  envoy {e['envoy']}: share {'-' if share is None else f'{share:.2f}/s'}, "
+            f"demand {'-' if demand is None else f'{demand:.2f}/s'}, "
+            f"allowed {e['allowed']}, denied {e['denied']}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 BucketKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -489,6 +555,11 @@ class QuotaShares:
             "leases": self.leases.status() if self.leases is not None else None,
             "buckets": [self._bucket_status(b) for b in ranked[:limit]],
         }
+
+    def envoys_of(self, domain: str, bucket: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Each Envoy's share, demand and usage of one bucket ([] when none reports it)."""
+        held = self.buckets.get(_key(domain, bucket))
+        return [] if held is None else self._bucket_status(held)["envoys"]
 
     def _bucket_status(self, bucket: _Bucket) -> dict[str, Any]:
         resolved = bucket.resolved

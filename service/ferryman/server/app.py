@@ -77,6 +77,8 @@ DEBUG_HELP = (
     "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
     "/rlqs: Envoy's quota streams, and per bucket and Envoy the share, demand and usage (JSON)\n"
+    "/rlqs/explain?domain=D&bucket=k=v[,k=v...]: the rule a quota bucket reaches, and its "
+    "shares (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
     "/console/panels, /console/panel?id=ID: what the console draws (JSON)\n"
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
@@ -434,6 +436,7 @@ class Service:
                 ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
                 ("GET", "/rlqs"): self.pages.rlqs_page,
+                ("GET", "/rlqs/explain"): self.pages.rlqs_explain,
             },
             "debug",
         )
