@@ -67,6 +67,11 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         help="a rate limit quota bucket id (its entries in any order): the rule it reaches and "
         "what Envoys are assigned (with --target: also each Envoy's share now)",
     )
+    _add_envoy_arguments(explain)
+    return explain
+
+
+def _add_envoy_arguments(explain: argparse.ArgumentParser) -> None:
     explain.add_argument(
         "--envoy",
         action="append",
@@ -94,7 +99,6 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         metavar="IP",
         help="with --envoy: the client address the remote_address action sends",
     )
-    return explain
 
 
 def run(args: argparse.Namespace) -> int:
