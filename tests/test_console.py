@@ -293,8 +293,11 @@ def test_panels_are_listed_and_served_as_tables(
             {"id": "capacity", "title": "Capacity leases"},
             {"id": "leases", "title": "Capacity clients"},
             {"id": "buckets", "title": "Token buckets"},
+            {"id": "rlqs", "title": "Envoy quota buckets"},
         ]
     }
+    status, quota = get_json(server, "/console/panel?id=rlqs")
+    assert status == 200 and quota["columns"][:3] == ["bucket", "envoy", "answer"]
     status, leases = get_json(server, "/console/panel?id=capacity")
     assert status == 200 and leases["columns"][0] == "resource"
     assert leases["rows"] == [] and leases["note"] == "this server: master"
@@ -308,11 +311,12 @@ def test_panels_are_listed_and_served_as_tables(
         "capacity",
         "leases",
         "buckets",
+        "rlqs",
         "extra",
     ]
     assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    assert status == 404 and "sessions, capacity, leases, buckets, extra" in missing["error"]
+    assert status == 404 and "sessions, capacity, leases, buckets, rlqs, extra" in missing["error"]
 
 
 @on_stores("memory", "redis")
