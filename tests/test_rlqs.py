@@ -4,6 +4,7 @@ demand are pushed as token buckets, malformed reports are refused, streams are b
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import queue
 from collections.abc import AsyncIterator, Iterator
@@ -22,7 +23,7 @@ from ferryman.config.reloader import ConfigHolder
 from ferryman.errors import RequestError, TooManyStreamsError
 from ferryman.stats import Stats
 
-from helpers.server import ConfigDir, ServerFactory
+from helpers.server import ConfigDir, Server, ServerFactory
 
 CONFIG = """
 domain: quota
@@ -325,14 +326,25 @@ def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:
 STREAM = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
 
 
+def metrics(server: Server) -> list[str]:
+    port = server.service.prometheus_port
+    assert port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", server.settings.prometheus_path)
+        return conn.getresponse().read().decode().splitlines()
+    finally:
+        conn.close()
+
+
 def test_the_grpc_port_serves_the_stream_and_the_debug_port_shows_it(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
-    """Over gRPC: a report is answered with the bucket's assignment; /rlqs and /rlqs/explain
-    show the Envoy's share; a malformed report ends the stream with INVALID_ARGUMENT naming
-    the field."""
+    """Over gRPC: a report is answered with the bucket's assignment; /rlqs, /rlqs/explain and
+    the metrics show it; a malformed report ends the stream with INVALID_ARGUMENT naming the
+    field."""
     config_dir.write("quota.yaml", CONFIG)
-    server = make_server()
+    server = make_server(use_prometheus=True, prometheus_addr="127.0.0.1:0")
     call = server.channel.stream_stream(
         STREAM,
         rlqs_pb2.RateLimitQuotaUsageReports.SerializeToString,
@@ -354,6 +366,10 @@ def test_the_grpc_port_serves_the_stream_and_the_debug_port_shows_it(
     explained = json.loads(body)
     assert (explained["answer"], explained["rate_per_second"]) == ("share", 20.0)
     assert [e["envoy"] for e in explained["envoys"]] == ["edge-1"]
+    lines = set(metrics(server))
+    assert "ratelimit_service_rlqs_reports 1" in lines
+    assert 'ratelimit_service_rlqs_assignments{answer="share"} 1' in lines
+    assert 'ratelimit_service_rlqs_open{what="streams"} 1' in lines
     inbox.put(report("quota", ({}, 1, 0, 0)))
     with pytest.raises(grpc.RpcError) as ended:
         next(responses)
