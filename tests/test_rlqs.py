@@ -15,7 +15,15 @@ import grpc
 import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
-from ferryman.apis.rlqs import Limits, QuotaShares, RlqsServicer, bucket_entries, resolve
+from ferryman.algorithms.leases.model import Kind
+from ferryman.apis.rlqs import (
+    Limits,
+    QuotaShares,
+    RlqsServicer,
+    bucket_entries,
+    resolve,
+    resolve_in,
+)
 from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
@@ -390,3 +398,28 @@ def test_explain_names_the_rule_a_bucket_id_reaches(
     assert "walk: tenant=x -> path=/a" in out and "DENY_ALL" in out
     assert main([*base, "--bucket", "nothing=1", "--format", "json"]) == 1
     assert json.loads(capsys.readouterr().out)["answer"] == "unconfigured"
+
+
+def test_a_resources_template_names_how_a_bucket_is_divided() -> None:
+    """A template whose glob starts rlqs/ names the division (PROPORTIONAL_SHARE here); a
+    catch-all glob or a division that does not bound the sum (STATIC) is not taken."""
+    resources = """
+resources:
+  - identifier_glob: "rlqs/quota/tenant=g*"
+    capacity: 1
+    algorithm: {kind: PROPORTIONAL_SHARE, lease_length: 10, refresh_interval: 2}
+  - identifier_glob: "rlqs/quota/tenant=t*"
+    capacity: 1
+    algorithm: {kind: STATIC, lease_length: 10, refresh_interval: 2}
+  - identifier_glob: "*"
+    capacity: 1
+    algorithm: {kind: NO_ALGORITHM, lease_length: 10, refresh_interval: 2}
+"""
+    config = load_sources([("quota.yaml", CONFIG), ("resources.yaml", resources)])
+    kinds = [resolve_in(config, "quota", {"tenant": t}, False).kind for t in ("gold", "tin", "x")]
+    assert kinds == [Kind.PROPORTIONAL_SHARE, Kind.FAIR_SHARE, Kind.FAIR_SHARE]
+    holder = ConfigHolder()
+    holder.swap(config)
+    shares = QuotaShares(holder, ManualClock(), Stats())
+    shares.report(shares.open("a"), report("quota", ({"tenant": "gold"}, 1, 0, 0)))
+    assert shares.status()["buckets"][0]["algorithm"] == "PROPORTIONAL_SHARE"

@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -31,9 +31,9 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
 from ferryman.algorithms import algorithm_of
-from ferryman.algorithms.leases.model import Kind
+from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
-from ferryman.apis.rlqs_leases import BucketLeases
+from ferryman.apis.rlqs_leases import PREFIX, BucketLeases, resource_id
 from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
 from ferryman.clock import Clock
 from ferryman.config.model import Config
@@ -61,6 +61,7 @@ __all__ = [
     "explain_bucket",
     "render_bucket",
     "resolve",
+    "resolve_in",
 ]
 
 log = logging.getLogger("ferryman.rlqs")
@@ -78,6 +79,8 @@ _DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
 # An increase this small is not pushed: Envoy starts a changed bucket full.
 _NUDGE = 0.02
 _TICK_SECONDS = 1.0
+#: The divisions a bucket may name: those whose shares add up to the rate at most.
+SHARING = frozenset({Kind.FAIR_SHARE, Kind.PROPORTIONAL_SHARE})
 #: Reports in a row with no request after which an Envoy's bucket is abandoned.
 IDLE_REPORTS = 12
 
@@ -152,6 +155,22 @@ def resolve(domain: Domain | None, bucket: Mapping[str, str], shadow_mode: bool)
     return Resolved("share", rule, rate)
 
 
+def resolve_in(
+    config: Config | None, domain: str, bucket: Mapping[str, str], shadow_mode: bool
+) -> Resolved:
+    """:func:`resolve` in ``config``; a resources file may name how a shared bucket is
+    divided, with a template whose glob starts ``rlqs/`` (FAIR_SHARE or PROPORTIONAL_SHARE)."""
+    dom = None if config is None else config.domains.get(domain)
+    resolved = resolve(dom, bucket, shadow_mode)
+    if config is None or resolved.answer != "share":
+        return resolved
+    template = find_template(config.resources, resource_id(_key(domain, bucket)))
+    if template is None or not template.identifier_glob.startswith(PREFIX):
+        return resolved
+    kind = template.algorithm.kind
+    return replace(resolved, kind=kind) if kind in SHARING else resolved
+
+
 def explain_bucket(
     config: Config, options: EngineOptions, domain: str, bucket: Mapping[str, str], now: float
 ) -> dict[str, Any]:
@@ -159,7 +178,7 @@ def explain_bucket(
     what every Envoy reporting it is answered (with the walk as ShouldRateLimit explains it)."""
     dom = config.domains.get(domain)
     entries = None if dom is None else bucket_entries(dom, bucket)
-    resolved = resolve(dom, bucket, options.shadow_mode)
+    resolved = resolve_in(config, domain, bucket, options.shadow_mode)
     rate = resolved.rate
     out: dict[str, Any] = {
         "domain": domain,
@@ -433,16 +452,15 @@ class QuotaShares:
         return bucket
 
     def _resolve(self, key: BucketKey) -> Resolved:
-        config = self._holder.config
-        domain = None if config is None else config.domains.get(key[0])
-        return resolve(domain, dict(key[1]), self._shadow_mode)
+        return resolve_in(self._holder.config, key[0], dict(key[1]), self._shadow_mode)
 
-    def rate_of(self, key: BucketKey) -> float | None:
-        """The rate the bucket ``key`` is shared at (None: not shared), for the master."""
+    def rate_of(self, key: BucketKey) -> tuple[float, Kind] | None:
+        """The rate the bucket ``key`` is shared at and how (None: not shared), for the
+        capacity master."""
         resolved = self._resolve(key)
         if resolved.answer != "share" or resolved.rate is None:
             return None
-        return resolved.rate.per_second
+        return resolved.rate.per_second, resolved.kind
 
     def _capacity(self, bucket: _Bucket, rate: Rate) -> float | None:
         if self.leases is None:
