@@ -484,7 +484,7 @@ class QuotaShares:
         if self._holder.version == self._version:
             return
         self._version = self._holder.version
-        for bucket in self.buckets.values():
+        for bucket in list(self.buckets.values()):
             bucket.resolved = self._resolve(bucket.key)
             self._reshare(bucket, None)
 
