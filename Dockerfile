@@ -63,6 +63,7 @@ RUN python -m pip install --no-cache-dir --no-deps \
       urllib3==2.7.0 \
       uvloop==0.23.0 \
       watchdog==7.1.0 \
+      xds-protos==1.85.0 \
       /wheels/ferryman-*-py3-none-any.whl \
  && python -m pip check \
  && rm -rf /wheels

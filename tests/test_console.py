@@ -293,9 +293,12 @@ def test_panels_are_listed_and_served_as_tables(
             {"id": "capacity", "title": "Capacity leases"},
             {"id": "leases", "title": "Capacity clients"},
             {"id": "buckets", "title": "Token buckets"},
+            {"id": "rlqs", "title": "Envoy quota buckets"},
             {"id": "domains", "title": "Domain switches and unconfigured traffic"},
         ]
     }
+    status, quota = get_json(server, "/console/panel?id=rlqs")
+    assert status == 200 and quota["columns"][:3] == ["bucket", "envoy", "answer"]
     status, leases = get_json(server, "/console/panel?id=capacity")
     assert status == 200 and leases["columns"][0] == "resource"
     assert leases["rows"] == [] and leases["note"] == "this server: master"
@@ -309,12 +312,13 @@ def test_panels_are_listed_and_served_as_tables(
         "capacity",
         "leases",
         "buckets",
+        "rlqs",
         "domains",
         "extra",
     ]
     assert get_json(server, "/console/panel?id=extra")[1]["rows"] == [["a"]]
     status, missing = get_json(server, "/console/panel?id=nope")
-    listed = "sessions, capacity, leases, buckets, domains, extra"
+    listed = "sessions, capacity, leases, buckets, rlqs, domains, extra"
     assert status == 404 and listed in missing["error"]
 
 

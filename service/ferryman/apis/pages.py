@@ -19,7 +19,7 @@ from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
-from ferryman.apis.rlqs import QuotaShares
+from ferryman.apis.rlqs import QuotaShares, explain_bucket
 from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Synced, Watched
 from ferryman.backends.memory import MemoryBackend
@@ -174,6 +174,25 @@ class Pages:
 
     async def rlqs_page(self, request: HttpRequest) -> HttpResponse:
         body = json.dumps(self.service.rlqs.status(), indent=2) + "\n"
+        return HttpResponse(200, body.encode(), "application/json")
+
+    async def rlqs_explain(self, request: HttpRequest) -> HttpResponse:
+        """/rlqs/explain?domain=D&bucket=k=v[,k=v...]: the rule a quota bucket id reaches,
+        what it is answered, and each Envoy's share of it now (JSON)."""
+        params = parse_qs(request.query)
+        try:
+            bucket = dict(parse_descriptor(params.get("bucket", [""])[0]))
+            config = self.service.holder.config
+            if config is None:
+                raise RequestError("domain", "no rate limit configuration is loaded")
+            domain = params.get("domain", [""])[0]
+            now = self.service.clock.now()
+            answer = explain_bucket(config, self.service.engine.options, domain, bucket, now)
+        except FerrymanError as exc:
+            body = json.dumps({"error": str(exc)}) + "\n"
+            return HttpResponse(status_of(exc).http, body.encode(), "application/json")
+        answer["envoys"] = self.service.rlqs.envoys_of(domain, bucket)
+        body = json.dumps(answer, indent=2) + "\n"
         return HttpResponse(200, body.encode(), "application/json")
 
     async def status_page(self, request: HttpRequest) -> HttpResponse:

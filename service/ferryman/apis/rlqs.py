@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -31,15 +31,18 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
 from ferryman.algorithms import algorithm_of
-from ferryman.algorithms.leases.model import Kind
+from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
-from ferryman.apis.rlqs_leases import BucketLeases
+from ferryman.apis.rlqs_leases import PREFIX, BucketLeases, resource_id
 from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
 from ferryman.clock import Clock
+from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.algorithm import Rate
+from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Domain, Rule
 from ferryman.edge.rpc import Method
+from ferryman.engine.explain import explain, rule_text
 from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
 from ferryman.stats import Stats
 from ferryman.tasks import cancel
@@ -55,7 +58,10 @@ __all__ = [
     "Resolved",
     "RlqsServicer",
     "bucket_entries",
+    "explain_bucket",
+    "render_bucket",
     "resolve",
+    "resolve_in",
 ]
 
 log = logging.getLogger("ferryman.rlqs")
@@ -73,6 +79,8 @@ _DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
 # An increase this small is not pushed: Envoy starts a changed bucket full.
 _NUDGE = 0.02
 _TICK_SECONDS = 1.0
+#: The divisions a bucket may name: those whose shares add up to the rate at most.
+SHARING = frozenset({Kind.FAIR_SHARE, Kind.PROPORTIONAL_SHARE})
 #: Reports in a row with no request after which an Envoy's bucket is abandoned.
 IDLE_REPORTS = 12
 
@@ -147,6 +155,83 @@ def resolve(domain: Domain | None, bucket: Mapping[str, str], shadow_mode: bool)
     return Resolved("share", rule, rate)
 
 
+def resolve_in(
+    config: Config | None, domain: str, bucket: Mapping[str, str], shadow_mode: bool
+) -> Resolved:
+    """:func:`resolve` in ``config``; a resources file may name how a shared bucket is
+    divided, with a template whose glob starts ``rlqs/`` (FAIR_SHARE or PROPORTIONAL_SHARE)."""
+    dom = None if config is None else config.domains.get(domain)
+    resolved = resolve(dom, bucket, shadow_mode)
+    if config is None or resolved.answer != "share":
+        return resolved
+    template = find_template(config.resources, resource_id(_key(domain, bucket)))
+    if template is None or not template.identifier_glob.startswith(PREFIX):
+        return resolved
+    kind = template.algorithm.kind
+    return replace(resolved, kind=kind) if kind in SHARING else resolved
+
+
+def explain_bucket(
+    config: Config, options: EngineOptions, domain: str, bucket: Mapping[str, str], now: float
+) -> dict[str, Any]:
+    """``ferryman explain --bucket``: the path the bucket id walks, the rule it reaches and
+    what every Envoy reporting it is answered (with the walk as ShouldRateLimit explains it)."""
+    dom = config.domains.get(domain)
+    entries = None if dom is None else bucket_entries(dom, bucket)
+    resolved = resolve_in(config, domain, bucket, options.shadow_mode)
+    rate = resolved.rate
+    out: dict[str, Any] = {
+        "domain": domain,
+        "bucket_id": dict(bucket),
+        "entries": entries,
+        "answer": resolved.answer,
+        "rate_per_second": None if rate is None else rate.per_second,
+        "burst": None if rate is None else rate.burst,
+        "algorithm": resolved.kind.name,
+    }
+    if entries:
+        out["explain"] = explain(config, domain, [entries], options, now).as_dict()
+    return out
+
+
+_ANSWER_TEXT = {
+    "share": "each Envoy its share by demand, as a token bucket",
+    "deny": "DENY_ALL (a limit of 0)",
+    "unlimited": "ALLOW_ALL (unlimited)",
+    "unconfigured": "ALLOW_ALL, counted (no rule: traffic no limit governs)",
+    "no_rate": "ALLOW_ALL, counted (the rule's kind has no rate to share)",
+    "shadow_mode": "ALLOW_ALL, counted (shadow mode)",
+}
+
+
+def render_bucket(answer: Mapping[str, Any]) -> str:
+    """:func:`explain_bucket`'s answer as text."""
+    shown = ",".join(f"{k}={v}" for k, v in sorted(answer["bucket_id"].items()))
+    lines = [f"domain {answer['domain']} bucket {shown}"]
+    entries = answer["entries"]
+    if entries is None:
+        lines.append("  walk: no path of the tree uses every entry of the id")
+    else:
+        lines.append("  walk: " + " -> ".join(f"{k}={v}" for k, v in entries))
+    rule = answer.get("explain", {}).get("descriptors", [{}])[0].get("rule")
+    if rule is not None:
+        lines.append("  rule: " + rule_text(rule))
+    lines.append("  envoys are assigned: " + _ANSWER_TEXT[answer["answer"]])
+    if answer["rate_per_second"] is not None:
+        lines.append(
+            f"  global rate: {answer['rate_per_second']:g}/s, burst {answer['burst']:g}, "
+            f"divided by {answer['algorithm']}"
+        )
+    for e in answer.get("envoys", ()):
+        share, demand = e["share_per_second"], e["demand_per_second"]
+        lines.append(
+            f"  envoy {e['envoy']}: share {'-' if share is None else f'{share:.2f}/s'}, "
+            f"demand {'-' if demand is None else f'{demand:.2f}/s'}, "
+            f"allowed {e['allowed']}, denied {e['denied']}"
+        )
+    return "\n".join(lines) + "\n"
+
+
 BucketKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -161,6 +246,11 @@ class _Usage:
     idle: int = 0
     share: float | None = None
     sent: Bucket | str | None = None
+    sent_at: float = 0.0
+    envoy: str = ""
+    # Its stream has ended: the Envoy enforces the last bucket sent until its TTL, which
+    # stays reserved until then (handed to the others at once, the sum would pass the limit).
+    gone: bool = False
 
 
 @dataclass(slots=True)
@@ -291,7 +381,29 @@ class QuotaShares:
         if self.streams.pop(stream.id, None) is None:
             return
         for bucket in stream.buckets.values():
-            bucket.users.pop(stream.id, None)
+            user = bucket.users.get(stream.id)
+            if user is None:
+                continue
+            if isinstance(user.sent, Bucket) and user.sent.tokens_per_fill > 0:
+                user.gone = True
+                continue
+            del bucket.users[stream.id]
+            if bucket.users:
+                self._reshare(bucket, None)
+            else:
+                self._drop(bucket)
+
+    def expire(self) -> None:
+        """Hand the shares of ended streams to the others once their TTL has run out."""
+        now = self._clock.now()
+        for bucket in list(self.buckets.values()):
+            over = [
+                sid for sid, u in bucket.users.items() if u.gone and u.sent_at + TTL_SECONDS <= now
+            ]
+            if not over:
+                continue
+            for sid in over:
+                del bucket.users[sid]
             if bucket.users:
                 self._reshare(bucket, None)
             else:
@@ -311,7 +423,9 @@ class QuotaShares:
             bucket = self._bucket_of(stream, _key(message.domain, usage.bucket_id.bucket))
             if bucket is None:
                 continue
-            user = bucket.users.setdefault(stream.id, _Usage())
+            user = bucket.users.get(stream.id)
+            if user is None:
+                user = bucket.users[stream.id] = _Usage(envoy=stream.envoy)
             hits = usage.num_requests_allowed + usage.num_requests_denied
             user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
             user.allowed += usage.num_requests_allowed
@@ -338,16 +452,15 @@ class QuotaShares:
         return bucket
 
     def _resolve(self, key: BucketKey) -> Resolved:
-        config = self._holder.config
-        domain = None if config is None else config.domains.get(key[0])
-        return resolve(domain, dict(key[1]), self._shadow_mode)
+        return resolve_in(self._holder.config, key[0], dict(key[1]), self._shadow_mode)
 
-    def rate_of(self, key: BucketKey) -> float | None:
-        """The rate the bucket ``key`` is shared at (None: not shared), for the master."""
+    def rate_of(self, key: BucketKey) -> tuple[float, Kind] | None:
+        """The rate the bucket ``key`` is shared at and how (None: not shared), for the
+        capacity master."""
         resolved = self._resolve(key)
         if resolved.answer != "share" or resolved.rate is None:
             return None
-        return resolved.rate.per_second
+        return resolved.rate.per_second, resolved.kind
 
     def _capacity(self, bucket: _Bucket, rate: Rate) -> float | None:
         if self.leases is None:
@@ -371,7 +484,7 @@ class QuotaShares:
         if self._holder.version == self._version:
             return
         self._version = self._holder.version
-        for bucket in self.buckets.values():
+        for bucket in list(self.buckets.values()):
             bucket.resolved = self._resolve(bucket.key)
             self._reshare(bucket, None)
 
@@ -385,8 +498,12 @@ class QuotaShares:
             bucket.capacity = self._capacity(bucket, rate)
             if bucket.capacity is None:
                 return  # no lease yet, or none live: nothing new is assigned
-            demands = {sid: user.meter.rate for sid, user in bucket.users.items()}
-            shares = split(resolved.kind, bucket.capacity, demands)
+            users = bucket.users.values()
+            reserved = sum(
+                u.sent.per_second for u in users if u.gone and isinstance(u.sent, Bucket)
+            )
+            demands = {sid: u.meter.rate for sid, u in bucket.users.items() if not u.gone}
+            shares = split(resolved.kind, max(0.0, bucket.capacity - reserved), demands)
         for sid, user in list(bucket.users.items()):
             stream = self.streams.get(sid)
             if stream is None:
@@ -409,7 +526,7 @@ class QuotaShares:
             self._queue(stream, bucket, user, new)
 
     def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
-        user.sent = sent
+        user.sent, user.sent_at = sent, self._clock.now()
         stream.pending[bucket.key] = _action(bucket.key, sent)
         stream.wake.set()
         self._stats.inc(f"{RLQS}.assigned.{bucket.resolved.answer}")
@@ -439,7 +556,7 @@ class QuotaShares:
         return rlqs_pb2.RateLimitQuotaResponse(bucket_action=actions)
 
     def close_all(self) -> None:
-        """End every stream (at shutdown): Envoy keeps its assignments until their TTL."""
+        """End every stream (at shutdown): each Envoy keeps its bucket until the TTL."""
         for stream in list(self.streams.values()):
             self.close(stream)
 
@@ -457,16 +574,21 @@ class QuotaShares:
             "buckets": [self._bucket_status(b) for b in ranked[:limit]],
         }
 
+    def envoys_of(self, domain: str, bucket: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Each Envoy's share, demand and usage of one bucket ([] when none reports it)."""
+        held = self.buckets.get(_key(domain, bucket))
+        return [] if held is None else self._bucket_status(held)["envoys"]
+
     def _bucket_status(self, bucket: _Bucket) -> dict[str, Any]:
         resolved = bucket.resolved
         rate = resolved.rate
         envoys = []
-        for sid, user in bucket.users.items():
-            stream = self.streams.get(sid)
+        for user in bucket.users.values():
             sent = user.sent
             envoys.append(
                 {
-                    "envoy": stream.envoy if stream is not None else "",
+                    "envoy": user.envoy,
+                    "connected": not user.gone,
                     "share_per_second": user.share,
                     "demand_per_second": user.meter.rate,
                     "allowed": user.allowed,
@@ -626,6 +748,7 @@ async def _tick(shares: QuotaShares) -> None:
         await asyncio.sleep(_TICK_SECONDS)
         try:
             shares.refresh()
+            shares.expire()
             shares.poll_leases()
         except Exception:  # one bad pass must not end the pushes
             log.exception("re-dividing the quota buckets failed")

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable
 from urllib.parse import quote, unquote
 
-from ferryman.algorithms.leases.model import AlgorithmSpec, ResourceTemplate
+from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, ResourceTemplate
 from ferryman.algorithms.leases.state import TemplateSource
 from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 
@@ -65,7 +65,9 @@ class RlqsTemplates(TemplateSource):
     """The master's templates: a bucket's resource from the descriptors (``rate_of``: the
     rate a bucket is shared at, None when it is not shared), anything else from ``rest``."""
 
-    def __init__(self, rest: TemplateSource, rate_of: Callable[[Key], float | None]) -> None:
+    def __init__(
+        self, rest: TemplateSource, rate_of: Callable[[Key], tuple[float, Kind] | None]
+    ) -> None:
         self._rest = rest
         self._rate_of = rate_of
 
@@ -73,10 +75,12 @@ class RlqsTemplates(TemplateSource):
         key = parse_resource(resource_id)
         if key is None:
             return self._rest.template(resource_id)
-        rate = self._rate_of(key)
-        if rate is None:
+        shared = self._rate_of(key)
+        if shared is None:
             return None
+        rate, kind = shared
         spec = AlgorithmSpec(
+            kind=kind,
             lease_length=LEASE_SECONDS,
             refresh_interval=REFRESH_SECONDS,
             # A replica's Envoys would be denied while a new master learns: it divides at

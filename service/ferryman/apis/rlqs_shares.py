@@ -10,6 +10,7 @@ whose time to live runs out falls back to the filter's expired behaviour.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,28 +51,22 @@ _MAX_TRIED_SECONDS = 10
 @dataclass(frozen=True, slots=True)
 class Meter:
     """One Envoy's demand on one bucket: the last reports that covered time (hits, seconds),
-    newest last, and the hits of 0 s reports waiting for the next one."""
+    newest last, the hits of 0 s reports waiting for the next one, and ``rate``: requests
+    per second (allowed and denied) over the window, None before any report covered time."""
 
     window: tuple[tuple[int, int], ...] = ()
     pending: int = 0
-
-    @property
-    def rate(self) -> float | None:
-        """Requests per second (allowed and denied) over the window; None before any report
-        that covered time."""
-        seconds = sum(s for _, s in self.window)
-        if seconds <= 0:
-            return None
-        return sum(h for h, _ in self.window) / seconds
+    rate: float | None = None
 
 
 def observe(meter: Meter, hits: int, seconds: int) -> Meter:
     """``meter`` after a report of ``hits`` (allowed + denied) over ``seconds`` (whole, as
     Envoy sends them): a 0 s report's hits count toward the next report."""
     if seconds <= 0:
-        return Meter(meter.window, meter.pending + hits)
+        return Meter(meter.window, meter.pending + hits, meter.rate)
     window = (*meter.window, (hits + meter.pending, seconds))[-WINDOW_REPORTS:]
-    return Meter(window, 0)
+    rate = sum(h for h, _ in window) / sum(s for _, s in window)
+    return Meter(window, 0, rate)
 
 
 def split(kind: Kind, per_second: float, demands: Mapping[K, float | None]) -> dict[K, float]:
@@ -104,6 +99,7 @@ class Bucket:
         return self.tokens_per_fill / self.fill_seconds
 
 
+@functools.lru_cache(maxsize=4096)  # a bucket's Envoys mostly keep their shares
 def bucket_of(share: float, burst: float | None = None) -> Bucket:
     """The token bucket that enforces ``share`` per second, never more (but one token per
     MAX_FILL_SECONDS at least): the shortest whole fill interval that keeps it within 2% (a

@@ -26,7 +26,8 @@ EXAMPLES = """examples:
       --descriptor message_type=marketing,to_number=2061111111
   ferryman explain --target 127.0.0.1:6070 --domain edge-proxy \\
       --descriptor remote_address=10.0.0.1 --format json   # with the current counts
-  ferryman explain --envoy envoy/front-proxy.yaml --route /api/ --header :path=/api/v1"""
+  ferryman explain --envoy envoy/front-proxy.yaml --route /api/ --header :path=/api/v1
+  ferryman explain --config envoy/quota/descriptors --domain quota --bucket tenant=acme"""
 
 
 def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -60,6 +61,18 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         "--format", choices=("text", "json"), default="text", help="output (default text)"
     )
     explain.add_argument(
+        "--bucket",
+        type=descriptor_arg,
+        metavar="K=V[,K=V...]",
+        help="a rate limit quota bucket id (its entries in any order): the rule it reaches and "
+        "what Envoys are assigned (with --target: also each Envoy's share now)",
+    )
+    _add_envoy_arguments(explain)
+    return explain
+
+
+def _add_envoy_arguments(explain: argparse.ArgumentParser) -> None:
+    explain.add_argument(
         "--envoy",
         action="append",
         type=Path,
@@ -86,7 +99,6 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
         metavar="IP",
         help="with --envoy: the client address the remote_address action sends",
     )
-    return explain
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.envoy:
         return _explain_envoy(args)
+    if args.bucket is not None:
+        return _explain_bucket(args)
     if not args.domain or not args.descriptors:
         raise SettingsError("explain: give --domain and --descriptor (or --envoy FILE)")
     if args.config is not None:
@@ -109,6 +123,30 @@ def run(args: argparse.Namespace) -> int:
         d.get("rule", {}).get("kind", "none") != "none" for d in answer["descriptors"]
     )
     return 0 if reached else 1
+
+
+def _explain_bucket(args: argparse.Namespace) -> int:
+    from ferryman.apis.rlqs import explain_bucket, render_bucket
+
+    if not args.domain or args.descriptors:
+        raise SettingsError("explain --bucket: give --domain (the filter's), and no --descriptor")
+    bucket = dict(args.bucket)
+    if args.config is not None:
+        config, options = load_config(args.config)
+        answer = explain_bucket(config, options, args.domain, bucket, time.time())
+    else:
+        answer = _get(
+            args.target, "/rlqs/explain", [("domain", args.domain), ("bucket", _pairs(bucket))]
+        )
+    if args.format == "json":
+        print(json.dumps(answer))
+    else:
+        print(render_bucket(answer), end="")
+    return 0 if answer["entries"] else 1
+
+
+def _pairs(bucket: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in bucket.items())
 
 
 def _explain_envoy(args: argparse.Namespace) -> int:
@@ -150,20 +188,24 @@ def _explain_envoy(args: argparse.Namespace) -> int:
 
 def _explain_remote(args: argparse.Namespace) -> dict[str, Any]:
     """The explain answer of a running server's debug port, with its current counts."""
-    target: str = args.target or f"127.0.0.1:{os.environ.get('DEBUG_PORT') or '6070'}"
+    query = [("domain", args.domain)] + [
+        ("descriptor", ",".join(f"{k}={v}" for k, v in d)) for d in args.descriptors
+    ]
+    return _get(args.target, "/explain", query)
+
+
+def _get(target: str | None, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+    """A debug page's JSON (``target``: the debug port, default 127.0.0.1:DEBUG_PORT)."""
+    target = target or f"127.0.0.1:{os.environ.get('DEBUG_PORT') or '6070'}"
     host, port = split_address(target, "--target")
-    query = urlencode(
-        [("domain", args.domain)]
-        + [("descriptor", ",".join(f"{k}={v}" for k, v in d)) for d in args.descriptors]
-    )
     conn = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", f"/explain?{query}")
+        conn.request("GET", f"{path}?{urlencode(query)}")
         response = conn.getresponse()
         body = json.loads(response.read() or b"{}")
     finally:
         conn.close()
     if response.status != 200:
-        raise SettingsError(f"{target}/explain answered {response.status}: {body.get('error')}")
+        raise SettingsError(f"{target}{path} answered {response.status}: {body.get('error')}")
     answer: dict[str, Any] = body
     return answer

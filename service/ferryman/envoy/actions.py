@@ -87,6 +87,8 @@ class Entry:
 class Inventory:
     filters: list[Filter] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
+    # The buckets of rate limit quota filters (ferryman.envoy.quota_check.QuotaBucket).
+    quota: list[Any] = field(default_factory=list)
 
 
 def _header_part(key: str, header: str, skip: bool, kind: str) -> Part:
@@ -302,10 +304,14 @@ def _network(inv: Inventory, file: str, at: str, network: Any) -> None:
     config = network.typed_config
     if config is None or not config.type_url.endswith(_HCM_TYPE):
         return
+    from ferryman.envoy.quota_check import quota_buckets
+
     hcm = config.unpack()
     own: list[Filter] = []
     for h, http_filter in enumerate(hcm.http_filters):
-        found = _filter(file, f"{at}.typed_config.http_filters[{h}]", http_filter)
+        where = f"{at}.typed_config.http_filters[{h}]"
+        inv.quota.extend(quota_buckets(file, where, http_filter))
+        found = _filter(file, where, http_filter)
         if found is not None:
             own.append(found)
     inv.filters.extend(own)
@@ -346,6 +352,9 @@ def _collect(pieces: Sequence[Piece]) -> Inventory:
         elif piece.kind == "Filter":
             _network(inv, piece.file, piece.where, m)
         elif piece.kind == "HttpFilter":
+            from ferryman.envoy.quota_check import quota_buckets
+
+            inv.quota.extend(quota_buckets(piece.file, piece.where, m))
             found = _filter(piece.file, piece.where, m)
             if found is not None:
                 inv.filters.append(found)

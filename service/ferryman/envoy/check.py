@@ -283,6 +283,47 @@ def _rules(level: Level) -> list[Rule]:
     return out
 
 
+def _quota_entries(inventory: Inventory, config: Config) -> list[Entry]:
+    from ferryman.envoy.quota_check import quota_entry
+
+    out = []
+    for bucket in inventory.quota:
+        domain = config.domains.get(bucket.domain)
+        out.append(quota_entry(bucket, domain.root if domain is not None else None))
+    return out
+
+
+def _quota(report: Report, entry: Entry, config: Config, reached: set[Rule]) -> None:
+    """A quota bucket's id walked down its filter's domain: the rule it reaches, and an
+    error where that rule's kind has no rate to share (the bucket would be ALLOW_ALL)."""
+    if entry.domain not in config.domains:
+        known = ", ".join(sorted(config.domains)) or "none"
+        report.add(
+            "error",
+            entry.file,
+            entry.where,
+            f"quota filter domain {entry.domain!r} has no config (known: {known})",
+        )
+    mine: set[Rule] = set()
+    _entry(report, entry, [entry.domain], config, mine)
+    report.entries[-1]["quota"] = True
+    reached |= mine
+    for rule in sorted(mine, key=lambda r: r.stats_key):
+        limit = rule.limit
+        if limit is None:
+            continue
+        algorithm = BY_NAME[limit.kind]
+        reported = algorithm.reported(limit)
+        if algorithm.rate(limit) is None and not (reported is not None and reported.unlimited):
+            report.add(
+                "error",
+                entry.file,
+                entry.where,
+                f"{rule.stats_key} ({rule.source}) is a {limit.kind} rule, which has no rate "
+                "to share: the quota service answers this bucket ALLOW_ALL",
+            )
+
+
 def check(inventory: Inventory, config: Config, options: EngineOptions) -> Report:
     """Every entry of ``inventory`` walked against ``config``."""
     report = Report(filters=[f.as_dict() for f in inventory.filters])
@@ -298,7 +339,12 @@ def check(inventory: Inventory, config: Config, options: EngineOptions) -> Repor
                 f"filter domain {f.domain!r} has no config (known: {known})",
             )
     reached: set[Rule] = set()
-    for entry in inventory.entries:
+    quota = _quota_entries(inventory, config)
+    for entry in [*inventory.entries, *quota]:
+        if entry in quota:
+            _quota(report, entry, config, reached)
+            used.add(entry.domain)
+            continue
         pool = inventory.filters if entry.filters is None else list(entry.filters)
         staged = [f for f in pool if f.stage == entry.stage]
         if not staged:
@@ -322,7 +368,7 @@ def check(inventory: Inventory, config: Config, options: EngineOptions) -> Repor
         else:
             domains = sorted({f.domain for f in staged})
         _entry(report, entry, domains, config, reached)
-    if inventory.entries:
+    if inventory.entries or quota:
         for name in sorted(used):
             domain = config.domains.get(name)
             if domain is None:
@@ -357,7 +403,7 @@ def render(report: Report, strict: bool = False) -> str:
         if e["apply_on_stream_done"]:
             extra += " on stream done"
         lines.append(f"entry   {e['file']}: {e['where']}{extra}")
-        lines.append(f"        sends [{desc}]")
+        lines.append(f"        {'bucket id' if e.get('quota') else 'sends'} [{desc}]")
         for r in e["results"]:
             for rule in r["reaches"]:
                 when = f" when {', '.join(rule['only_when'])}" if rule.get("only_when") else ""

@@ -81,6 +81,8 @@ DEBUG_HELP = (
     "Envoy files of ENVOY_CONFIG_FILES, or what one route sends and reaches (JSON)\n"
     "/capacity: capacity leases: mastership, resources, clients and leases (JSON)\n"
     "/rlqs: Envoy's quota streams, and per bucket and Envoy the share, demand and usage (JSON)\n"
+    "/rlqs/explain?domain=D&bucket=k=v[,k=v...]: the rule a quota bucket reaches, and its "
+    "shares (JSON)\n"
     "/unconfigured[?top=N]: per domain with allow_unconfigured, the descriptors no rule "
     "covers, with counts and rates (JSON)\n"
     "/console/config, /console/data?since=T, /console/tenant?domain=D&descriptor=k=v[,...], "
@@ -465,6 +467,7 @@ class Service:
                 ("GET", "/explain/envoy"): self.envoy_routes.page,
                 ("GET", "/capacity"): self.pages.capacity_page,
                 ("GET", "/rlqs"): self.pages.rlqs_page,
+                ("GET", "/rlqs/explain"): self.pages.rlqs_explain,
                 ("GET", "/unconfigured"): self.pages.unconfigured,
             },
             "debug",
