@@ -37,6 +37,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 # Every distribution is pinned and installed without resolution (--no-deps), so two builds
 # hold the same code; `pip check` fails the build if the list misses a dependency.
+# xds-protos carries an older copy of opentelemetry-proto's modules: opentelemetry-proto is
+# installed again last, so that its own files are the ones the OTLP exporters import.
 RUN python -m pip install --no-cache-dir --no-deps \
       certifi==2026.5.20 \
       charset-normalizer==3.4.7 \
@@ -60,11 +62,13 @@ RUN python -m pip install --no-cache-dir --no-deps \
       redis==8.1.0 \
       requests==2.34.2 \
       typing-extensions==4.16.0 \
+      tzdata==2026.6 \
       urllib3==2.7.0 \
       uvloop==0.23.0 \
       watchdog==7.1.0 \
       xds-protos==1.85.0 \
       /wheels/ferryman-*-py3-none-any.whl \
+ && python -m pip install --no-cache-dir --no-deps --force-reinstall opentelemetry-proto==1.45.2 \
  && python -m pip check \
  && rm -rf /wheels
 # envoyproxy/ratelimit's manifests (Istio's rate limit guide among them) run /bin/ratelimit

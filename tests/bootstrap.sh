@@ -19,3 +19,7 @@ if [ "${#packages[@]}" -gt 0 ]; then
 fi
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e '.[test]'
+# xds-protos carries older copies of opentelemetry-proto's modules; installed after it, they
+# break the OTLP exporters. opentelemetry-proto's own files are put back last.
+otel="$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+python -m pip install --quiet --no-deps --force-reinstall "opentelemetry-proto==$otel"

@@ -231,6 +231,11 @@ def test_dockerfile_pip_steps_install_a_working_ferryman_in_a_clean_venv(tmp_pat
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "OK:" in check.stdout
+    # xds-protos ships older copies of opentelemetry-proto's modules: the OTLP exporters
+    # must find opentelemetry-proto's own.
+    exporter = "import opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
+    imported = subprocess.run([python, "-c", exporter], capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
     _serve_and_healthcheck(venv, tmp_path)
 
 

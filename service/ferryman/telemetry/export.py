@@ -9,6 +9,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from ferryman._version import __version__
+from ferryman.errors import SettingsError
 from ferryman.settings import Settings
 
 DEFAULT_SERVICE_NAME = "RateLimit"
@@ -31,7 +32,21 @@ def telemetry_resource(settings: Settings) -> Resource:
     return resource.merge(Resource(own)) if own else resource
 
 
+def _otlp_modules() -> None:
+    """Refuse to start, saying why and what mends it, when opentelemetry-proto's modules
+    were replaced by the older copies xds-protos ships (installed after it)."""
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    if not hasattr(common_pb2, "InstrumentationScope"):
+        raise SettingsError(
+            "the OTLP exporters cannot load: opentelemetry-proto's modules were overwritten "
+            "by an older copy (xds-protos ships one); reinstall it last: python -m pip "
+            "install --force-reinstall --no-deps opentelemetry-proto"
+        )
+
+
 def otlp_metric_reader(settings: Settings) -> MetricReader:
+    _otlp_modules()
     # Imported only when configured: the exporter pulls in its own protobuf modules.
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -44,6 +59,7 @@ def otlp_metric_reader(settings: Settings) -> MetricReader:
 
 
 def otlp_span_processor(settings: Settings) -> SpanProcessor:
+    _otlp_modules()
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     endpoint = settings.otlp_traces_endpoint
