@@ -15,10 +15,13 @@ from typing import cast
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
+from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.access import DENIED
 
 from helpers.capacity import resources_yaml
@@ -30,6 +33,8 @@ from helpers.server import (
     ServerFactory,
     descriptor,
     overall,
+    quota_events_stub,
+    quota_stub,
     rls_stub,
     wait_for,
 )
@@ -465,3 +470,93 @@ def test_overlong_ids_too_many_resources_and_huge_wants_are_bounded(
     assert (info.value.details() or "").startswith("resource")
     granted = get_capacity(stub, "c", "unconfigured", 1e300).response[0].gets.capacity
     assert 0 < granted <= 1_000_000
+
+
+QUOTA = """
+namespaces:
+  users:
+    dynamic_bucket_template: {size: 10, fill_rate: 1}
+    max_dynamic_buckets: 5
+"""
+
+
+def allow(channel: grpc.Channel, bucket: str) -> str:
+    stub = quota_stub(channel)
+    request = quota_service_pb2.AllowRequest(namespace="users", bucket_name=bucket)
+    status: int = stub.Allow(request, timeout=10).status
+    return quota_service_pb2.AllowResponse.Status.Name(status)
+
+
+@on_stores("memory", "redis")
+def test_one_caller_cannot_take_every_dynamic_bucket(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """With MAX_DYNAMIC_BUCKETS_PER_CALLER a neighbour's junk names make that many buckets,
+    the rest are REJECTED_TOO_MANY_BUCKETS and counted; a real new user still gets one; a
+    1 MiB name is REJECTED_INVALID_REQUEST."""
+    config_dir.write("quota.yaml", QUOTA)
+    server = mtls_server(make_server, mesh, max_dynamic_buckets_per_caller=2)
+    port = server.service.grpc_port
+    neighbour = channel_of(channels, mesh, port, mesh.neighbour)
+    answers = [allow(neighbour, f"junk{i}") for i in range(5)]
+    assert answers == ["OK"] * 2 + ["REJECTED_TOO_MANY_BUCKETS"] * 3
+    assert allow(neighbour, "junk0") == "OK"  # its own buckets stay usable
+    assert server.stat("ferryman.access.capped.dynamic_buckets") == 3
+    assert allow(channel_of(channels, mesh, port, mesh.edge), "real_user") == "OK"
+    assert allow(neighbour, "x" * (1 << 20)) == "REJECTED_INVALID_REQUEST"
+
+
+def test_one_caller_cannot_hold_every_stream(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """Past MAX_STREAMS_PER_CALLER idle watch streams (QuotaEvents and Health together) a
+    caller's next one is RESOURCE_EXHAUSTED and counted; another caller still watches."""
+    config_dir.write("quota.yaml", QUOTA)
+    server = mtls_server(make_server, mesh, max_streams_per_caller=2)
+    port = server.service.grpc_port
+    neighbour = channel_of(channels, mesh, port, mesh.neighbour)
+    streams = server.service.access.streams
+    held = [quota_events_stub(neighbour).Watch(limiter_pb2.WatchQuotaEventsRequest())]
+    health = health_pb2_grpc.HealthStub(neighbour)
+    held.append(health.Watch(health_pb2.HealthCheckRequest()))
+    assert next(held[1]).status == health_pb2.HealthCheckResponse.SERVING
+    wait_for("two streams open", lambda: streams.count(NEIGHBOUR) == 2)
+    for more in (
+        quota_events_stub(neighbour).Watch(limiter_pb2.WatchQuotaEventsRequest()),
+        health.Watch(health_pb2.HealthCheckRequest()),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            next(more)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert server.stat("ferryman.access.capped.streams") == 2
+    edge = channel_of(channels, mesh, port, mesh.edge)
+    other = quota_events_stub(edge).Watch(limiter_pb2.WatchQuotaEventsRequest())
+    wait_for("the edge's stream is open", lambda: streams.count(EDGE) == 1)
+    for call in (*held, other):
+        call.cancel()
+    wait_for("every stream ended", lambda: streams.count(NEIGHBOUR) == streams.count(EDGE) == 0)
+
+
+def test_one_caller_cannot_open_sessions_without_end(
+    make_server: ServerFactory, config_dir: ConfigDir, plain_channels: list[grpc.Channel]
+) -> None:
+    """Past MAX_SESSIONS_PER_CALLER open sessions, a caller's next Session is
+    RESOURCE_EXHAUSTED; once one ends, it may open another."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    server = make_server(max_sessions_per_caller=2)
+    first, _second = holder_on(server, plain_channels), holder_on(server, plain_channels)
+    with pytest.raises(grpc.RpcError) as info:
+        holder_on(server, plain_channels)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    first.close()
+    wait_for(
+        "the session ended",
+        lambda: server.service.access.sessions.count("anonymous@127.0.0.1") == 1,
+    )
+    holder_on(server, plain_channels).close()

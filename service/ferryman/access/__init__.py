@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ferryman.access.buckets import MAX_BUCKET_NAME, BucketCaps
 from ferryman.access.leases import LeaseLimits, Owners, cap_wants, check_ids
 from ferryman.access.policy import ANONYMOUS, PERMISSIONS, Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
@@ -32,6 +33,7 @@ from ferryman.stats import Stats
 __all__ = [
     "ANONYMOUS",
     "DENIED",
+    "MAX_BUCKET_NAME",
     "PERMISSIONS",
     "Access",
     "Caller",
@@ -123,9 +125,18 @@ class Access:
         config: Callable[[], Configured | None],
         stats: Stats,
         leases: LeaseLimits | None = None,
+        *,
+        sessions: int = 0,
+        streams: int = 0,
+        buckets: int = 0,
     ) -> None:
         self._config = config
         self._stats = stats
+        #: Open Session streams, and open watch streams, per caller.
+        self.sessions = CallerCaps("sessions", sessions, stats)
+        self.streams = CallerCaps("streams", streams, stats)
+        #: Dynamic token buckets made per caller.
+        self.buckets = BucketCaps(stats, buckets)
         self._leases = leases or LeaseLimits()
         self._clients = Owners()
         self._servers = Owners()
@@ -152,6 +163,14 @@ class Access:
         caller = caller_of(context)
         self.check(caller, policy, permission, scope)
         return caller
+
+    def open_stream(self, context: Any, caps: CallerCaps) -> Callable[[], None]:
+        """Count one more stream of ``caps`` for the caller of ``context`` (its identity, or
+        its address without one); the function that ends it. CapExceededError past the cap."""
+        return caps.take(caller_of(context).key)
+
+    def caller(self, context: Any) -> Caller:
+        return caller_of(context)
 
     def owner(self, context: Any) -> str:
         """What a session is bound to: the caller's identity and its connection."""
@@ -286,20 +305,34 @@ class CallerCaps:
     def count(self, key: str) -> int:
         return self._open.get(key, 0)
 
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        """One more open for ``key`` while the block runs; raises CapExceededError past
-        the cap (0: no cap)."""
+    def take(self, key: str) -> Callable[[], None]:
+        """One more open for ``key``; the function that gives it back (once). Raises
+        CapExceededError past the cap (0: no cap)."""
         n = self._open.get(key, 0)
         if self.most and n >= self.most:
             self._stats.inc(f"{CAPPED}.{self.what}")
             raise CapExceededError(self.what, self.most)
         self._open[key] = n + 1
-        try:
-            yield
-        finally:
+        given = False
+
+        def give_back() -> None:
+            nonlocal given
+            if given:
+                return
+            given = True
             left = self._open[key] - 1
             if left:
                 self._open[key] = left
             else:
                 del self._open[key]
+
+        return give_back
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        """``take`` for the length of a block."""
+        give_back = self.take(key)
+        try:
+            yield
+        finally:
+            give_back()

@@ -332,6 +332,9 @@ class Service:
             lambda: self.holder.config,
             self.stats,
             LeaseLimits(settings.doorman_max_clients_per_server),
+            sessions=settings.max_sessions_per_caller,
+            streams=settings.max_streams_per_caller,
+            buckets=settings.max_dynamic_buckets_per_caller,
         )
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)

@@ -855,6 +855,12 @@ class Settings:
         _COUNT,
         "open QuotaEvents and Health Watch streams per caller (0: no cap)",
     )
+    max_dynamic_buckets_per_caller: int = ACCESS.setting(
+        "MAX_DYNAMIC_BUCKETS_PER_CALLER",
+        0,
+        _COUNT,
+        "dynamic token buckets one caller may make per namespace (0: no cap)",
+    )
     doorman_max_clients_per_server: int = ACCESS.setting(
         "DOORMAN_MAX_CLIENTS_PER_SERVER",
         10,
