@@ -4,6 +4,7 @@ certificate, and the Envoy path's per-domain refusals, with real mTLS certificat
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import subprocess
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -560,3 +561,66 @@ def test_one_caller_cannot_open_sessions_without_end(
         lambda: server.service.access.sessions.count("anonymous@127.0.0.1") == 1,
     )
     holder_on(server, plain_channels).close()
+
+
+WEB = DOMAIN.replace("domain: d", "domain: web")
+PAYMENTS = DOMAIN.replace("domain: d", "domain: payments")
+
+
+def config_call(
+    server: Server, method: str, path: str, token: str, body: str = "", **headers: str
+) -> tuple[int, Any]:
+    """One config API call on the debug port: the status and the JSON answer (or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.service.debug_port, timeout=10)
+    sent = {"Authorization": f"Bearer {token}", **headers}
+    if body:
+        sent.setdefault("Content-Type", "application/json" if method == "POST" else "text/yaml")
+    try:
+        conn.request(method, "/api/v1" + path, body=body or None, headers=sent)
+        response = conn.getresponse()
+        raw = response.read()
+        kind = response.getheader("Content-Type", "")
+        return response.status, json.loads(raw) if kind.startswith("application/json") else raw
+    finally:
+        conn.close()
+
+
+def test_a_scoped_write_token_reaches_only_its_domains(
+    make_server: ServerFactory, config_dir: ConfigDir, tmp_path: Path
+) -> None:
+    """A write token scoped to web edits web and resets its counters; editing payments,
+    the access policy, resetting payments' counters, rolling back or reading the history
+    are PERMISSION_DENIED. History entries carry the identity and address of the writer."""
+    config_dir.write("web.yaml", WEB)
+    config_dir.write("payments.yaml", PAYMENTS)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("web-token carol write web\nroot-token root write\n")
+    server = make_server(admin_tokens_file=str(tokens))
+    version = config_call(server, "GET", "/config", "root-token")[1]["version"]
+    match = {"If-Match": f'"{version}"'}
+    status, body = config_call(
+        server, "PUT", "/config/web.yaml", "web-token", WEB.replace("5}", "7}"), **match
+    )
+    assert status == 200, body
+    match = {"If-Match": f'"{body["version"]}"'}
+    refused = [
+        ("PUT", "/config/payments.yaml", PAYMENTS.replace("5}", "9}")),
+        ("PUT", "/config/web.yaml", PAYMENTS),  # moving web's file to another domain
+        ("PUT", "/config/access.yaml", "access: []\n"),
+        (
+            "POST",
+            "/counters/reset",
+            '{"domain": "payments", "descriptor": [{"key": "k", "value": "v"}]}',
+        ),
+        ("POST", "/rollback", '{"version": 1}'),
+        ("GET", "/history", ""),
+    ]
+    for method, path, text in refused:
+        status, body = config_call(server, method, path, "web-token", text, **match)
+        assert status == 403, (path, status, body)
+    reset = '{"domain": "web", "descriptor": [{"key": "k", "value": "v"}]}'
+    assert config_call(server, "POST", "/counters/reset", "web-token", reset)[0] == 200
+    history = config_call(server, "GET", "/history", "root-token")[1]["history"]
+    latest_write = next(e for e in history if e["kind"] == "api")
+    assert latest_write["author"] == "carol" and latest_write["identity"] == "anonymous"
+    assert latest_write["peer"].startswith("127.0.0.1:")

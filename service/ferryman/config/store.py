@@ -57,6 +57,7 @@ __all__ = [
     "ConfigStore",
     "ConfigVersions",
     "FileStore",
+    "Origin",
     "RedisStore",
     "Rejected",
     "Snapshot",
@@ -82,6 +83,15 @@ MAX_SUMMARY = 200
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a change came from: the caller's identity (its client certificate, or
+    ``anonymous``) and its address."""
+
+    identity: str = ""
+    peer: str = ""
+
+
+@dataclass(frozen=True)
 class Version:
     """One entry of the history. ``kind``: ``api`` (a write), ``rollback``, ``files`` (a
     file edit, or the documents found at start), or ``reset`` (a counter reset: an event,
@@ -94,6 +104,7 @@ class Version:
     changed: tuple[str, ...] = ()
     kind: str = "api"
     event: Mapping[str, Any] | None = None
+    origin: Origin = Origin()
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -106,6 +117,8 @@ class Version:
         }
         if self.event is not None:
             out["event"] = dict(self.event)
+        if self.origin != Origin():
+            out["identity"], out["peer"] = self.origin.identity, self.origin.peer
         return out
 
     @classmethod
@@ -118,6 +131,7 @@ class Version:
             tuple(data.get("changed", ())),
             str(data.get("kind", "api")),
             data.get("event"),
+            Origin(str(data.get("identity", "")), str(data.get("peer", ""))),
         )
 
 
@@ -824,9 +838,10 @@ class ConfigVersions:
         base: int,
         author: str,
         summary: str = "",
+        origin: Origin = Origin(),
     ) -> Version:
         """Write (``text``) or delete (None) one document on version ``base``."""
-        return await self.apply({name: text}, base, author, summary)
+        return await self.apply({name: text}, base, author, summary, origin)
 
     async def apply(
         self,
@@ -834,6 +849,7 @@ class ConfigVersions:
         base: int,
         author: str,
         summary: str = "",
+        origin: Origin = Origin(),
     ) -> Version:
         """Write (text) or delete (None) each named document on version ``base``, as one
         version."""
@@ -855,9 +871,10 @@ class ConfigVersions:
                     what.append(f"{'changed' if name in docs else 'added'} {name}")
                     docs[name] = text
             check_layout(docs)
-            return await self._commit(docs, head, author, summary or ", ".join(what), "api")
+            what_changed = summary or ", ".join(what)
+            return await self._commit(docs, head, author, what_changed, "api", origin)
 
-    async def rollback(self, number: int, author: str) -> Version:
+    async def rollback(self, number: int, author: str, origin: Origin = Origin()) -> Version:
         """A new version whose documents are version ``number``'s."""
         async with self._lock, self.store.exclusive():
             if self.store.read_only:
@@ -866,10 +883,17 @@ class ConfigVersions:
             head = self._head()
             old = await self.store.snapshot(number)
             summary = f"rollback to version {number}"
-            return await self._commit(dict(old.documents), head, author, summary, "rollback")
+            docs = dict(old.documents)
+            return await self._commit(docs, head, author, summary, "rollback", origin)
 
     async def _commit(
-        self, docs: dict[str, str], head: Snapshot, author: str, summary: str, kind: str
+        self,
+        docs: dict[str, str],
+        head: Snapshot,
+        author: str,
+        summary: str,
+        kind: str,
+        origin: Origin = Origin(),
     ) -> Version:
         config = await asyncio.to_thread(self.validate, docs)
         changed = changed_names(head.documents, docs)
@@ -880,6 +904,7 @@ class ConfigVersions:
             " ".join(summary.split())[:MAX_SUMMARY],
             changed,
             kind,
+            origin=origin,
         )
         try:
             version = await self.store.commit(docs, head.version.number, entry)
@@ -917,10 +942,14 @@ class ConfigVersions:
             extra={"fields": {**fields, "store_version": version.number}},
         )
 
-    async def event(self, author: str, summary: str, event: Mapping[str, Any]) -> Version:
+    async def event(
+        self, author: str, summary: str, event: Mapping[str, Any], origin: Origin = Origin()
+    ) -> Version:
         """Record an event (a counter reset) at the latest version."""
         async with self._lock, self.store.exclusive():
-            entry = Version(self.latest(), author, time.time(), summary, (), "reset", dict(event))
+            entry = Version(
+                self.latest(), author, time.time(), summary, (), "reset", dict(event), origin
+            )
             await self.store.record(entry)
         log.info(
             "%s by %s", summary, author, extra={"fields": {**entry.as_dict(), "event": "reset"}}
