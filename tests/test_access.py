@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import grpc
 import pytest
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
@@ -24,10 +25,15 @@ from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.access import DENIED
+from ferryman.apis.config_api import FOLLOW_ERRORS
+from ferryman.clock import ManualClock
+from ferryman.server.app import make_backend
+from ferryman.settings import Settings
 
 from helpers.capacity import resources_yaml
 from helpers.certs import Authority, Pem
 from helpers.holds import JOBS_CONFIG, Holder
+from helpers.redis_procs import RedisProcess
 from helpers.server import (
     ConfigDir,
     Server,
@@ -624,3 +630,78 @@ def test_a_scoped_write_token_reaches_only_its_domains(
     latest_write = next(e for e in history if e["kind"] == "api")
     assert latest_write["author"] == "carol" and latest_write["identity"] == "anonymous"
     assert latest_write["peer"].startswith("127.0.0.1:")
+
+
+@on_stores("redis")
+def test_a_version_written_to_redis_directly_is_not_put_in_force(
+    make_server: ServerFactory, config_dir: ConfigDir, tmp_path: Path, redis_url: str
+) -> None:
+    """With SIGNING_KEY, a config version forged in Redis (a forged author, a raised limit)
+    is refused by the replica and counted; versions written through the API go in force."""
+    config_dir.write("web.yaml", WEB)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("root-token root write\n")
+    server = make_server(admin_tokens_file=str(tokens), config_store="redis", signing_key="s3cret")
+    version = config_call(server, "GET", "/config", "root-token")[1]["version"]
+    status, body = config_call(
+        server, "PUT", "/config/web.yaml", "root-token", WEB.replace("5}", "6}"),
+        **{"If-Match": f'"{version}"'},
+    )  # fmt: skip
+    assert status == 200, body
+
+    def limit() -> int:
+        return int(server.ask("web", [("k", "v")]).statuses[0].current_limit.requests_per_unit)
+
+    assert limit() == 6
+    client = redis.Redis.from_url(redis_url)
+    tag = "{" + server.settings.cache_key_prefix + "ferryman_config}"
+    forged = body["version"] + 1
+    meta = {"version": forged, "author": "alice", "time": 0.0, "summary": "raise", "changed": []}
+    client.hset(f"{tag}:v:{forged}", mapping={
+        "meta": json.dumps(meta), "d:web.yaml": WEB.replace("5}", "1000000}")})  # fmt: skip
+    client.set(f"{tag}:current", forged)
+    client.publish(f"{tag}:changes", forged)
+    wait_for("the forged version refused", lambda: server.stat(FOLLOW_ERRORS) > 0)
+    assert limit() == 6
+    client.close()
+
+
+#: The ACL docs/operators/security.md gives ferryman's Redis user.
+ACL_RULES = (
+    "on", ">pw", "~*", "&*", "-@all", "+@read", "+@write", "+@scripting", "+@connection",
+    "+@pubsub", "+time", "-@dangerous", "+info", "+cluster|slots", "+cluster|shards",
+)  # fmt: skip
+
+
+def test_the_documented_redis_acl_user_serves_every_kind(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    own_redis: RedisProcess,
+    clock: ManualClock,
+) -> None:
+    """With REDIS_USERNAME and the documented ACL, counters, held copies and the Redis
+    config store work, and the user may not run what ferryman never needs (FLUSHALL)."""
+    client = own_redis.client()
+    client.execute_command("ACL", "SETUSER", "ferryman", *ACL_RULES)  # type: ignore[no-untyped-call]
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    settings = Settings(
+        backend="redis",
+        redis_url=f"127.0.0.1:{own_redis.port}",
+        redis_socket_type="tcp",
+        redis_username="ferryman",
+        redis_auth="pw",
+    )
+    server = make_server(
+        backend=make_backend(settings, clock), config_store="redis", signing_key="k"
+    )
+    assert overall(server.ask("d", [("k", "v")])) == "OK"
+    holder = Holder(server)
+    assert holder.reserve("acme", 1).granted == 1
+    holder.close()
+    wait_for("version 1 in Redis", lambda: client.keys("*ferryman_config*:current"))
+    user = redis.Redis(port=own_redis.port, username="ferryman", password="pw")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.flushall()
+    user.close()
+    client.close()

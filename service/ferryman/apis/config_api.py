@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ferryman.access import http_caller
 from ferryman.access.scopes import ALL, document_scopes, require_scopes
+from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.backends.base import Backend
 from ferryman.backends.redis import RedisBackend, RoutedBackend
@@ -283,8 +284,17 @@ class ConfigApi:
                     "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
                     f"set BACKEND_TYPE=redis (the backend is {backend.name})"
                 )
+            signer = Signer.from_settings(settings)
+            if not signer.keyed:
+                log.warning(
+                    "CONFIG_STORE=redis without SIGNING_KEY: a version written to Redis "
+                    "directly would be put in force as if written through the config API"
+                )
             self.store = RedisStore(
-                backend.main_connection, settings.config_history, settings.cache_key_prefix
+                backend.main_connection,
+                settings.config_history,
+                settings.cache_key_prefix,
+                signer,
             )
             self.versions = ConfigVersions(
                 self.store, holder, stats, merge_domains=settings.merge_domain_config

@@ -50,6 +50,7 @@ from ferryman.errors import (
 from ferryman.stats import Stats
 
 if TYPE_CHECKING:
+    from ferryman.access.signing import Signer
     from ferryman.connections.redis import RedisConnection
 
 __all__ = [
@@ -626,9 +627,18 @@ class RedisStore:
     kind = "redis"
     read_only: str | None = None
 
-    def __init__(self, connection: RedisConnection, keep: int, prefix: str = "") -> None:
+    def __init__(
+        self,
+        connection: RedisConnection,
+        keep: int,
+        prefix: str = "",
+        signer: Signer | None = None,
+    ) -> None:
         from ferryman.connections.redis import LuaScript
 
+        # With a keyed signer, each version carries a signature of its entry and documents,
+        # and a version without a valid one (a direct write to Redis) is never put in force.
+        self._signer = signer if signer is not None and signer.keyed else None
         self.connection = connection
         self._keep = keep
         self._tag = "{" + prefix + "ferryman_config}"
@@ -684,10 +694,19 @@ class RedisStore:
                 f"version {number} is not kept (the history keeps the last {self._keep})",
             )
         try:
-            version = Version.from_dict(json.loads(fields["meta"]))
+            meta = json.loads(fields["meta"])
+            version = Version.from_dict(meta)
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"config store: {key} holds a malformed entry: {exc}") from None
         docs = {k[2:]: v for k, v in fields.items() if k.startswith("d:")}
+        if self._signer is not None:
+            tag = meta.pop("sig", "")
+            if not isinstance(tag, str) or not self._signer.check(_signed(meta, docs), tag):
+                raise StoreError(
+                    f"config store: version {number} ({key}) is not signed with this "
+                    "service's SIGNING_KEY: it was not written through the config API; "
+                    "it is not put in force"
+                )
         return Snapshot(version, docs)
 
     async def newer(self) -> Snapshot | None:
@@ -700,7 +719,10 @@ class RedisStore:
         self._current = snap
 
     async def commit(self, documents: Mapping[str, str], base: int, entry: Version) -> Version:
-        args: list[Any] = [base, entry.number, json.dumps(entry.as_dict()), self._keep]
+        meta = entry.as_dict()
+        if self._signer is not None:
+            meta["sig"] = self._signer.tag(_signed(meta, documents))
+        args: list[Any] = [base, entry.number, json.dumps(meta), self._keep]
         for name, text in sorted(documents.items()):
             args.extend((name, text))
         drop = entry.number - self._keep
@@ -722,6 +744,11 @@ class RedisStore:
         history = self.key("history")
         await self.connection.command("LPUSH", history, json.dumps(entry.as_dict()), key=history)
         await self.connection.command("LTRIM", history, 0, self._keep - 1, key=history)
+
+
+def _signed(meta: Mapping[str, Any], documents: Mapping[str, str]) -> bytes:
+    """What a version's signature covers: its entry and every document, canonically."""
+    return json.dumps([meta, sorted(documents.items())], sort_keys=True).encode()
 
 
 def _text(value: Any) -> str:

@@ -225,6 +225,8 @@ def _redis_from_env(s: Settings) -> Backend:
         s.redis_pool_size,
         s.redis_timeout,
     )
+    if s.redis_username:
+        main = replace(main, username=s.redis_username)
     backend = RedisBackend(
         replace(
             main,
