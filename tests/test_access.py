@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import logging
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any, cast
 import grpc
 import pytest
 import redis
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
@@ -705,3 +707,69 @@ def test_the_documented_redis_acl_user_serves_every_kind(
         user.flushall()
     user.close()
     client.close()
+
+
+def debug_get(
+    server: Server,
+    path: str,
+    host: str | None = None,
+    mesh: Mesh | None = None,
+    who: Pem | None = None,
+) -> int:
+    """GET on the debug port (HTTPS with ``mesh``, as ``who``); the status."""
+    port = server.service.debug_port
+    if mesh is None:
+        conn: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    else:
+        context = ssl.create_default_context(cafile=str(mesh.ca.cert))
+        if who is not None:
+            context.load_cert_chain(who.cert, who.key)
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    try:
+        conn.request("GET", path, headers={"Host": host} if host else {})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_the_debug_port_answers_only_to_its_own_names(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """A request whose Host is another site's name (DNS rebinding) is refused and counted;
+    IP addresses, localhost and DEBUG_ALLOWED_HOSTS are served."""
+    config_dir.write("d.yaml", DOMAIN)
+    server = make_server(debug_allowed_hosts=("ferryman.*.svc",))
+    assert debug_get(server, "/stats", "attacker.example:6070") == 403
+    assert server.stat("ferryman.access.debug_host_refused") == 1
+    for host in (None, "localhost:6070", "[::1]:6070", "10.1.2.3", "ferryman.ops.svc:6070"):
+        assert debug_get(server, "/stats", host) == 200, host
+
+
+def test_with_a_policy_the_debug_pages_need_an_allowed_identity(
+    make_server: ServerFactory, config_dir: ConfigDir, mesh: Mesh
+) -> None:
+    """Under a policy the debug pages answer the identity granted debug, and refuse a
+    neighbour and a caller without a certificate."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY.replace("      lease: true\n", "      debug: true\n"))
+    server = mtls_server(make_server, mesh)
+    assert debug_get(server, "/capacity", mesh=mesh, who=mesh.edge) == 200
+    assert debug_get(server, "/capacity", mesh=mesh, who=mesh.neighbour) == 403
+    assert debug_get(server, "/stats", mesh=mesh) == 403
+    assert server.stat(f"{DENIED}.debug") == 2
+
+
+def test_the_istio_reference_does_not_expose_the_debug_port() -> None:
+    """k8s/istio-reference keeps the debug port on loopback and out of its Service."""
+    path = (
+        Path(__file__).resolve().parents[1] / "k8s" / "istio-reference" / "rate-limit-service.yaml"
+    )
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    ports = named["Service", "ratelimit"]["spec"]["ports"]
+    assert all(p["port"] != 6070 for p in ports)
+    container = named["Deployment", "ratelimit"]["spec"]["template"]["spec"]["containers"][0]
+    assert "DEBUG_HOST" not in {e["name"] for e in container["env"]}
+    assert all(p["containerPort"] != 6070 for p in container["ports"])

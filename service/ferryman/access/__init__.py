@@ -263,6 +263,9 @@ class Access:
                     continue
                 self.check(caller, policy, "overrides", request.domain)
 
+    def count(self, name: str) -> None:
+        self._stats.inc(name)
+
     def allows(self, caller: Caller, permission: str, scope: str = "*") -> bool:
         policy = self.policy
         return policy is None or policy.allows(caller.names, permission, scope)

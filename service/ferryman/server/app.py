@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ferryman.access import Access, LeaseLimits
+from ferryman.access.debug import DebugDoor
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
@@ -436,6 +437,7 @@ class Service:
                 ("GET", "/capacity"): self.pages.capacity_page,
             },
             "debug",
+            guard=DebugDoor(self.access, settings.debug_allowed_hosts),
         )
         prometheus = self.telemetry.prometheus is not None
         self.mapping = (

@@ -276,6 +276,12 @@ class Settings:
         _TEXT,
         "debug port's " + _HOST + "; loopback by default, where the reference's is every one",
     )
+    debug_allowed_hosts: tuple[str, ...] = LISTEN.setting(
+        "DEBUG_ALLOWED_HOSTS",
+        (),
+        Items(),
+        "names (globs) the debug port answers to in Host, besides IP addresses and localhost",
+    )
     debug_port: int = LISTEN.setting(
         "DEBUG_PORT", 6070, Port(), "debug HTTP port", flag=Flag("--debug-port")
     )
