@@ -773,3 +773,18 @@ def test_the_istio_reference_does_not_expose_the_debug_port() -> None:
     container = named["Deployment", "ratelimit"]["spec"]["template"]["spec"]["containers"][0]
     assert "DEBUG_HOST" not in {e["name"] for e in container["env"]}
     assert all(p["containerPort"] != 6070 for p in container["ports"])
+
+
+def test_the_http_port_asks_the_policy_as_a_caller_without_a_certificate(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """On a plaintext HTTP port POST /json is asked as ``anonymous``: refused (403) when the
+    policy grants it nothing, answered when it grants rls on the domain."""
+    config_dir.write("d.yaml", DOMAIN)
+    config_dir.write("access.yaml", POLICY)
+    server = make_server()
+    body = b'{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}'
+    status, text = server.http("POST", "/json", body)
+    assert status == 403 and b"rls" in text
+    config_dir.write("access.yaml", POLICY + "  - identities: [anonymous]\n    allow: {rls: [d]}\n")
+    wait_for("the grant in force", lambda: server.http("POST", "/json", body)[0] == 200)

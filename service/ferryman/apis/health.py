@@ -26,7 +26,7 @@ EVERY = 0.2
 
 class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
     """The health service, with each caller's open Watch streams capped (the edge does not
-    wrap this service, so the refusal is answered here)."""
+    wrap this service, so the refusal is answered here), and List answered."""
 
     def __init__(self, access: Access) -> None:
         super().__init__()
@@ -41,6 +41,16 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
             await super().Watch(request, context)
         finally:
             end()
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: Any
+    ) -> health_pb2.HealthListResponse:
+        """Every name and its status (the stock servicer answers UNKNOWN and logs a
+        traceback per call)."""
+        statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={n: health_pb2.HealthCheckResponse(status=s) for n, s in statuses.items()}
+        )
 
 
 @asynccontextmanager
