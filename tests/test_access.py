@@ -788,3 +788,42 @@ def test_the_http_port_asks_the_policy_as_a_caller_without_a_certificate(
     assert status == 403 and b"rls" in text
     config_dir.write("access.yaml", POLICY + "  - identities: [anonymous]\n    allow: {rls: [d]}\n")
     wait_for("the grant in force", lambda: server.http("POST", "/json", body)[0] == 200)
+
+
+@on_stores("memory", "redis")
+def test_a_reset_frees_copies_whose_sessions_are_gone(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    tmp_path: Path,
+    plain_channels: list[grpc.Channel],
+) -> None:
+    """Copies a session held but could not release when it ended stay held; a counter reset
+    of their tenant frees them, and leaves alone what live sessions hold."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("root-token root write\n")
+    server = make_server(admin_tokens_file=str(tokens))
+    holds = server.service.holds
+    lost, live = holder_on(server, plain_channels), holder_on(server, plain_channels)
+    assert lost.reserve("acme", 2).granted == 2
+    assert live.reserve("acme", 1).granted == 1
+
+    async def forget_the_tenant() -> None:
+        # What a failed release leaves: the session's record no longer names the copies.
+        session = holds.sessions[lost.session_id]
+        (node, _tenant, groups), copies = session.holds.popitem()
+        session.holds[node, "ghost", groups] = copies
+
+    server.run(forget_the_tenant())
+    lost.close()
+    wait_for("the session ended", lambda: lost.session_id not in holds.sessions)
+    probe = holder_on(server, plain_channels)
+    assert probe.reserve("acme", 10, min_copies=1).granted == 6  # 9 - 2 stranded - 1 live
+    probe.release("acme", 6, ["vip", "everyone"])
+    reset = '{"domain": "jobs", "descriptor": [{"key": "tenant", "value": "acme"}]}'
+    status, body = config_call(server, "POST", "/counters/reset", "root-token", reset)
+    assert status == 200, body
+    assert body["history"]["event"]["freed"] == 2
+    assert probe.reserve("acme", 10, min_copies=1).granted == 8  # the live copy stays
+    for holder in (probe, live):
+        holder.close()

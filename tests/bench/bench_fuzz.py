@@ -67,6 +67,25 @@ def serve(work: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     raise SystemExit("ferryman serve did not start:\n" + log.read_text())
 
 
+def run(
+    proc: subprocess.Popen[bytes], port: int, count: int, seed: int
+) -> tuple[collections.Counter[str], list[str], list[tuple[int, int]], float]:
+    """Send ``count`` cases: the codes, the failures, RSS samples and the seconds taken."""
+    codes: collections.Counter[str] = collections.Counter()
+    failed: list[str] = []
+    samples = [(0, rss_kib(proc.pid))]
+    start = time.monotonic()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        for n, (target, payload) in enumerate(cases(seed, count), start=1):
+            code = send(channel, target, payload)
+            codes[code.name] += 1
+            if code in FAILURES and len(failed) < 10:
+                failed.append(f"{target.path} {payload!r}: {code.name}")
+            if n % max(1, count // 5) == 0:
+                samples.append((n, rss_kib(proc.pid)))
+    return codes, failed, samples, time.monotonic() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100_000)
@@ -74,21 +93,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         proc, port, log = serve(Path(tmp))
-        codes: collections.Counter[str] = collections.Counter()
-        failed: list[str] = []
-        samples = [(0, rss_kib(proc.pid))]
-        start = time.monotonic()
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            for n, (target, payload) in enumerate(cases(args.seed, args.cases), start=1):
-                code = send(channel, target, payload)
-                codes[code.name] += 1
-                if code in FAILURES and len(failed) < 10:
-                    failed.append(f"{target.path} {payload!r}: {code.name}")
-                if n % max(1, args.cases // 5) == 0:
-                    samples.append((n, rss_kib(proc.pid)))
-        elapsed = time.monotonic() - start
-        proc.terminate()
-        proc.wait(20)
+        try:
+            codes, failed, samples, elapsed = run(proc, port, args.cases, args.seed)
+        finally:
+            proc.terminate()
+            proc.wait(20)
         text = log.read_text(errors="replace")
     print(
         f"{args.cases} cases in {elapsed:.1f} s ({args.cases / elapsed:.0f}/s), seed {args.seed}\n"

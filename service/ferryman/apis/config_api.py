@@ -27,6 +27,7 @@ from ferryman.access import http_caller
 from ferryman.access.scopes import ALL, document_scopes, require_scopes
 from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
 from ferryman.backends.redis import RedisBackend, RoutedBackend
 from ferryman.clock import Clock
@@ -256,6 +257,7 @@ class ConfigApi:
         engine: RateLimitEngine,
         clock: Clock,
         quota: BucketStore | None = None,
+        holds: HoldManager | None = None,
     ) -> None:
         if reloader is None and (settings.admin_tokens_file or settings.config_store == "redis"):
             raise SettingsError(
@@ -271,6 +273,7 @@ class ConfigApi:
         self._engine = engine
         self._clock = clock
         self._quota = quota
+        self._holds = holds  # a reset of held copies frees those no session holds
         self.tokens = (
             TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
         )
@@ -681,6 +684,14 @@ class ConfigApi:
             if not isinstance(item.get("value"), str):
                 raise RequestError(f"descriptor[{i}].value", "expected a string")
             entries.append((item["key"], item["value"]))
+        shown = ",".join(f"{k}={v}" for k, v in entries)
+        event = {"domain": domain, "descriptor": [list(e) for e in entries]}
+        holds = self._holds
+        if holds is not None and holds.reaches_copies(domain, entries):
+            # Held copies are not counters: what a reset frees is what no session holds.
+            freed = await holds.free_stranded(domain, entries)
+            result = ResetResult("copies", domain, shown, freed > 0)
+            return result, f"{domain} {shown}", {**event, "freed": freed}
         engine = self._engine
         result = await reset_counters(
             self._backend.store,
@@ -691,6 +702,4 @@ class ConfigApi:
             self._clock.now(),
             engine.local_cache,
         )
-        shown = ",".join(f"{k}={v}" for k, v in entries)
-        event = {"domain": domain, "descriptor": [list(e) for e in entries]}
         return result, f"{domain} {shown}", event

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ferryman.access import Access, LeaseLimits
-from ferryman.access.debug import DebugDoor
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
@@ -28,6 +27,7 @@ from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
 from ferryman.apis.console import Console, LatencyRecorder
 from ferryman.apis.console.buckets import BucketTable
+from ferryman.apis.debug_door import DebugDoor
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
@@ -424,6 +424,7 @@ class Service:
             self.engine,
             self.clock,
             self.quota_store,
+            holds=self.holds,
         )
         self._debug = HttpServer(
             {
