@@ -63,7 +63,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             request.bucket_name,
             request.tokens_requested,
             request.max_wait_millis_override if request.max_wait_time_override else None,
-            caller=self._access.caller(context).key,
+            caller=self._access.bucket_maker(context),
         )
         return quota_service_pb2.AllowResponse(
             status=int(status),  # type: ignore[arg-type]
