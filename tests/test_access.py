@@ -827,3 +827,33 @@ def test_a_reset_frees_copies_whose_sessions_are_gone(
     assert probe.reserve("acme", 10, min_copies=1).granted == 8  # the live copy stays
     for holder in (probe, live):
         holder.close()
+
+
+@on_stores("memory", "redis")
+def test_a_neighbour_cannot_free_the_envoy_holds_of_another_proxy(
+    make_server: ServerFactory,
+    config_dir: ConfigDir,
+    mesh: Mesh,
+    channels: dict[tuple[int, str], grpc.Channel],
+) -> None:
+    """Negative hits on a tenant's held copies from a neighbour the policy does not allow
+    them are PERMISSION_DENIED: the edge proxy's holds stay until it reports its streams."""
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    config_dir.write("access.yaml", POLICY.replace("[d]", "[d, jobs]"))
+    server = mtls_server(make_server, mesh)
+    port = server.service.grpc_port
+    edge = rls_stub(channel_of(channels, mesh, port, mesh.edge))
+    neighbour = rls_stub(channel_of(channels, mesh, port, mesh.neighbour))
+
+    def hold(stub: Any, d: Any) -> str:
+        request = rls_pb2.RateLimitRequest(domain="jobs", descriptors=[d])
+        return overall(stub.ShouldRateLimit(request, timeout=5))
+
+    held = [("upstream", "tenant-1")]
+    assert [hold(edge, descriptor(held)) for _ in range(3)] == ["OK", "OK", "OVER_LIMIT"]
+    with pytest.raises(grpc.RpcError) as info:
+        hold(neighbour, descriptor(held, hits=3, negative=True))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert hold(edge, descriptor(held)) == "OVER_LIMIT"
+    hold(edge, descriptor(held, hits=1, negative=True))  # the proxy's own stream ended
+    assert hold(edge, descriptor(held)) == "OK"
