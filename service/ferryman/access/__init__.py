@@ -16,8 +16,7 @@ allowed, as before: the port is trusted. ``CallerCaps`` bounds what one caller m
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -332,12 +331,3 @@ class CallerCaps:
                 del self._open[key]
 
         return give_back
-
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        """``take`` for the length of a block."""
-        give_back = self.take(key)
-        try:
-            yield
-        finally:
-            give_back()
