@@ -26,7 +26,7 @@ from ferryman._proto.envoy.service.ratelimit.v3 import rls_pb2
 from ferryman._proto.envoy.type.v3 import ratelimit_unit_pb2
 from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman._proto.quotaservice import quota_service_pb2
-from ferryman.access import DENIED
+from ferryman.access import DENIED, MAX_WATCHERS_PER_NAMESPACE
 from ferryman.apis.config_api import FOLLOW_ERRORS
 from ferryman.clock import ManualClock
 from ferryman.server.app import make_backend
@@ -857,3 +857,29 @@ def test_a_neighbour_cannot_free_the_envoy_holds_of_another_proxy(
     assert hold(edge, descriptor(held)) == "OVER_LIMIT"
     hold(edge, descriptor(held, hits=1, negative=True))  # the proxy's own stream ended
     assert hold(edge, descriptor(held)) == "OK"
+
+
+def test_one_namespace_cannot_take_every_watch_stream(
+    make_server: ServerFactory, config_dir: ConfigDir
+) -> None:
+    """Past MAX_WATCHERS_PER_NAMESPACE streams on one namespace the next is
+    RESOURCE_EXHAUSTED and counted; another namespace is still watched."""
+    config_dir.write("quota.yaml", QUOTA)
+    server = make_server(max_streams_per_caller=0)
+    stub = quota_events_stub(server.channel)
+    watchers = server.service.access.watchers
+
+    def watch(namespace: str) -> Any:
+        return stub.Watch(limiter_pb2.WatchQuotaEventsRequest(namespace=namespace))
+
+    held = [watch("users") for _ in range(MAX_WATCHERS_PER_NAMESPACE)]
+    wait_for("every stream open", lambda: watchers.count("users") == MAX_WATCHERS_PER_NAMESPACE)
+    with pytest.raises(grpc.RpcError) as info:
+        next(watch("users"))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert server.stat("ferryman.access.capped.watchers") == 1
+    held.append(watch("other"))
+    wait_for("the other namespace watched", lambda: watchers.count("other") == 1)
+    for call in held:
+        call.cancel()
+    wait_for("every stream ended", lambda: watchers.count("users") == 0)

@@ -33,6 +33,7 @@ __all__ = [
     "ANONYMOUS",
     "DENIED",
     "MAX_BUCKET_NAME",
+    "MAX_WATCHERS_PER_NAMESPACE",
     "PERMISSIONS",
     "Access",
     "Caller",
@@ -52,6 +53,9 @@ DENIED = "ferryman.access.denied"
 CAPPED = "ferryman.access.capped"
 #: Counted per descriptor whose limit was dropped (its domain has allow_overrides: false).
 OVERRIDES_IGNORED = "ferryman.access.overrides_ignored"
+#: Open QuotaEvents/Watch streams per namespace ("" for every namespace): a quarter of the
+#: server's 64, so that no namespace's watchers leave none for the others.
+MAX_WATCHERS_PER_NAMESPACE = 16
 # Distinct identities counted by name; others are counted together as _other_, so that a
 # caller cannot grow the metrics by minting names.
 _MAX_NAMED = 1000
@@ -134,6 +138,7 @@ class Access:
         #: Open Session streams, and open watch streams, per caller.
         self.sessions = CallerCaps("sessions", sessions, stats)
         self.streams = CallerCaps("streams", streams, stats)
+        self.watchers = CallerCaps("watchers", MAX_WATCHERS_PER_NAMESPACE, stats)
         #: Dynamic token buckets made per caller.
         self.buckets = BucketCaps(stats, buckets)
         self._leases = leases or LeaseLimits()
@@ -167,6 +172,22 @@ class Access:
         """Count one more stream of ``caps`` for the caller of ``context`` (its identity, or
         its address without one); the function that ends it. CapExceededError past the cap."""
         return caps.take(caller_of(context).key)
+
+    def open_watch(self, context: Any, namespace: str) -> Callable[[], None]:
+        """One more watch stream of ``namespace``, counted for its caller and for the
+        namespace; the function that ends it. CapExceededError past either cap."""
+        end_stream = self.open_stream(context, self.streams)
+        try:
+            end_watch = self.watchers.take(namespace)
+        except CapExceededError:
+            end_stream()
+            raise
+
+        def end() -> None:
+            end_watch()
+            end_stream()
+
+        return end
 
     def bucket_maker(self, context: Any) -> str:
         """Who a dynamic bucket made by this call counts for ("" without a cap on them, so

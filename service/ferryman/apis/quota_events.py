@@ -146,7 +146,7 @@ class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
         self._access.require(context, "quota_watch", request.namespace or "*")
         if self._hub.subscribers >= MAX_SUBSCRIBERS:
             raise TooManyStreamsError(f"at most {MAX_SUBSCRIBERS} quota event streams at once")
-        end = self._access.open_stream(context, self._access.streams)
+        end = self._access.open_watch(context, request.namespace)
         try:
             async for event in self._events(request.namespace):
                 yield event
