@@ -102,3 +102,16 @@ def test_dead_server_holds_are_freed_by_the_next_operation(node: CopyNode) -> No
     }  # fmt: skip
     with pytest.raises(LeaseLostError):
         node.release("acme", 4, server="A")
+
+
+def test_trim_frees_only_what_a_server_holds_beyond_what_it_keeps(node: CopyNode) -> None:
+    """A trim frees the server's copies beyond those it keeps, from every count, and
+    leaves the other servers' holds alone."""
+    node.reserve("acme", 3, server="A")
+    node.reserve("acme", 2, server="B")
+    keep = {"d:acme": 1, "all": 1, "g:vip": 1, "g:wide": 1}
+    assert node.store.run(node.copies.trim(node.at("A"), keep)) == 2
+    assert node.counts() == {"d:acme": 3, "g:vip": 3, "g:wide": 3, "all": 3}
+    node.release("acme", 1, server="A")
+    node.release("acme", 2, server="B")
+    assert node.counts() == {}

@@ -16,11 +16,11 @@ allowed, as before: the port is trusted. ``CallerCaps`` bounds what one caller m
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ferryman.access.buckets import MAX_BUCKET_NAME, BucketCaps
 from ferryman.access.leases import LeaseLimits, Owners, cap_wants, check_ids
 from ferryman.access.policy import ANONYMOUS, PERMISSIONS, Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
@@ -33,6 +33,8 @@ from ferryman.stats import Stats
 __all__ = [
     "ANONYMOUS",
     "DENIED",
+    "MAX_BUCKET_NAME",
+    "MAX_WATCHERS_PER_NAMESPACE",
     "PERMISSIONS",
     "Access",
     "Caller",
@@ -52,6 +54,9 @@ DENIED = "ferryman.access.denied"
 CAPPED = "ferryman.access.capped"
 #: Counted per descriptor whose limit was dropped (its domain has allow_overrides: false).
 OVERRIDES_IGNORED = "ferryman.access.overrides_ignored"
+#: Open QuotaEvents/Watch streams per namespace ("" for every namespace): a quarter of the
+#: server's 64, so that no namespace's watchers leave none for the others.
+MAX_WATCHERS_PER_NAMESPACE = 16
 # Distinct identities counted by name; others are counted together as _other_, so that a
 # caller cannot grow the metrics by minting names.
 _MAX_NAMED = 1000
@@ -124,9 +129,19 @@ class Access:
         config: Callable[[], Configured | None],
         stats: Stats,
         leases: LeaseLimits | None = None,
+        *,
+        sessions: int = 0,
+        streams: int = 0,
+        buckets: int = 0,
     ) -> None:
         self._config = config
         self._stats = stats
+        #: Open Session streams, and open watch streams, per caller.
+        self.sessions = CallerCaps("sessions", sessions, stats)
+        self.streams = CallerCaps("streams", streams, stats)
+        self.watchers = CallerCaps("watchers", MAX_WATCHERS_PER_NAMESPACE, stats)
+        #: Dynamic token buckets made per caller.
+        self.buckets = BucketCaps(stats, buckets)
         self._leases = leases or LeaseLimits()
         self._clients = Owners()
         self._servers = Owners()
@@ -153,6 +168,32 @@ class Access:
         caller = caller_of(context)
         self.check(caller, policy, permission, scope)
         return caller
+
+    def open_stream(self, context: Any, caps: CallerCaps) -> Callable[[], None]:
+        """Count one more stream of ``caps`` for the caller of ``context`` (its identity, or
+        its address without one); the function that ends it. CapExceededError past the cap."""
+        return caps.take(caller_of(context).key)
+
+    def open_watch(self, context: Any, namespace: str) -> Callable[[], None]:
+        """One more watch stream of ``namespace``, counted for its caller and for the
+        namespace; the function that ends it. CapExceededError past either cap."""
+        end_stream = self.open_stream(context, self.streams)
+        try:
+            end_watch = self.watchers.take(namespace)
+        except CapExceededError:
+            end_stream()
+            raise
+
+        def end() -> None:
+            end_watch()
+            end_stream()
+
+        return end
+
+    def bucket_maker(self, context: Any) -> str:
+        """Who a dynamic bucket made by this call counts for ("" without a cap on them, so
+        that an Allow reads no certificate then)."""
+        return caller_of(context).key if self.buckets.most else ""
 
     def owner(self, context: Any) -> str:
         """What a session is bound to: the caller's identity and its connection."""
@@ -245,6 +286,9 @@ class Access:
                     continue
                 self.check(caller, policy, "overrides", request.domain)
 
+    def count(self, name: str) -> None:
+        self._stats.inc(name)
+
     def allows(self, caller: Caller, permission: str, scope: str = "*") -> bool:
         policy = self.policy
         return policy is None or policy.allows(caller.names, permission, scope)
@@ -287,20 +331,25 @@ class CallerCaps:
     def count(self, key: str) -> int:
         return self._open.get(key, 0)
 
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        """One more open for ``key`` while the block runs; raises CapExceededError past
-        the cap (0: no cap)."""
+    def take(self, key: str) -> Callable[[], None]:
+        """One more open for ``key``; the function that gives it back (once). Raises
+        CapExceededError past the cap (0: no cap)."""
         n = self._open.get(key, 0)
         if self.most and n >= self.most:
             self._stats.inc(f"{CAPPED}.{self.what}")
             raise CapExceededError(self.what, self.most)
         self._open[key] = n + 1
-        try:
-            yield
-        finally:
+        given = False
+
+        def give_back() -> None:
+            nonlocal given
+            if given:
+                return
+            given = True
             left = self._open[key] - 1
             if left:
                 self._open[key] = left
             else:
                 del self._open[key]
+
+        return give_back

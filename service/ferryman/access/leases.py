@@ -38,14 +38,20 @@ class LeaseLimits:
 
 
 def check_ids(client_id: str, field: str, resource_ids: Iterable[str], where: str) -> None:
-    """INVALID_ARGUMENT naming the field for an overlong id or too many resources."""
-    if len(client_id.encode()) > MAX_ID:
-        raise RequestError(field, f"longer than {MAX_ID} bytes")
+    """INVALID_ARGUMENT naming the field for an overlong id, one that is not UTF-8 (a
+    proto2 string hands those over as bytes), or too many resources."""
+    _check_id(client_id, field)
     for i, resource_id in enumerate(resource_ids):
         if i >= MAX_RESOURCES:
             raise RequestError(where, f"more than {MAX_RESOURCES} resources in one call")
-        if len(resource_id.encode()) > MAX_ID:
-            raise RequestError(f"{where}[{i}]", f"resource id longer than {MAX_ID} bytes")
+        _check_id(resource_id, f"{where}[{i}]")
+
+
+def _check_id(value: object, field: str) -> None:
+    if not isinstance(value, str):
+        raise RequestError(field, "not UTF-8 text")
+    if len(value.encode()) > MAX_ID:
+        raise RequestError(field, f"longer than {MAX_ID} bytes")
 
 
 def cap_wants(

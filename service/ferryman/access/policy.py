@@ -53,8 +53,6 @@ PERMISSIONS: Mapping[str, str] = MappingProxyType(
         "lease_server": "resources a caller may lease as a server (GetServerCapacity)",
         "quota": "namespaces asked through the quota service's Allow",
         "quota_watch": "namespaces whose bucket events a caller may watch",
-        "config_read": "domains and namespaces the config API may read",
-        "config_write": "domains and namespaces the config API may change",
         "debug": "the debug port's pages (scope: the page's path)",
     }
 )

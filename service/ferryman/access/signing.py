@@ -1,9 +1,12 @@
-"""Values a caller carries between calls and must not change: signed with an HMAC.
+"""Values that pass through hands that must not change them: signed with an HMAC.
 
-A transfer id is one: a session hands it to another, which seizes the copies it names. The
-key is TRANSFER_KEY (or the file TRANSFER_KEY_FILE names); every replica that shares a
-backend needs the same key. Without one the ids are still checked against corruption, and
-the copy store keeps what each transfer holds, so a changed id finds nothing to seize.
+A transfer id is one: a session hands it to another, which seizes the copies it names. A
+config store entry in Redis is another: a replica puts a version in force only if the
+replica that wrote it signed it, so a direct write to Redis is not taken for an API write.
+The key is SIGNING_KEY (or the file SIGNING_KEY_FILE names); every replica that shares a
+backend needs the same key. Without one transfer ids are still checked against corruption
+(and the copy store keeps what each transfer holds, so a changed id finds nothing to
+seize), but config store entries are not checked: anyone who can write to Redis could sign.
 """
 
 from __future__ import annotations
@@ -38,21 +41,32 @@ class Signer:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Signer:
-        """The key of TRANSFER_KEY, else of TRANSFER_KEY_FILE (SettingsError naming it when
+        """The key of SIGNING_KEY, else of SIGNING_KEY_FILE (SettingsError naming it when
         it cannot be read), else the empty key."""
-        if settings.transfer_key:
-            return cls(settings.transfer_key.encode())
-        if settings.transfer_key_file:
+        if settings.signing_key:
+            return cls(settings.signing_key.encode())
+        path = settings.signing_key_file
+        if path:
             try:
-                key = Path(settings.transfer_key_file).read_bytes().strip()
+                key = Path(path).read_bytes().strip()
             except OSError as exc:
-                raise SettingsError(
-                    f"TRANSFER_KEY_FILE={settings.transfer_key_file!r}: {exc.strerror}"
-                ) from None
+                raise SettingsError(f"SIGNING_KEY_FILE={path!r}: {exc.strerror}") from None
             if not key:
-                raise SettingsError(f"TRANSFER_KEY_FILE={settings.transfer_key_file!r} is empty")
+                raise SettingsError(f"SIGNING_KEY_FILE={path!r} is empty")
             return cls(key)
         return cls(b"")
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a secret key was given (without one, a signature proves no origin)."""
+        return bool(self._key)
+
+    def tag(self, payload: bytes) -> str:
+        """The signature of ``payload``, as text."""
+        return _b64(self._tag(payload))
+
+    def check(self, payload: bytes, tag: str) -> bool:
+        return hmac.compare_digest(self.tag(payload), tag)
 
     def _tag(self, payload: bytes) -> bytes:
         return hmac.new(self._key, payload, hashlib.sha256).digest()[:_TAG_BYTES]

@@ -17,13 +17,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ferryman.access import http_caller
+from ferryman.access.scopes import ALL, document_scopes, require_scopes
+from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
 from ferryman.backends.redis import RedisBackend, RoutedBackend
 from ferryman.clock import Clock
@@ -33,6 +37,7 @@ from ferryman.config.store import (
     ConfigStore,
     ConfigVersions,
     FileStore,
+    Origin,
     RedisStore,
     Snapshot,
     Version,
@@ -79,6 +84,12 @@ FOLLOW_INTERVAL = 1.0
 class Caller:
     user: str
     role: str
+    # What the token reaches (access.scopes); and where the call came from, for the history.
+    scopes: tuple[str, ...] = ("*",)
+    origin: Origin = field(default_factory=Origin)
+
+    def may(self, wanted: Iterable[str], role: str = "write") -> None:
+        require_scopes(self.user, role, self.scopes, wanted)
 
 
 class TokenFile:
@@ -119,7 +130,7 @@ class TokenFile:
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if len(words) != 3 or words[2] not in ROLES:
+            if len(words) < 3 or words[2] not in ROLES:
                 log.error(
                     "ADMIN_TOKENS_FILE %s:%d: expected 'token user role' (role read or "
                     "write); line ignored",
@@ -127,10 +138,11 @@ class TokenFile:
                     number,
                 )
                 continue
+            caller = Caller(words[1], words[2], tuple(words[3:]) or ("*",))
             if words[0].startswith(CERT):
-                certs[words[0].removeprefix(CERT)] = Caller(words[1], words[2])
+                certs[words[0].removeprefix(CERT)] = caller
             else:
-                tokens.append((words[0].encode(), Caller(words[1], words[2])))
+                tokens.append((words[0].encode(), caller))
         self._stamp, self._tokens, self._certs = stamp, tokens, certs
         self.present = True
         log.info(
@@ -245,6 +257,7 @@ class ConfigApi:
         engine: RateLimitEngine,
         clock: Clock,
         quota: BucketStore | None = None,
+        holds: HoldManager | None = None,
     ) -> None:
         if reloader is None and (settings.admin_tokens_file or settings.config_store == "redis"):
             raise SettingsError(
@@ -260,6 +273,7 @@ class ConfigApi:
         self._engine = engine
         self._clock = clock
         self._quota = quota
+        self._holds = holds  # a reset of held copies frees those no session holds
         self.tokens = (
             TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
         )
@@ -273,8 +287,17 @@ class ConfigApi:
                     "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
                     f"set BACKEND_TYPE=redis (the backend is {backend.name})"
                 )
+            signer = Signer.from_settings(settings)
+            if not signer.keyed:
+                log.warning(
+                    "CONFIG_STORE=redis without SIGNING_KEY: a version written to Redis "
+                    "directly would be put in force as if written through the config API"
+                )
             self.store = RedisStore(
-                backend.main_connection, settings.config_history, settings.cache_key_prefix
+                backend.main_connection,
+                settings.config_history,
+                settings.cache_key_prefix,
+                signer,
             )
             self.versions = ConfigVersions(
                 self.store, holder, stats, merge_domains=settings.merge_domain_config
@@ -426,6 +449,8 @@ class ConfigApi:
                     raise AuthenticationError("send Authorization: Bearer <a token of the file>")
                 if role == "write" and caller.role != "write":
                     raise PermissionDeniedError(f"{caller.user}'s token may read, not write")
+                who = http_caller(request.peercert, request.peer)
+                caller = replace(caller, origin=Origin(who.identity, request.peer))
                 response: HttpResponse = await handler(request, caller)
                 return response
             except FerrymanError as exc:
@@ -435,6 +460,14 @@ class ConfigApi:
                 return _error(exc)
 
         return guarded
+
+    def _scopes(self, changes: Mapping[str, str | None]) -> set[str]:
+        """The scopes a change reaches: what each document defines before and after."""
+        before = self.store.current().documents if self.store is not None else {}
+        wanted: set[str] = set()
+        for name, text in changes.items():
+            wanted |= document_scopes(before.get(name)) | document_scopes(text)
+        return wanted
 
     def _name(self, request: HttpRequest, prefix: str) -> str:
         return unquote(request.path[len(prefix) :])
@@ -471,6 +504,7 @@ class ConfigApi:
         snap = store.current()
         if name not in snap.documents:
             raise NotFoundError("name", f"no document {name!r} in version {snap.version.number}")
+        caller.may(document_scopes(snap.documents[name]), "read")
         return HttpResponse(
             200,
             snap.documents[name].encode(),
@@ -490,7 +524,9 @@ class ConfigApi:
         name = check_name(self._name(request, f"{PREFIX}/config/"))
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
-        version = await versions.change(name, self._text(request), base, caller.user, summary)
+        text = self._text(request)
+        caller.may(self._scopes({name: text}))
+        version = await versions.change(name, text, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
     async def _put_many(self, request: HttpRequest, caller: Caller) -> HttpResponse:
@@ -499,8 +535,9 @@ class ConfigApi:
         _, versions = self._ready()
         base = _if_match(request)
         changes = _changes(self._body(request))
+        caller.may(self._scopes(changes))
         summary = parse_qs(request.query).get("summary", [""])[0]
-        version = await versions.apply(changes, base, caller.user, summary)
+        version = await versions.apply(changes, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
     async def _delete(self, request: HttpRequest, caller: Caller) -> HttpResponse:
@@ -508,7 +545,8 @@ class ConfigApi:
         name = check_name(self._name(request, f"{PREFIX}/config/"))
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
-        version = await versions.change(name, None, base, caller.user, summary)
+        caller.may(self._scopes({name: None}))
+        version = await versions.change(name, None, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
     async def _validate(self, request: HttpRequest, caller: Caller) -> HttpResponse:
@@ -543,6 +581,7 @@ class ConfigApi:
         return _json(200, data, _etag(snap.version.number))
 
     async def _history(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        caller.may({ALL}, "read")
         store, _ = await self._fresh()
         entries = await store.history()
         return _json(
@@ -559,12 +598,14 @@ class ConfigApi:
         return await store.snapshot(number)
 
     async def _version(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        caller.may({ALL}, "read")
         await self._fresh()
         snap = await self._snapshot(self._name(request, f"{PREFIX}/history/"), "version")
         data = {**snap.version.as_dict(), "documents": dict(snap.documents)}
         return _json(200, data)
 
     async def _diff(self, request: HttpRequest, caller: Caller) -> HttpResponse:
+        caller.may({ALL}, "read")
         params = parse_qs(request.query)
         store, _ = await self._fresh()
         current = str(store.current().version.number)
@@ -596,7 +637,8 @@ class ConfigApi:
         number = self._body(request).get("version")
         if not isinstance(number, int) or isinstance(number, bool):
             raise RequestError("version", "give the version to roll back to, a number")
-        version = await versions.rollback(number, caller.user)
+        caller.may({ALL})
+        version = await versions.rollback(number, caller.user, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
     async def _reset(self, request: HttpRequest, caller: Caller) -> HttpResponse:
@@ -604,13 +646,14 @@ class ConfigApi:
         N, "bucket": B}`` (a quota service bucket)."""
         _, versions = self._ready()
         body = self._body(request)
+        caller.may({str(body.get("namespace") if "namespace" in body else body.get("domain"))})
         if "namespace" in body or "bucket" in body:
             result, what, event = await self._reset_bucket(body)
         else:
             result, what, event = await self._reset_descriptor(body)
         self._stats.inc(RESETS)
         event = {**event, **result.as_dict()}
-        entry = await versions.event(caller.user, f"counter reset: {what}", event)
+        entry = await versions.event(caller.user, f"counter reset: {what}", event, caller.origin)
         return _json(200, {**result.as_dict(), "history": entry.as_dict()})
 
     async def _reset_bucket(self, body: dict[str, Any]) -> tuple[ResetResult, str, dict[str, Any]]:
@@ -641,6 +684,14 @@ class ConfigApi:
             if not isinstance(item.get("value"), str):
                 raise RequestError(f"descriptor[{i}].value", "expected a string")
             entries.append((item["key"], item["value"]))
+        shown = ",".join(f"{k}={v}" for k, v in entries)
+        event = {"domain": domain, "descriptor": [list(e) for e in entries]}
+        holds = self._holds
+        if holds is not None and holds.reaches_copies(domain, entries):
+            # Held copies are not counters: what a reset frees is what no session holds.
+            freed = await holds.free_stranded(domain, entries)
+            result = ResetResult("copies", domain, shown, freed > 0)
+            return result, f"{domain} {shown}", {**event, "freed": freed}
         engine = self._engine
         result = await reset_counters(
             self._backend.store,
@@ -651,6 +702,4 @@ class ConfigApi:
             self._clock.now(),
             engine.local_cache,
         )
-        shown = ",".join(f"{k}={v}" for k, v in entries)
-        event = {"domain": domain, "descriptor": [list(e) for e in entries]}
         return result, f"{domain} {shown}", event

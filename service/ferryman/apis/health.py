@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from ferryman.access import Access
 from ferryman.apis import api
+from ferryman.errors import CapExceededError
 from ferryman.tasks import cancel
 
 __all__ = ["API", "SERVICE"]
@@ -20,9 +24,38 @@ SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
 EVERY = 0.2
 
 
+class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
+    """The health service, with each caller's open Watch streams capped (the edge does not
+    wrap this service, so the refusal is answered here), and List answered."""
+
+    def __init__(self, access: Access) -> None:
+        super().__init__()
+        self._access = access
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        try:
+            end = self._access.open_stream(context, self._access.streams)
+        except CapExceededError as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        try:
+            await super().Watch(request, context)
+        finally:
+            end()
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: Any
+    ) -> health_pb2.HealthListResponse:
+        """Every name and its status (the stock servicer answers UNKNOWN and logs a
+        traceback per call)."""
+        statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={n: health_pb2.HealthCheckResponse(status=s) for n, s in statuses.items()}
+        )
+
+
 @asynccontextmanager
 async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
-    servicer = HealthServicer()
+    servicer = _Servicer(parts.access)
     tracker = asyncio.create_task(
         _track(servicer, parts.healthy, parts.health_names), name="ferryman-health"
     )

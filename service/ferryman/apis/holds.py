@@ -27,6 +27,7 @@ from ferryman.algorithms.copies.model import (
     CopyStore,
     Holder,
     ReserveOutcome,
+    hold_fields,
 )
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
@@ -35,6 +36,7 @@ from ferryman.engine import RateLimitEngine
 from ferryman.errors import (
     AccessDeniedError,
     BackendError,
+    FerrymanError,
     HoldError,
     LeaseLostError,
     NotFoundError,
@@ -106,6 +108,12 @@ class HoldManager:
         self._renewer: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._renewed_at = time.monotonic()
+        # Operations in flight, and the gate a trim closes while it counts what is held.
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open_gate = asyncio.Event()
+        self._open_gate.set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -249,11 +257,46 @@ class HoldManager:
         async with session.lock:
             if session.closed:
                 raise SessionError("ferryman-session", f"session {session.id!r} has ended")
+            await self._open_gate.wait()
+            self._inflight += 1
+            self._idle.clear()
             try:
                 yield
             except LeaseLostError:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
                 raise
+            finally:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._idle.set()
+
+    def reaches_copies(self, domain: str, entries: Sequence[tuple[str, str]]) -> bool:
+        """Whether ``entries`` reach a copy-limited node (what a reset then frees)."""
+        try:
+            self._node(domain, entries)
+        except FerrymanError:
+            return False
+        return True
+
+    async def free_stranded(self, domain: str, entries: Sequence[tuple[str, str]]) -> int:
+        """Free the copies this server holds on the node ``entries`` reach that none of its
+        sessions holds (a release that failed when its session ended); how many. Operations
+        wait meanwhile, so that none is counted half done."""
+        node = self._name(self._node(domain, entries))
+        self._open_gate.clear()
+        try:
+            await self._idle.wait()
+            keep: dict[str, int] = {}
+            for session in self.sessions.values():
+                for (n, tenant, groups), copies in session.holds.items():
+                    if n == node:
+                        for f in hold_fields(tenant, groups):
+                            keep[f] = keep.get(f, 0) + copies
+            freed = await self._copies.trim(self._holder(node), keep)
+        finally:
+            self._open_gate.set()
+        self._stats.inc("ratelimit.service.holds.stranded_freed", freed)
+        return freed
 
     # -- operations ---------------------------------------------------------------------
 

@@ -79,6 +79,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if not first.HasField("open"):
             raise RequestError("open", "the first message of a session must be open")
         check_name(first.open.client_name, "open.client_name", required=False)
+        end = self._access.open_stream(context, self._access.sessions)
         session = self._holds.open(first.open.client_name, self._access.owner(context))
         replies: asyncio.Queue[limiter_pb2.SessionEvent | None] = asyncio.Queue()
 
@@ -108,6 +109,7 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         finally:
             reader.cancel()
             ended.cancel()
+            end()
             # The stream may be torn down by cancellation: release in a task of its own.
             self._holds.spawn_close(session)
 

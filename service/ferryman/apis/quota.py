@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_grpc
-from ferryman.access import Access
+from ferryman.access import MAX_BUCKET_NAME, Access
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeResult, TakeStatus
 from ferryman.apis import api
 from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
@@ -63,6 +63,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             request.bucket_name,
             request.tokens_requested,
             request.max_wait_millis_override if request.max_wait_time_override else None,
+            caller=self._access.bucket_maker(context),
         )
         return quota_service_pb2.AllowResponse(
             status=int(status),  # type: ignore[arg-type]
@@ -71,7 +72,12 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
         )
 
     async def allow(
-        self, namespace: str, bucket: str, tokens: int, max_wait_millis: int | None
+        self,
+        namespace: str,
+        bucket: str,
+        tokens: int,
+        max_wait_millis: int | None,
+        caller: str = "",
     ) -> tuple[TakeStatus, int, int]:
         """(status, tokens granted, wait in milliseconds) for one request."""
         self._stats.inc(f"{QUOTA}.allow")
@@ -80,6 +86,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             or (max_wait_millis is not None and max_wait_millis < 0)
             or not NAME.fullmatch(namespace)
             or not NAME.fullmatch(bucket)
+            or len(bucket) > MAX_BUCKET_NAME
         ):
             self._stats.inc(f"{QUOTA}.invalid_request")
             return TakeStatus.REJECTED_INVALID_REQUEST, 0, 0
@@ -91,6 +98,9 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             self._hub.emit(BucketEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
             return TakeStatus.REJECTED_NO_BUCKET, 0, 0
         ref, spec = found
+        buckets = self._access.buckets
+        if ref.dynamic and buckets.refuses(caller, namespace, bucket):
+            return TakeStatus.REJECTED_TOO_MANY_BUCKETS, 0, 0
         allowed = spec.wait_timeout_millis
         if max_wait_millis is not None:
             allowed = min(allowed, max_wait_millis)
@@ -102,6 +112,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
             if self._fail_open:
                 return TakeStatus.OK, tokens, 0
             return TakeStatus.REJECTED_SERVER_ERROR, 0, 0
+        buckets.record(caller, namespace, bucket, result.created, result.removed)
         self._events(namespace, bucket, ref.dynamic, tokens, result)
         return result.status, result.tokens_granted, result.wait_millis
 

@@ -146,7 +146,15 @@ class QuotaEventsServicer(limiter_pb2_grpc.QuotaEventsServicer):
         self._access.require(context, "quota_watch", request.namespace or "*")
         if self._hub.subscribers >= MAX_SUBSCRIBERS:
             raise TooManyStreamsError(f"at most {MAX_SUBSCRIBERS} quota event streams at once")
-        with self._hub.subscribe(request.namespace) as sub:
+        end = self._access.open_watch(context, request.namespace)
+        try:
+            async for event in self._events(request.namespace):
+                yield event
+        finally:
+            end()
+
+    async def _events(self, namespace: str) -> AsyncIterator[limiter_pb2.QuotaEvent]:
+        with self._hub.subscribe(namespace) as sub:
             while True:
                 event = await sub.queue.get()
                 if event is None:

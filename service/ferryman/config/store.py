@@ -50,6 +50,7 @@ from ferryman.errors import (
 from ferryman.stats import Stats
 
 if TYPE_CHECKING:
+    from ferryman.access.signing import Signer
     from ferryman.connections.redis import RedisConnection
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigStore",
     "ConfigVersions",
     "FileStore",
+    "Origin",
     "RedisStore",
     "Rejected",
     "Snapshot",
@@ -82,6 +84,15 @@ MAX_SUMMARY = 200
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a change came from: the caller's identity (its client certificate, or
+    ``anonymous``) and its address."""
+
+    identity: str = ""
+    peer: str = ""
+
+
+@dataclass(frozen=True)
 class Version:
     """One entry of the history. ``kind``: ``api`` (a write), ``rollback``, ``files`` (a
     file edit, or the documents found at start), or ``reset`` (a counter reset: an event,
@@ -94,6 +105,7 @@ class Version:
     changed: tuple[str, ...] = ()
     kind: str = "api"
     event: Mapping[str, Any] | None = None
+    origin: Origin = Origin()
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -106,6 +118,8 @@ class Version:
         }
         if self.event is not None:
             out["event"] = dict(self.event)
+        if self.origin != Origin():
+            out["identity"], out["peer"] = self.origin.identity, self.origin.peer
         return out
 
     @classmethod
@@ -118,6 +132,7 @@ class Version:
             tuple(data.get("changed", ())),
             str(data.get("kind", "api")),
             data.get("event"),
+            Origin(str(data.get("identity", "")), str(data.get("peer", ""))),
         )
 
 
@@ -612,9 +627,18 @@ class RedisStore:
     kind = "redis"
     read_only: str | None = None
 
-    def __init__(self, connection: RedisConnection, keep: int, prefix: str = "") -> None:
+    def __init__(
+        self,
+        connection: RedisConnection,
+        keep: int,
+        prefix: str = "",
+        signer: Signer | None = None,
+    ) -> None:
         from ferryman.connections.redis import LuaScript
 
+        # With a keyed signer, each version carries a signature of its entry and documents,
+        # and a version without a valid one (a direct write to Redis) is never put in force.
+        self._signer = signer if signer is not None and signer.keyed else None
         self.connection = connection
         self._keep = keep
         self._tag = "{" + prefix + "ferryman_config}"
@@ -670,10 +694,19 @@ class RedisStore:
                 f"version {number} is not kept (the history keeps the last {self._keep})",
             )
         try:
-            version = Version.from_dict(json.loads(fields["meta"]))
+            meta = json.loads(fields["meta"])
+            version = Version.from_dict(meta)
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"config store: {key} holds a malformed entry: {exc}") from None
         docs = {k[2:]: v for k, v in fields.items() if k.startswith("d:")}
+        if self._signer is not None:
+            tag = meta.pop("sig", "")
+            if not isinstance(tag, str) or not self._signer.check(_signed(meta, docs), tag):
+                raise StoreError(
+                    f"config store: version {number} ({key}) is not signed with this "
+                    "service's SIGNING_KEY: it was not written through the config API; "
+                    "it is not put in force"
+                )
         return Snapshot(version, docs)
 
     async def newer(self) -> Snapshot | None:
@@ -686,7 +719,10 @@ class RedisStore:
         self._current = snap
 
     async def commit(self, documents: Mapping[str, str], base: int, entry: Version) -> Version:
-        args: list[Any] = [base, entry.number, json.dumps(entry.as_dict()), self._keep]
+        meta = entry.as_dict()
+        if self._signer is not None:
+            meta["sig"] = self._signer.tag(_signed(meta, documents))
+        args: list[Any] = [base, entry.number, json.dumps(meta), self._keep]
         for name, text in sorted(documents.items()):
             args.extend((name, text))
         drop = entry.number - self._keep
@@ -708,6 +744,11 @@ class RedisStore:
         history = self.key("history")
         await self.connection.command("LPUSH", history, json.dumps(entry.as_dict()), key=history)
         await self.connection.command("LTRIM", history, 0, self._keep - 1, key=history)
+
+
+def _signed(meta: Mapping[str, Any], documents: Mapping[str, str]) -> bytes:
+    """What a version's signature covers: its entry and every document, canonically."""
+    return json.dumps([meta, sorted(documents.items())], sort_keys=True).encode()
 
 
 def _text(value: Any) -> str:
@@ -824,9 +865,10 @@ class ConfigVersions:
         base: int,
         author: str,
         summary: str = "",
+        origin: Origin = Origin(),
     ) -> Version:
         """Write (``text``) or delete (None) one document on version ``base``."""
-        return await self.apply({name: text}, base, author, summary)
+        return await self.apply({name: text}, base, author, summary, origin)
 
     async def apply(
         self,
@@ -834,6 +876,7 @@ class ConfigVersions:
         base: int,
         author: str,
         summary: str = "",
+        origin: Origin = Origin(),
     ) -> Version:
         """Write (text) or delete (None) each named document on version ``base``, as one
         version."""
@@ -855,9 +898,10 @@ class ConfigVersions:
                     what.append(f"{'changed' if name in docs else 'added'} {name}")
                     docs[name] = text
             check_layout(docs)
-            return await self._commit(docs, head, author, summary or ", ".join(what), "api")
+            what_changed = summary or ", ".join(what)
+            return await self._commit(docs, head, author, what_changed, "api", origin)
 
-    async def rollback(self, number: int, author: str) -> Version:
+    async def rollback(self, number: int, author: str, origin: Origin = Origin()) -> Version:
         """A new version whose documents are version ``number``'s."""
         async with self._lock, self.store.exclusive():
             if self.store.read_only:
@@ -866,10 +910,17 @@ class ConfigVersions:
             head = self._head()
             old = await self.store.snapshot(number)
             summary = f"rollback to version {number}"
-            return await self._commit(dict(old.documents), head, author, summary, "rollback")
+            docs = dict(old.documents)
+            return await self._commit(docs, head, author, summary, "rollback", origin)
 
     async def _commit(
-        self, docs: dict[str, str], head: Snapshot, author: str, summary: str, kind: str
+        self,
+        docs: dict[str, str],
+        head: Snapshot,
+        author: str,
+        summary: str,
+        kind: str,
+        origin: Origin = Origin(),
     ) -> Version:
         config = await asyncio.to_thread(self.validate, docs)
         changed = changed_names(head.documents, docs)
@@ -880,6 +931,7 @@ class ConfigVersions:
             " ".join(summary.split())[:MAX_SUMMARY],
             changed,
             kind,
+            origin=origin,
         )
         try:
             version = await self.store.commit(docs, head.version.number, entry)
@@ -917,10 +969,14 @@ class ConfigVersions:
             extra={"fields": {**fields, "store_version": version.number}},
         )
 
-    async def event(self, author: str, summary: str, event: Mapping[str, Any]) -> Version:
+    async def event(
+        self, author: str, summary: str, event: Mapping[str, Any], origin: Origin = Origin()
+    ) -> Version:
         """Record an event (a counter reset) at the latest version."""
         async with self._lock, self.store.exclusive():
-            entry = Version(self.latest(), author, time.time(), summary, (), "reset", dict(event))
+            entry = Version(
+                self.latest(), author, time.time(), summary, (), "reset", dict(event), origin
+            )
             await self.store.record(entry)
         log.info(
             "%s by %s", summary, author, extra={"fields": {**entry.as_dict(), "event": "reset"}}

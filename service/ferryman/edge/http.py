@@ -78,7 +78,14 @@ class HttpServer:
     """Routes ``(method, path)`` to async handlers. A path ending in ``/*`` is a prefix:
     it takes every longer path below it (the handler reads the rest from the request)."""
 
-    def __init__(self, routes: Mapping[tuple[str, str], Handler], name: str) -> None:
+    def __init__(
+        self,
+        routes: Mapping[tuple[str, str], Handler],
+        name: str,
+        guard: Callable[[HttpRequest], HttpResponse | None] | None = None,
+    ) -> None:
+        # Asked before every routed request: an answer refuses it (the debug port's checks).
+        self._guard = guard
         self._routes = {k: h for k, h in routes.items() if not k[1].endswith("/*")}
         # Longest prefix first, so that a deeper prefix wins.
         self._prefixes = sorted(
@@ -179,10 +186,10 @@ class HttpServer:
             peercert = writer.get_extra_info("peercert")
             peer = writer.get_extra_info("peername")
             shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) > 1 else ""
+            incoming = HttpRequest(method, path, query, headers, body, peercert or None, shown)
+            door = self._guard(incoming) if self._guard is not None else None
             try:
-                response = await handler(
-                    HttpRequest(method, path, query, headers, body, peercert or None, shown)
-                )
+                response = door or await handler(incoming)
             except Exception:
                 log.exception("%s handler for %s failed", self._name, path)
                 response = HttpResponse(500, b"internal error\n")

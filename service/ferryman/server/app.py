@@ -27,6 +27,7 @@ from ferryman.apis.capacity import CapacityService
 from ferryman.apis.config_api import ConfigApi
 from ferryman.apis.console import Console, LatencyRecorder
 from ferryman.apis.console.buckets import BucketTable
+from ferryman.apis.debug_door import DebugDoor
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.leased import LeasedResources
@@ -237,6 +238,8 @@ def _redis_from_env(s: Settings) -> Backend:
         s.redis_pool_size,
         s.redis_timeout,
     )
+    if s.redis_username:
+        main = replace(main, username=s.redis_username)
     backend = RedisBackend(
         replace(
             main,
@@ -346,6 +349,9 @@ class Service:
             lambda: self.holder.config,
             self.stats,
             LeaseLimits(settings.doorman_max_clients_per_server),
+            sessions=settings.max_sessions_per_caller,
+            streams=settings.max_streams_per_caller,
+            buckets=settings.max_dynamic_buckets_per_caller,
         )
         self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
         self._make_stateful(settings)
@@ -455,6 +461,7 @@ class Service:
             self.engine,
             self.clock,
             self.quota_store,
+            holds=self.holds,
         )
         self._debug = HttpServer(
             {
@@ -471,6 +478,7 @@ class Service:
                 ("GET", "/unconfigured"): self.pages.unconfigured,
             },
             "debug",
+            guard=DebugDoor(self.access, settings.debug_allowed_hosts),
         )
         prometheus = self.telemetry.prometheus is not None
         self.mapping = (

@@ -282,6 +282,12 @@ class Settings:
         _TEXT,
         "debug port's " + _HOST + "; loopback by default, where the reference's is every one",
     )
+    debug_allowed_hosts: tuple[str, ...] = LISTEN.setting(
+        "DEBUG_ALLOWED_HOSTS",
+        (),
+        Items(),
+        "names (globs) the debug port answers to in Host, besides IP addresses and localhost",
+    )
     debug_port: int = LISTEN.setting(
         "DEBUG_PORT", 6070, Port(), "debug HTTP port", flag=Flag("--debug-port")
     )
@@ -598,6 +604,9 @@ class Settings:
         "where Redis is; set with `BACKEND_TYPE` unset, it picks the Redis backend",
     )
     redis_auth: str = REDIS.setting("REDIS_AUTH", "", _TEXT, "password, or `user:password`")
+    redis_username: str = REDIS.setting(
+        "REDIS_USERNAME", "", _TEXT, "Redis ACL user (with REDIS_AUTH its password)"
+    )
     redis_tls: bool = REDIS.setting("REDIS_TLS", False, _BOOL, "reach Redis over TLS")
     redis_tls_cacert: str = REDIS.setting(
         "REDIS_TLS_CACERT", "", _TEXT, "CA that signed Redis's certificate (PEM file)"
@@ -893,15 +902,19 @@ class Settings:
     )
 
     # Caps per caller (an identity, or the address of a caller without one), and the key
-    # transfer ids are signed with: every replica sharing a backend needs the same one.
-    transfer_key: str = ACCESS.setting(
-        "TRANSFER_KEY",
+    # transfer ids and config store entries are signed with: every replica sharing a
+    # backend needs the same one.
+    signing_key: str = ACCESS.setting(
+        "SIGNING_KEY",
         "",
         _TEXT,
-        "secret that signs transfer ids (empty: TRANSFER_KEY_FILE, else one per process)",
+        "secret that signs transfer ids and config store entries (else SIGNING_KEY_FILE)",
     )
-    transfer_key_file: str = ACCESS.setting(
-        "TRANSFER_KEY_FILE", "", _TEXT, "file holding the secret that signs transfer ids"
+    signing_key_file: str = ACCESS.setting(
+        "SIGNING_KEY_FILE",
+        "",
+        _TEXT,
+        "file holding the secret that signs transfer ids and config store entries",
     )
     max_sessions_per_caller: int = ACCESS.setting(
         "MAX_SESSIONS_PER_CALLER", 100, _COUNT, "open Session streams per caller (0: no cap)"
@@ -911,6 +924,12 @@ class Settings:
         8,
         _COUNT,
         "open QuotaEvents and Health Watch streams per caller (0: no cap)",
+    )
+    max_dynamic_buckets_per_caller: int = ACCESS.setting(
+        "MAX_DYNAMIC_BUCKETS_PER_CALLER",
+        0,
+        _COUNT,
+        "dynamic token buckets one caller may make per namespace (0: no cap)",
     )
     doorman_max_clients_per_server: int = ACCESS.setting(
         "DOORMAN_MAX_CLIENTS_PER_SERVER",

@@ -1,4 +1,4 @@
--- Held copies on one copy-limited node: reserve, release, transfer, seize, renew.
+-- Held copies on one copy-limited node: reserve, release, transfer, seize, renew, trim.
 -- Every call is atomic and first clears what dead servers and unclaimed transfers hold.
 --
 -- KEYS[1]   counts hash: "d:<tenant>", "g:<group>", "all" -> copies held
@@ -15,7 +15,7 @@
 --           All keys share one hash tag <tag>; dead servers' contribution hashes
 --           (<tag>:c:<id>) and expired transfer records (<tag>:x:<id>) are found from
 --           KEYS[2] and KEYS[4] and live in the same slot.
--- ARGV[1]   operation: reserve | release | transfer | seize | renew
+-- ARGV[1]   operation: reserve | release | transfer | seize | renew | trim
 -- ARGV[2]   this server's id;  ARGV[3] lease length (ms);  ARGV[4] key tag <tag>
 -- ARGV[5]   now in ms, or "" for the Redis clock
 -- reserve:  ARGV[6] tenant, [7] copies, [8] min_copies, [9] tenant limit (-1 none),
@@ -25,6 +25,8 @@
 -- transfer: like release, plus ARGV[9+g] ttl (ms) and ARGV[10+g] transfer id -> {"ok", id}
 -- seize:    ARGV[6] transfer id -> {"ok", tenant, copies, group names...} or {"missing"}
 -- renew:    -> {"ok"}
+-- trim:     ARGV[6] n, then n pairs (field, copies): what this server's sessions hold; what
+--           it holds beyond that (copies no session will release) is freed -> {"ok", freed}
 -- ereserve: like reserve, plus ARGV[12+2g] hold id and ARGV[13+2g] hold ttl (ms): a hold
 --           for Envoy that expires by itself -> like reserve
 -- erelease: ARGV[6] tenant, [7] copies -> {"ok", released} (oldest holds first; holds that
@@ -216,6 +218,23 @@ local function dispatch()
     redis.call('PEXPIRE', K_XREC, xttl + ttl)
     redis.call('ZADD', K_XQ, now + xttl, id)
     return {'ok', id}
+  end
+
+  if op == 'trim' then
+    local keep = {}
+    for i = 1, tonumber(ARGV[6]) do keep[ARGV[5 + 2 * i]] = tonumber(ARGV[6 + 2 * i]) end
+    local flat = redis.call('HGETALL', K_MINE)
+    local freed = 0
+    for i = 1, #flat, 2 do
+      local f, n = flat[i], tonumber(flat[i + 1])
+      local surplus = n - math.min(n, keep[f] or 0)
+      if surplus > 0 then
+        mine(f, -surplus)
+        add(f, -surplus)
+        if f == 'all' then freed = surplus end
+      end
+    end
+    return {'ok', freed}
   end
 
   if op == 'seize' then

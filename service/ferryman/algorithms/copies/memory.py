@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ferryman.algorithms.copies.model import (
@@ -18,6 +19,7 @@ from ferryman.algorithms.copies.model import (
     ReserveOutcome,
     Seized,
     grantable,
+    hold_fields,
 )
 from ferryman.clock import Clock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
@@ -46,8 +48,7 @@ class _Node:
     envoy_order: dict[str, deque[str]] = field(default_factory=dict)
 
 
-def _fields(tenant: str, groups: tuple[str, ...]) -> list[str]:
-    return [f"d:{tenant}", "all", *(f"g:{g}" for g in groups)]
+_fields = hold_fields
 
 
 class MemoryCopies:
@@ -262,6 +263,20 @@ class MemoryCopies:
             for f in _fields(transfer.tenant, transfer.groups):
                 self._add(mine, f, transfer.copies)
             return Seized(holder.node, transfer.tenant, transfer.copies, transfer.groups)
+
+    async def trim(self, holder: Holder, keep: Mapping[str, int]) -> int:
+        now_ms = self._ms(holder.now)
+        with self._lock:
+            state = self._node(holder, now_ms)
+            mine = state.contributions.get(holder.server, {})
+            freed = 0
+            for f, n in list(mine.items()):
+                surplus = n - min(n, keep.get(f, 0))
+                if surplus > 0:
+                    self._add(mine, f, -surplus)
+                    self._add(state.counts, f, -surplus)
+                    freed = surplus if f == "all" else freed
+            return freed
 
     async def renew(self, holder: Holder) -> None:
         now_ms = self._ms(holder.now)

@@ -122,6 +122,11 @@ def grantable(
     return room if room >= max(min_copies, 1) else 0
 
 
+def hold_fields(tenant: str, groups: tuple[str, ...]) -> list[str]:
+    """The counts a held copy adds to: its tenant's, every copy's, and each group's."""
+    return [f"d:{tenant}", "all", *(f"g:{g}" for g in groups)]
+
+
 class CopyStore(Protocol):
     """Where held copies live. Every call renews the ``holder``'s lease and first frees what
     servers with lapsed leases held on the node (raising LeaseLostError to the caller whose
@@ -159,6 +164,11 @@ class CopyStore(Protocol):
     async def seize(self, holder: Holder, transfer_id: str) -> Seized: ...
 
     async def renew(self, holder: Holder) -> None: ...
+
+    async def trim(self, holder: Holder, keep: Mapping[str, int]) -> int:
+        """Free what ``holder`` holds on its node beyond ``keep`` (field -> copies: what
+        its sessions hold, fields as ``hold_fields``); the copies freed."""
+        ...
 
     async def envoy_reserve(
         self,

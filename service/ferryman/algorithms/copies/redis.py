@@ -3,6 +3,7 @@ Cluster slot (the node name is the hash tag)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ferryman.algorithms.copies.model import (
@@ -123,6 +124,13 @@ class RedisCopies:
 
     async def renew(self, holder: Holder) -> None:
         await self._call(holder, "renew", [])
+
+    async def trim(self, holder: Holder, keep: Mapping[str, int]) -> int:
+        args: list[Any] = [len(keep)]
+        for field, copies in sorted(keep.items()):
+            args.extend((field, copies))
+        out = await self._call(holder, "trim", args)
+        return int(out[1])
 
     async def envoy_reserve(
         self,
