@@ -15,6 +15,7 @@ import grpc
 import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
+from ferryman.access import Access
 from ferryman.algorithms.leases.model import Kind
 from ferryman.apis.rlqs import (
     Limits,
@@ -28,7 +29,7 @@ from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.config.reloader import ConfigHolder
-from ferryman.errors import RequestError, TooManyStreamsError
+from ferryman.errors import AccessDeniedError, RequestError, TooManyStreamsError
 from ferryman.stats import Stats
 
 from helpers.server import ConfigDir, Server, ServerFactory
@@ -292,6 +293,9 @@ class FakeContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}  # no client certificate: the anonymous caller
+
 
 def test_the_servicer_answers_reports_on_the_stream() -> None:
     """Reports in, assignments out on the same stream; the stream's end frees its buckets;
@@ -301,7 +305,7 @@ def test_the_servicer_answers_reports_on_the_stream() -> None:
 
 async def servicer_stream() -> None:
     shares = QuotaShares(holder_of(), ManualClock(), Stats())
-    servicer = RlqsServicer(shares)
+    servicer = RlqsServicer(shares, Access(lambda: None, Stats()))
     inbox: asyncio.Queue[Any] = asyncio.Queue()
 
     async def requests() -> AsyncIterator[Any]:
@@ -319,6 +323,28 @@ async def servicer_stream() -> None:
         await anext(responses)
     assert not shares.streams
     assert [e["connected"] for e in shares.status()["buckets"][0]["envoys"]] == [False]
+
+
+def test_a_policy_decides_which_domains_a_caller_may_report_on() -> None:
+    """Under an access policy that grants the anonymous caller ``rlqs`` on another domain
+    only, a report on this one ends the stream with the permission named."""
+    policy = load_sources(
+        [("access.yaml", "access:\n  - identities: [anonymous]\n    allow: {rlqs: [other]}\n")]
+    )
+    asyncio.run(refused_stream(Access(lambda: policy, Stats())))
+
+
+async def refused_stream(access: Access) -> None:
+    shares = QuotaShares(holder_of(), ManualClock(), Stats())
+    servicer = RlqsServicer(shares, access)
+
+    async def requests() -> AsyncIterator[Any]:
+        yield report("quota", ({"tenant": "gold"}, 1, 0, 0))
+
+    context: Any = FakeContext()
+    with pytest.raises(AccessDeniedError, match="rlqs"):
+        await anext(servicer.StreamRateLimitQuotas(requests(), context))
+    assert not shares.buckets
 
 
 def test_a_stream_that_never_reads_holds_one_action_per_bucket() -> None:

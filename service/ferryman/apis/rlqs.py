@@ -30,6 +30,7 @@ from envoy.type.v3 import ratelimit_strategy_pb2
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
+from ferryman.access import Access
 from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
@@ -701,15 +702,16 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
     """StreamRateLimitQuotas: reports read as they come, assignments written as they are
     queued (coalesced per bucket, so a stream that does not read holds one per bucket)."""
 
-    def __init__(self, shares: QuotaShares) -> None:
+    def __init__(self, shares: QuotaShares, access: Access) -> None:
         self._shares = shares
+        self._access = access
 
     async def StreamRateLimitQuotas(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
         shares = self._shares
         stream = shares.open(_envoy_name(context))
-        reader = asyncio.create_task(self._read(stream, request_iterator))
+        reader = asyncio.create_task(self._read(stream, request_iterator, context))
         try:
             while True:
                 await stream.wake.wait()
@@ -725,9 +727,13 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
             await cancel(reader)
             shares.close(stream)
 
-    async def _read(self, stream: Any, requests: AsyncIterator[Any]) -> None:
+    async def _read(self, stream: Any, requests: AsyncIterator[Any], context: Context) -> None:
+        allowed = ""  # the domain this stream was last allowed to report on
         try:
             async for message in requests:
+                if message.domain != allowed:
+                    self._access.require(context, "rlqs", message.domain)
+                    allowed = message.domain
                 self._shares.report(stream, message)
         except FerrymanError as error:
             stream.error = error
@@ -762,7 +768,7 @@ async def _serve(parts: api.Parts) -> AsyncIterator[RlqsServicer]:
         leases.start(parts.capacity.address)
     ticker = asyncio.create_task(_tick(parts.rlqs))
     try:
-        yield RlqsServicer(parts.rlqs)
+        yield RlqsServicer(parts.rlqs, parts.access)
     finally:
         await cancel(ticker)
         parts.rlqs.close_all()
