@@ -251,6 +251,8 @@ domain: s
 descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 3, sync: 60s}
+  - key: g
+    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: e
     rate_limit: {unit: minute, requests_per_unit: 3, sync: 0s}
 """
@@ -259,26 +261,29 @@ descriptors:
 def test_a_synced_rule_is_answered_without_a_round_trip(
     config_dir: ConfigDir, make_server: ServerFactory, redis_server: RedisProcess
 ) -> None:
-    """On the request path a synced rule costs Redis one read of its counter, then
-    nothing until the flush; /status shows the view; ``sync: 0s`` stays exact."""
+    """On the request path a synced rule (its own sync, or REDIS_SYNC_INTERVAL's) costs
+    Redis one read of its counter, then nothing until the flush; ``sync: 0s`` stays exact;
+    /status shows the view."""
     config_dir.write("s.yaml", SYNCED)
     backend = redis_backend(redis_server.url, server_time=False)
-    server = make_server(backend=backend, cache_key_prefix=unique_prefix())
-    first = server.ask("s", [("k", "a")])
+    server = make_server(
+        backend=backend, cache_key_prefix=unique_prefix(), redis_sync_interval=30.0
+    )
+    first = [server.ask("s", [(key, "a")]) for key in "kg"]
     writes = backend.writes
-    rest = [server.ask("s", [("k", "a")]) for _ in range(3)]
+    rest = [server.ask("s", [(key, "a")]) for _ in range(3) for key in "kg"]
     assert backend.writes == writes
-    assert [remaining(r)[0] for r in [first, *rest]] == [2, 1, 0, 0]
-    assert codes(rest[-1]) == ["OVER_LIMIT"]
+    assert [remaining(r)[0] for r in [*first, *rest]] == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert codes(rest[-1]) == codes(rest[-2]) == ["OVER_LIMIT"]
     server.ask("s", [("e", "a")])
     assert backend.writes == writes + 1
     status, body = server.http("GET", "/status", debug=True)
     (sync,) = json.loads(body)["backend"]["sync"]
     assert (status, sync["counters"], sync["unflushed_hits"], sync["intervals"]) == (
         200,
-        1,
-        4,
-        [60.0],
+        2,
+        8,
+        [30.0, 60.0],
     )
 
 
@@ -288,7 +293,7 @@ def test_sync_is_read_on_rate_limit_and_refused_elsewhere(tmp_path: Path) -> Non
     (tmp_path / "ok.yaml").write_text(SYNCED.replace("domain: s", "domain: ok"))
     config = load_directory(tmp_path)
     limits = [rule.limit for _, rule in config.iter_limits()]
-    assert [getattr(limit, "sync", None) for limit in limits] == [60.0, 0.0]
+    assert [getattr(limit, "sync", None) for limit in limits] == [60.0, None, 0.0]
     (tmp_path / "bad.yaml").write_text(
         "domain: bad\ndescriptors:\n"
         "  - key: a\n    sliding_window: {unit: minute, requests_per_unit: 5, sync: 1s}\n"

@@ -24,9 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_rls  # noqa: E402
-
-from helpers.redis_procs import RedisCluster  # noqa: E402
+import bench_rls
+from helpers.redis_procs import RedisCluster
 
 
 def main(argv: Sequence[str] | None = None) -> int:
