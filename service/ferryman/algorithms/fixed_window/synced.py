@@ -17,8 +17,8 @@ for a whole interval, is dropped at the next flush (a later request reads it aga
 Redis unreachable: counters in the view keep deciding from their last global count; their
 hits wait and go with the first flush that succeeds, counted once (hits are taken from the
 pending count only when Redis has answered). A counter first seen during the outage starts
-from 0 (a *blind* counter, counted). Failed flushes, blind counters and the last error are
-counted and shown in /status.
+from 0 (a *blind* counter, counted). Failed reads and flushes, blind counters and the last
+error are counted and shown in /status.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from ferryman.clock import Clock
 from ferryman.errors import BackendError
 from ferryman.tasks import cancel
 
-__all__ = ["BLIND", "FLUSHES", "FLUSH_FAILURES", "SyncedFixedWindows"]
+__all__ = ["BLIND", "FAILURES", "FLUSHES", "SyncedFixedWindows"]
 
 FLUSHES = "ratelimit.service.redis.sync.flushes"
-FLUSH_FAILURES = "ratelimit.service.redis.sync.flush_failures"
+FAILURES = "ratelimit.service.redis.sync.failures"  # failed reads and flushes
 BLIND = "ratelimit.service.redis.sync.blind_counters"
 
 
@@ -76,7 +76,8 @@ class SyncedFixedWindows:
         self.failures = 0
         self.blind = 0
         self.last_error = ""
-        # Where flushes, failures and blind counters are counted (the service's Stats.inc).
+        # Where flushes, failed reads and flushes, and blind counters are counted (the
+        # service's Stats.inc).
         self.report: Callable[[str, int], None] | None = None
 
     def __len__(self) -> int:
@@ -206,7 +207,7 @@ class SyncedFixedWindows:
     def _failed(self, exc: BackendError) -> None:
         self.failures += 1
         self.last_error = str(exc)
-        self._report(FLUSH_FAILURES, 1)
+        self._report(FAILURES, 1)
 
     def _report(self, name: str, amount: int) -> None:
         if self.report is not None:
@@ -222,13 +223,13 @@ class SyncedFixedWindows:
 
     def state(self) -> dict[str, Any]:
         """The view for /status: counters held, own hits not yet flushed, the intervals
-        flushed, flushes, failed flushes, blind counters and the last error."""
+        flushed, flushes, failed reads and flushes, blind counters and the last error."""
         return {
             "counters": len(self._view),
             "unflushed_hits": sum(c.pending + c.sending for c in self._view.values()),
             "intervals": sorted(self._loops),
             "flushes": self.flushes,
-            "flush_failures": self.failures,
+            "failures": self.failures,
             "blind_counters": self.blind,
             "degraded": bool(self.last_error),
             "last_error": self.last_error or None,
