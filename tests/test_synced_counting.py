@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +21,7 @@ from ferryman.algorithms.fixed_window.synced import FLUSHES, SyncedFixedWindows
 from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_directory
+from ferryman.connections.deadline import ANSWER_BY
 from ferryman.core.periods import UnitPeriod
 from ferryman.core.rules import Unit
 from ferryman.errors import ConfigError
@@ -312,3 +314,34 @@ def test_sync_is_read_on_rate_limit_and_refused_elsewhere(tmp_path: Path) -> Non
     text = str(caught.value)
     assert "bad.yaml:4" in text and "supported by rate_limit (fixed windows) only" in text
     assert "bad.yaml:6" in text and "sync 120s is out of range" in text
+
+
+def test_the_flusher_outlives_the_deadline_of_the_request_that_started_it(
+    redis_server: RedisProcess,
+) -> None:
+    """The background flush runs on a timer of its own and keeps sending after the
+    deadline of the request that started it has passed."""
+    clock = ManualClock(START)
+    key = unique_prefix() + "k"
+
+    async def scenario() -> int:
+        backend = redis_backend(redis_server.url, timeout=2.0, server_time=False)
+        await backend.start()
+        view = SyncedFixedWindows(RedisFixedWindows(backend.connection), clock)
+        try:
+            token = ANSWER_BY.set(time.monotonic() + 0.2)
+            await view.apply([op(clock, key, sync=0.01)], stop_when_over=False)
+            ANSWER_BY.reset(token)
+            await asyncio.sleep(0.3)  # past that deadline
+            await view.apply([op(clock, key, sync=0.01)], stop_when_over=False)
+            for _ in range(400):  # until a flush carries the second hit
+                (counted,) = await view.exact.peek([op(clock, key)])
+                if counted == 2:
+                    break
+                await asyncio.sleep(0.01)
+            return counted
+        finally:
+            await view.close()
+            await backend.close()
+
+    assert run(scenario) == 2

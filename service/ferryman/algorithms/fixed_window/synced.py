@@ -24,6 +24,7 @@ error are counted and shown in /status.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,8 +151,10 @@ class SyncedFixedWindows:
                 self._view[op.key] = _Counter(op, value)
             task = self._loops.get(op.sync)
             if self._background and (task is None or task.done()):
+                # A context of its own: the request that starts it must not lend the
+                # flusher its deadline (ANSWER_BY), nor its trace.
                 self._loops[op.sync] = asyncio.create_task(
-                    self._run(op.sync), name="ferryman-redis-sync"
+                    self._run(op.sync), name="ferryman-redis-sync", context=contextvars.Context()
                 )
         return loaded
 
@@ -190,10 +193,12 @@ class SyncedFixedWindows:
             return True
         try:
             results = await self.exact.apply([op for _, op in batch], stop_when_over=False)
-        except BackendError as exc:
-            for counter, op in batch:  # not counted: sent again with the next flush
+        except BaseException as exc:  # BackendError, or cancelled (by close): sent again
+            for counter, op in batch:
                 counter.sending -= op.hits
                 counter.pending += op.hits
+            if not isinstance(exc, BackendError):
+                raise
             self._failed(exc)
             return False
         for (counter, op), result in zip(batch, results, strict=True):
