@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +84,16 @@ class SyncedFixedWindows:
     def __len__(self) -> int:
         return len(self._view)
 
-    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+    def apply(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> Coroutine[Any, Any, list[CounterResult]]:
         for op in ops:
             if op.sync > 0:
-                break
-        else:  # the exact mode's path, unchanged
-            return await self.exact.apply(ops, stop_when_over=stop_when_over)
+                return self._synced(ops, stop_when_over)
+        # Exact mode's own call, not wrapped in another coroutine: it pays nothing here.
+        return self.exact.apply(ops, stop_when_over=stop_when_over)
+
+    async def _synced(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[CounterResult]:
         synced = [i for i, op in enumerate(ops) if op.sync > 0]
         if len(synced) == len(ops):
             return await self._local(ops, stop_when_over)
