@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -16,10 +17,11 @@ import pytest
 from ferryman.algorithms.fixed_window.limiter import WindowLimiter
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
 from ferryman.algorithms.fixed_window.redis import RedisFixedWindows
-from ferryman.algorithms.fixed_window.synced import SyncedFixedWindows
-from ferryman.backends.redis import RedisBackend
+from ferryman.algorithms.fixed_window.synced import FLUSHES, SyncedFixedWindows
+from ferryman.backends.redis import RedisBackend, parse_backend_url
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_directory
+from ferryman.connections.deadline import ANSWER_BY
 from ferryman.core.periods import UnitPeriod
 from ferryman.core.rules import Unit
 from ferryman.errors import ConfigError
@@ -207,7 +209,7 @@ def test_an_outage_keeps_deciding_and_reconnects_without_counting_twice(
         proxy.stop()
     assert during == [5, 6, 7, 8]
     assert state["degraded"] is True and state["unflushed_hits"] == 5
-    assert isinstance(state["flush_failures"], int) and state["flush_failures"] >= 2
+    assert isinstance(state["failures"], int) and state["failures"] >= 2
     assert blind == 1
     assert counted == [8, 1]
 
@@ -251,35 +253,48 @@ domain: s
 descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 3, sync: 60s}
+  - key: g
+    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: e
     rate_limit: {unit: minute, requests_per_unit: 3, sync: 0s}
 """
 
 
 def test_a_synced_rule_is_answered_without_a_round_trip(
-    config_dir: ConfigDir, make_server: ServerFactory, redis_server: RedisProcess
+    config_dir: ConfigDir,
+    make_server: ServerFactory,
+    redis_server: RedisProcess,
+    clock: ManualClock,
 ) -> None:
-    """On the request path a synced rule costs Redis one read of its counter, then
-    nothing until the flush; /status shows the view; ``sync: 0s`` stays exact."""
+    """On the request path a synced rule (its own sync, or REDIS_SYNC_INTERVAL's) costs
+    Redis one read of its counter, then nothing until the flush; ``sync: 0s`` stays exact;
+    /status shows the view."""
     config_dir.write("s.yaml", SYNCED)
-    backend = redis_backend(redis_server.url, server_time=False)
-    server = make_server(backend=backend, cache_key_prefix=unique_prefix())
-    first = server.ask("s", [("k", "a")])
+    target = parse_backend_url(redis_server.url, pool_size=4, timeout=5.0)
+    backend = RedisBackend(target, server_time=False, clock=clock)
+    server = make_server(
+        backend=backend, cache_key_prefix=unique_prefix(), redis_sync_interval=30.0
+    )
+    first = [server.ask("s", [(key, "a")]) for key in "kg"]
     writes = backend.writes
-    rest = [server.ask("s", [("k", "a")]) for _ in range(3)]
+    rest = [server.ask("s", [(key, "a")]) for _ in range(3) for key in "kg"]
     assert backend.writes == writes
-    assert [remaining(r)[0] for r in [first, *rest]] == [2, 1, 0, 0]
-    assert codes(rest[-1]) == ["OVER_LIMIT"]
+    assert [remaining(r)[0] for r in [*first, *rest]] == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert codes(rest[-1]) == codes(rest[-2]) == ["OVER_LIMIT"]
     server.ask("s", [("e", "a")])
     assert backend.writes == writes + 1
     status, body = server.http("GET", "/status", debug=True)
     (sync,) = json.loads(body)["backend"]["sync"]
     assert (status, sync["counters"], sync["unflushed_hits"], sync["intervals"]) == (
         200,
-        1,
-        4,
-        [60.0],
+        2,
+        8,
+        [30.0, 60.0],
     )
+    (view,) = backend.synced()
+    assert server.run(view.flush())
+    assert server.stat(FLUSHES) == 1
+    assert view.state()["unflushed_hits"] == 0
 
 
 def test_sync_is_read_on_rate_limit_and_refused_elsewhere(tmp_path: Path) -> None:
@@ -288,7 +303,7 @@ def test_sync_is_read_on_rate_limit_and_refused_elsewhere(tmp_path: Path) -> Non
     (tmp_path / "ok.yaml").write_text(SYNCED.replace("domain: s", "domain: ok"))
     config = load_directory(tmp_path)
     limits = [rule.limit for _, rule in config.iter_limits()]
-    assert [getattr(limit, "sync", None) for limit in limits] == [60.0, 0.0]
+    assert [getattr(limit, "sync", None) for limit in limits] == [60.0, None, 0.0]
     (tmp_path / "bad.yaml").write_text(
         "domain: bad\ndescriptors:\n"
         "  - key: a\n    sliding_window: {unit: minute, requests_per_unit: 5, sync: 1s}\n"
@@ -299,3 +314,34 @@ def test_sync_is_read_on_rate_limit_and_refused_elsewhere(tmp_path: Path) -> Non
     text = str(caught.value)
     assert "bad.yaml:4" in text and "supported by rate_limit (fixed windows) only" in text
     assert "bad.yaml:6" in text and "sync 120s is out of range" in text
+
+
+def test_the_flusher_outlives_the_deadline_of_the_request_that_started_it(
+    redis_server: RedisProcess,
+) -> None:
+    """The background flush runs on a timer of its own and keeps sending after the
+    deadline of the request that started it has passed."""
+    clock = ManualClock(START)
+    key = unique_prefix() + "k"
+
+    async def scenario() -> int:
+        backend = redis_backend(redis_server.url, timeout=2.0, server_time=False)
+        await backend.start()
+        view = SyncedFixedWindows(RedisFixedWindows(backend.connection), clock)
+        try:
+            token = ANSWER_BY.set(time.monotonic() + 0.2)
+            await view.apply([op(clock, key, sync=0.01)], stop_when_over=False)
+            ANSWER_BY.reset(token)
+            await asyncio.sleep(0.3)  # past that deadline
+            await view.apply([op(clock, key, sync=0.01)], stop_when_over=False)
+            for _ in range(400):  # until a flush carries the second hit
+                (counted,) = await view.exact.peek([op(clock, key)])
+                if counted == 2:
+                    break
+                await asyncio.sleep(0.01)
+            return counted
+        finally:
+            await view.close()
+            await backend.close()
+
+    assert run(scenario) == 2

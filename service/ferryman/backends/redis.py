@@ -37,14 +37,22 @@ class RedisBackend:
     name = "redis"
 
     def __init__(
-        self, target: RedisTarget, *, jitter_max: int = 0, server_time: bool = True
+        self,
+        target: RedisTarget,
+        *,
+        jitter_max: int = 0,
+        server_time: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         """``server_time``: decisions take their time from Redis (TIME) so replicas with
-        skewed clocks agree; tests that drive a clock turn this off and pass ``now``."""
+        skewed clocks agree; tests that drive a clock turn this off and pass ``now`` (and
+        ``clock``, which tells the synced counters when their windows end)."""
         self.target = target
         self.server_time = server_time
         self.connection = RedisConnection(target)
-        options = StoreOptions(SystemClock(), jitter_max=jitter_max, server_time=server_time)
+        options = StoreOptions(
+            clock or SystemClock(), jitter_max=jitter_max, server_time=server_time
+        )
         self._stores: dict[str, Any] = {
             a.name: a.redis_store(self.connection, options) for a in ALGORITHMS
         }

@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -54,6 +54,15 @@ log = logging.getLogger("ferryman.redis")
 
 # Cluster redirections (MOVED, ASK) followed for one call before it fails.
 MAX_REDIRECTS = 5
+_AGAIN = object()  # run_slots: a call not sent with the others
+
+
+def _sent_again(reply: object) -> bool:
+    """Whether a Cluster script call's error means it did not run and goes again alone."""
+    if isinstance(reply, rex.NoScriptError):
+        return True
+    return isinstance(reply, rex.ResponseError) and str(reply).startswith(("MOVED ", "ASK "))
+
 
 _TRANSIENT = (
     rex.ConnectionError,
@@ -687,6 +696,50 @@ class RedisConnection:
             reply = await self._on_cluster(script, keys, args, own)
         self.answered()
         return reply
+
+    async def run_slots(
+        self, script: LuaScript, calls: Sequence[tuple[list[str], list[Any]]]
+    ) -> list[Any]:
+        """EVALSHA ``script`` once per ``(keys, args)`` of ``calls``, each call's keys on one
+        slot of a Cluster: all queued in one turn on their nodes' pipelined connections, so
+        each node gets one write and the nodes answer at once. A call redirected (MOVED,
+        ASK), sent to a node without the script or not yet connected is sent again on its
+        own (none of those ran). The replies in order, or BackendError by the caller's
+        deadline."""
+        client = self._client
+        if client is None:
+            raise BackendError("redis backend is not started")
+        if self.breaker_open:
+            raise self.refuse()
+        by, own = self.deadlines()
+        first = self.deadline_arg(by)
+        async with self.errors(by):
+            if not client.nodes_manager.slots_cache:
+                await client.initialize()
+            nodes = client.nodes_manager
+            sent: list[asyncio.Future[Any] | None] = []
+            for keys, args in calls:
+                node = nodes.get_node_from_slot(key_slot(keys[0].encode()))
+                pipe = self._node_pipe(node.host, node.port)
+                sent.append(
+                    pipe.send("EVALSHA", script.sha, len(keys), *keys, first, *args, by=own)
+                )
+            waiting = [f for f in sent if f is not None]
+            replies = iter(await asyncio.gather(*waiting, return_exceptions=True))
+            out = []
+            for (keys, args), future in zip(calls, sent, strict=True):
+                reply = _AGAIN if future is None else next(replies)
+                if reply is _AGAIN or _sent_again(reply):
+                    reply = await self._on_cluster(script, keys, [first, *args], own)
+                elif isinstance(reply, BaseException):
+                    if isinstance(reply, rex.ConnectionError | ConnectionError) and not isinstance(
+                        reply, DeadlineError
+                    ):
+                        self._refresh_soon()
+                    raise reply
+                out.append(reply)
+        self.answered()
+        return out
 
     async def delete(self, keys: list[str]) -> int:
         """Delete ``keys`` (one slot) at once; how many existed."""

@@ -434,6 +434,21 @@ class PipelinedRedis:
                 raise reply
         return replies[1]
 
+    def send(self, *args: Any, by: float | None = None) -> asyncio.Future[Any] | None:
+        """Queue one command on the open connection, as :meth:`execute` does, and return
+        the future of its reply (no task, no await: a caller sending to several nodes
+        queues them all in one turn); None when no connection is open or it is full, for
+        the caller to use :meth:`execute`."""
+        channel = self._link
+        if channel is None or channel.closed or len(channel.waiters) >= MAX_IN_FLIGHT:
+            return None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        deadline = time.monotonic() + self._timeout
+        channel.queue(pack_command(args), waiter, deadline)
+        if by is not None and by < deadline:
+            channel.watch(by, waiter)
+        return waiter
+
     async def execute(self, *args: Any, by: float | None = None, force: bool = False) -> Any:
         """Send one command and return its reply.
 

@@ -89,9 +89,11 @@ class RedisFixedWindows:
             return await apply_only_over(
                 ops, current, lambda chosen: self.apply(chosen, stop_when_over=False)
             )
-        # A Cluster: one script call per slot, on the slots' nodes in parallel.
-        calls = [conn.run(self._script, g.keys, g.args) for g in groups]
-        raw = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        # A Cluster: one script call per slot, on the slots' nodes at once (one write each).
+        if len(groups) == 1:
+            raw = [await conn.run(self._script, groups[0].keys, groups[0].args)]
+        else:
+            raw = await conn.run_slots(self._script, [(g.keys, g.args) for g in groups])
         replies = [[int(x) for x in reply] for reply in raw]
         out: list[CounterResult | None] = [None] * len(ops)
         for group, reply in zip(groups, replies, strict=True):

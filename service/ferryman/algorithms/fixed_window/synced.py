@@ -17,14 +17,15 @@ for a whole interval, is dropped at the next flush (a later request reads it aga
 Redis unreachable: counters in the view keep deciding from their last global count; their
 hits wait and go with the first flush that succeeds, counted once (hits are taken from the
 pending count only when Redis has answered). A counter first seen during the outage starts
-from 0 (a *blind* counter, counted). Failed flushes, blind counters and the last error are
-counted and shown in /status.
+from 0 (a *blind* counter, counted). Failed reads and flushes, blind counters and the last
+error are counted and shown in /status.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextvars
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,10 @@ from ferryman.clock import Clock
 from ferryman.errors import BackendError
 from ferryman.tasks import cancel
 
-__all__ = ["BLIND", "FLUSHES", "FLUSH_FAILURES", "SyncedFixedWindows"]
+__all__ = ["BLIND", "FAILURES", "FLUSHES", "SyncedFixedWindows"]
 
 FLUSHES = "ratelimit.service.redis.sync.flushes"
-FLUSH_FAILURES = "ratelimit.service.redis.sync.flush_failures"
+FAILURES = "ratelimit.service.redis.sync.failures"  # failed reads and flushes
 BLIND = "ratelimit.service.redis.sync.blind_counters"
 
 
@@ -76,18 +77,23 @@ class SyncedFixedWindows:
         self.failures = 0
         self.blind = 0
         self.last_error = ""
-        # Where flushes, failures and blind counters are counted (the service's Stats.inc).
+        # Where flushes, failed reads and flushes, and blind counters are counted (the
+        # service's Stats.inc).
         self.report: Callable[[str, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._view)
 
-    async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
+    def apply(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> Coroutine[Any, Any, list[CounterResult]]:
         for op in ops:
             if op.sync > 0:
-                break
-        else:  # the exact mode's path, unchanged
-            return await self.exact.apply(ops, stop_when_over=stop_when_over)
+                return self._synced(ops, stop_when_over)
+        # Exact mode's own call, not wrapped in another coroutine: it pays nothing here.
+        return self.exact.apply(ops, stop_when_over=stop_when_over)
+
+    async def _synced(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[CounterResult]:
         synced = [i for i, op in enumerate(ops) if op.sync > 0]
         if len(synced) == len(ops):
             return await self._local(ops, stop_when_over)
@@ -149,8 +155,10 @@ class SyncedFixedWindows:
                 self._view[op.key] = _Counter(op, value)
             task = self._loops.get(op.sync)
             if self._background and (task is None or task.done()):
+                # A context of its own: the request that starts it must not lend the
+                # flusher its deadline (ANSWER_BY), nor its trace.
                 self._loops[op.sync] = asyncio.create_task(
-                    self._run(op.sync), name="ferryman-redis-sync"
+                    self._run(op.sync), name="ferryman-redis-sync", context=contextvars.Context()
                 )
         return loaded
 
@@ -189,10 +197,12 @@ class SyncedFixedWindows:
             return True
         try:
             results = await self.exact.apply([op for _, op in batch], stop_when_over=False)
-        except BackendError as exc:
-            for counter, op in batch:  # not counted: sent again with the next flush
+        except BaseException as exc:  # BackendError, or cancelled (by close): sent again
+            for counter, op in batch:
                 counter.sending -= op.hits
                 counter.pending += op.hits
+            if not isinstance(exc, BackendError):
+                raise
             self._failed(exc)
             return False
         for (counter, op), result in zip(batch, results, strict=True):
@@ -206,7 +216,7 @@ class SyncedFixedWindows:
     def _failed(self, exc: BackendError) -> None:
         self.failures += 1
         self.last_error = str(exc)
-        self._report(FLUSH_FAILURES, 1)
+        self._report(FAILURES, 1)
 
     def _report(self, name: str, amount: int) -> None:
         if self.report is not None:
@@ -222,13 +232,13 @@ class SyncedFixedWindows:
 
     def state(self) -> dict[str, Any]:
         """The view for /status: counters held, own hits not yet flushed, the intervals
-        flushed, flushes, failed flushes, blind counters and the last error."""
+        flushed, flushes, failed reads and flushes, blind counters and the last error."""
         return {
             "counters": len(self._view),
             "unflushed_hits": sum(c.pending + c.sending for c in self._view.values()),
             "intervals": sorted(self._loops),
             "flushes": self.flushes,
-            "flush_failures": self.failures,
+            "failures": self.failures,
             "blind_counters": self.blind,
             "degraded": bool(self.last_error),
             "last_error": self.last_error or None,
