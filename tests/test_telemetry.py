@@ -553,7 +553,7 @@ def test_status_page_reports_config_backend_and_cache(
     assert config["last_error"] is None and config["last_error_at"] is None
     assert config["files"] == [str(config_dir.path / "shop.yaml")]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", config["loaded_at"])
-    assert page["backend"] == {"name": "memory", "healthy": True, "connections": []}
+    assert page["backend"] == {"name": "memory", "healthy": True, "connections": [], "sync": []}
     assert page["local_cache"]["entries"] == 1 and page["local_cache"]["max_bytes"] == 50_000
     assert page["stats"]["max_series"] == 10_000 and page["stats"]["series"] > 0
     assert "nodes" not in page

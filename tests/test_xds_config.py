@@ -23,7 +23,7 @@ from helpers import rate_of
 from helpers.certs import Authority
 from helpers.serve_process import ServeProcess
 from helpers.server import descriptor, overall, rls_stub, wait_for
-from helpers.xds import ManagementServer, limited, rate_limit_config
+from helpers.xds_management import ManagementServer, limited, rate_limit_config
 
 Pb = rls_conf_pb2
 
