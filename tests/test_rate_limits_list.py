@@ -153,7 +153,8 @@ def test_random_traces_on_redis_agree_with_memory(
     store: Store, steps: list[tuple[int, str, int]]
 ) -> None:
     """Every decision and every limit's remaining and reset equal the memory store's, on a
-    list of a 10 s window, a 30 s sliding window, a calendar day and a GCRA limit."""
+    list of a 10 s window, a 30 s sliding window, a calendar day, a GCRA limit and a token
+    bucket."""
     text = (
         "domain: l\ndescriptors:\n  - key: k\n    rate_limits:\n"
         "      - {window: 10s, requests_per_unit: 4}\n"
@@ -161,6 +162,7 @@ def test_random_traces_on_redis_agree_with_memory(
         "      - calendar: {unit: day, time_zone: Europe/Berlin}\n"
         "        requests_per_unit: 9\n"
         "      - gcra: {rate: 5, per: 3s, burst: 3}\n"
+        "      - token_bucket: {size: 5, fill_rate: 0.7, max_debt_millis: 900}\n"
     )
     limit = _limits(text)
     reference = memory_store(ManualClock(EPOCH))

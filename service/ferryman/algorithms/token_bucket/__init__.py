@@ -14,6 +14,7 @@ from typing import Any
 
 from yaml.nodes import Node
 
+from ferryman.algorithms.token_bucket.item import BucketStep
 from ferryman.algorithms.token_bucket.limiter import BucketLimiter, bucket_key, sustained
 from ferryman.algorithms.token_bucket.model import (
     BucketRef,
@@ -51,6 +52,7 @@ class TokenBucketAlgorithm(AlgorithmBase):
 
     name = KIND
     keys = (KIND,)
+    step_lua = (__name__, "bucket.lua", "item.lua")
     stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> NodeBucket | None:
@@ -75,6 +77,9 @@ class TokenBucketAlgorithm(AlgorithmBase):
 
     def rate(self, limit: NodeBucket) -> Rate | None:
         return Rate(limit.spec.fill_rate, float(limit.spec.size))
+
+    def stepper(self, limit: NodeBucket) -> BucketStep:
+        return BucketStep(limit)
 
     def reported(self, limit: NodeBucket) -> UnitLimit | None:
         return sustained(limit.spec)
