@@ -58,6 +58,8 @@ descriptors:
     token_bucket: {size: 2, fill_rate: 0.001}
   - key: sliding
     sliding_window: {unit: hour, requests_per_unit: 2}
+  - key: limits
+    rate_limits: [{unit: hour, requests_per_unit: 2}, {gcra: {rate: 1, per: 1h, burst: 5}}]
   - key: seats
     copies: {limit: 1, hold_ttl: 30s}
 """
@@ -394,14 +396,19 @@ def test_two_replicas_on_one_redis_share_versions(
 
 
 @pytest.mark.parametrize("which", ["served", pytest.param("redis_served", marks=pytest.mark.redis)])
-def test_a_reset_clears_burst_tiers_token_buckets_and_sliding_windows(
+def test_a_reset_clears_burst_tiers_token_buckets_sliding_windows_and_lists(
     which: str, request: pytest.FixtureRequest
 ) -> None:
     """Each kind at its limit is answered as from a fresh state after a reset; a tenant
     never counted holds nothing; held copies are freed only where no session holds them
     (none here)."""
     server: Served = request.getfixturevalue(which)
-    kinds = {"tiers": "burst_tiers", "bucket": "token_bucket", "sliding": "sliding_window"}
+    kinds = {
+        "tiers": "burst_tiers",
+        "bucket": "token_bucket",
+        "sliding": "sliding_window",
+        "limits": "limit_list",
+    }
     for key, kind in kinds.items():
         assert [server.hit("kinds", (key, "t1")) for _ in range(3)] == [200, 200, 429], key
         status, body = reset(
