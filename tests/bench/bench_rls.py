@@ -1325,15 +1325,11 @@ def target_checks(
     return out
 
 
-def synced_interval(env: Sequence[str]) -> float:
+def synced_interval(env: Mapping[str, str]) -> float:
     """REDIS_SYNC_INTERVAL among the ``--env`` settings, in seconds (0: exact)."""
     from ferryman.durations import parse_duration
 
-    for item in env:
-        name, _, value = item.partition("=")
-        if name == "REDIS_SYNC_INTERVAL":
-            return parse_duration(value)
-    return 0.0
+    return parse_duration(env.get("REDIS_SYNC_INTERVAL") or "0")
 
 
 def share_target(r: Result, synced: bool) -> tuple[float, str]:
