@@ -1203,7 +1203,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                 }
                 for round_ in range(args.repeat):
                     for (scenario, n), ceiling in ceilings.items():
-                        rate = ceiling.rps / 2
+                        rate = args.paced_rate or ceiling.rps / 2
                         for server in servers:
                             progress(
                                 f"[{round_ + 1}/{args.repeat}] {server.name}, "
@@ -1257,7 +1257,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             for sample in r.error_samples:
                 print(f"    error: {sample}")
         if half:
-            print("at half the ceiling's req/s:")
+            rate = f"{args.paced_rate:g}" if args.paced_rate else "half the ceiling's"
+            print(f"at {rate} req/s:")
             for r in half:
                 print(f"  {r.line()}")
         if checks:
@@ -1422,6 +1423,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--rate-seconds", type=float, default=4.0, help="length of a --half-rate run (default 4)"
+    )
+    parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=0.0,
+        help="with --half-rate: pace every case at this req/s instead of half the ceiling's",
     )
     parser.add_argument(
         "--workers",
