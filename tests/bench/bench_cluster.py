@@ -6,7 +6,8 @@ Usage::
 
 It starts a Redis Cluster of three masters (no replicas) on free loopback ports and runs
 ``bench_rls.py --backend redis+cluster://... --descriptors 1,3,6 --half-rate`` against it
-(add ``--pin --repeat 3`` as for the other figures; any other flag goes to bench_rls.py).
+(add ``--pin --repeat 3`` as for the other figures, ``--paced-rate 800`` to pace the latency
+runs at one rate for every case; any other flag goes to bench_rls.py).
 A request's descriptors land on different slots, most often on different nodes: ferryman
 asks every node it needs at once, one write per node, so the latency should hardly grow with
 the count (the reference asks the slots one after another). The figures are req/s against

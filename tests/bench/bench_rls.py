@@ -1206,7 +1206,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                 }
                 for round_ in range(args.repeat):
                     for (scenario, n), ceiling in ceilings.items():
-                        rate = ceiling.rps / 2
+                        rate = args.paced_rate or ceiling.rps / 2
                         for server in servers:
                             progress(
                                 f"[{round_ + 1}/{args.repeat}] {server.name}, "
@@ -1260,7 +1260,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             for sample in r.error_samples:
                 print(f"    error: {sample}")
         if half:
-            print("at half the ceiling's req/s:")
+            rate = f"{args.paced_rate:g}" if args.paced_rate else "half the ceiling's"
+            print(f"at {rate} req/s:")
             for r in half:
                 print(f"  {r.line()}")
         if checks:
@@ -1328,15 +1329,11 @@ def target_checks(
     return out
 
 
-def synced_interval(env: Sequence[str]) -> float:
+def synced_interval(env: Mapping[str, str]) -> float:
     """REDIS_SYNC_INTERVAL among the ``--env`` settings, in seconds (0: exact)."""
     from ferryman.durations import parse_duration
 
-    for item in env:
-        name, _, value = item.partition("=")
-        if name == "REDIS_SYNC_INTERVAL":
-            return parse_duration(value)
-    return 0.0
+    return parse_duration(env.get("REDIS_SYNC_INTERVAL") or "0")
 
 
 def share_target(r: Result, synced: bool) -> tuple[float, str]:
@@ -1429,6 +1426,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--rate-seconds", type=float, default=4.0, help="length of a --half-rate run (default 4)"
+    )
+    parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=0.0,
+        help="with --half-rate: pace every case at this req/s instead of half the ceiling's",
     )
     parser.add_argument(
         "--workers",
