@@ -131,6 +131,28 @@ class Stats:
         with self._lock:
             self._values[name] = self._values.get(name, 0) + amount
 
+    def outcome(
+        self,
+        key: str,
+        path: tuple[str, ...],
+        hits: int,
+        granted: bool,
+        shadow: bool,
+        waited: bool = False,
+    ) -> None:
+        """One decision's hits on a rule: ``total_hits``, then ``within_limit`` (and
+        ``served_with_wait`` after a wait) or ``over_limit`` (and ``shadow_mode`` when the
+        rule only counts)."""
+        self.rule(key, "total_hits", hits, path)
+        if granted:
+            self.rule(key, "within_limit", hits, path)
+            if waited:
+                self.rule(key, "served_with_wait", hits, path)
+            return
+        self.rule(key, "over_limit", hits, path)
+        if shadow:
+            self.rule(key, "shadow_mode", hits, path)
+
     def rule(
         self,
         key: str,

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from ferryman.core.rules import Domain, Rule
 from ferryman.stats import ValuePath
 
-__all__ = ["cache_key", "ends_at", "segment", "stats_key", "walk"]
+__all__ = ["cache_key", "ends_at", "segment", "stats_key", "tenant_key", "walk"]
+
+
+def tenant_key(prefix: str, tag: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
+    """The state of one tenant (the request's values) of a node, for kinds that keep one
+    key per tenant: ``<prefix>ferryman_<tag>_{<stats key>|<values>}``, the braces its own
+    Cluster hash tag."""
+    return f"{prefix}ferryman_{tag}_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
 
 
 def segment(key: str, value: str) -> str:

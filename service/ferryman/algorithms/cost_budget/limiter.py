@@ -17,6 +17,7 @@ from ferryman.algorithms.cost_budget.model import (
     BudgetStore,
 )
 from ferryman.algorithms.cost_budget.spec import CostBudget
+from ferryman.core import keys
 from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key
@@ -32,7 +33,7 @@ _NO_CAP = 2**52
 
 def tenant_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's budget (the request's values down to the node): its own hash tag."""
-    return f"{prefix}ferryman_budget_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
+    return keys.tenant_key(prefix, "budget", rule, entries)
 
 
 def budget_op(

@@ -15,7 +15,7 @@ from ferryman.algorithms.gcra.model import GcraResult, GcraStore
 from ferryman.algorithms.gcra.spec import Gcra
 from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally, unit_for
-from ferryman.core.keys import stats_key
+from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
@@ -25,7 +25,7 @@ __all__ = ["GcraItem", "GcraLimiter", "GcraRule", "gcra_key", "reported"]
 
 def gcra_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's TAT (the request's values): one key, its own hash tag."""
-    return f"{prefix}ferryman_gcra_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
+    return tenant_key(prefix, "gcra", rule, entries)
 
 
 def reported(limit: Gcra) -> UnitLimit:
@@ -95,16 +95,8 @@ class GcraLimiter:
         return [(1, store.take(g.key, g.limit.params, g.hits, 0, now)) for g in items]
 
     def count(self, item: GcraItem, granted: bool, waited: bool) -> None:
-        stats, key, labels, hits = self.stats, item.stats_key, item.stats_path, item.hits
-        stats.rule(key, "total_hits", hits, labels)
-        if granted:
-            stats.rule(key, "within_limit", hits, labels)
-            if waited:
-                stats.rule(key, "served_with_wait", hits, labels)
-        else:
-            stats.rule(key, "over_limit", hits, labels)
-            if item.rule.shadow_mode:
-                stats.rule(key, "shadow_mode", hits, labels)
+        stats, shadow = self.stats, item.rule.shadow_mode
+        stats.outcome(item.stats_key, item.stats_path, item.hits, granted, shadow, waited)
 
     def answer(
         self,

@@ -12,7 +12,7 @@ from ferryman.algorithms.limit_list.model import Checked, ListStore, Part
 from ferryman.algorithms.limit_list.spec import LimitList, ListedLimit
 from ferryman.core.algorithm import Algorithm, Call, Step
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
-from ferryman.core.keys import stats_key
+from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import Rule
 from ferryman.stats import Stats
 
@@ -21,7 +21,7 @@ __all__ = ["ListItem", "ListLimiter", "ListRule", "node_key"]
 
 def node_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's limits (the request's values): one hash, its own hash tag."""
-    return f"{prefix}ferryman_limits_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
+    return tenant_key(prefix, "limits", rule, entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +112,11 @@ class ListLimiter:
         """Stats counted for the node and each limit; the status of the limit closest to
         refusing (a refusing one first, the one whose reset is furthest)."""
         key, labels, hits = item.stats_key, item.stats_path, item.hits
-        self._count(key, labels, hits, checked.fits, item.rule.shadow_mode)
+        self.stats.outcome(key, labels, hits, checked.fits, item.rule.shadow_mode)
         for listed, step in zip(item.items, checked.steps, strict=True):
-            self._count(f"{key}.{listed.name}", (*labels, listed.name), hits, step.fits, False)
+            self.stats.outcome(
+                f"{key}.{listed.name}", (*labels, listed.name), hits, step.fits, False
+            )
         listed, step = min(
             zip(item.items, checked.steps, strict=True),
             key=lambda pair: (pair[1].fits, pair[1].remaining, -pair[1].reset_us),
@@ -127,18 +129,6 @@ class ListLimiter:
         shown = _part(listed, step, checked.fits, item.quota)
         shown.code, shown.parts = code, each
         return shown
-
-    def _count(
-        self, key: str, labels: tuple[str, ...], hits: int, fits: bool, shadow: bool
-    ) -> None:
-        stats = self.stats
-        stats.rule(key, "total_hits", hits, labels)
-        if fits:
-            stats.rule(key, "within_limit", hits, labels)
-            return
-        stats.rule(key, "over_limit", hits, labels)
-        if shadow:
-            stats.rule(key, "shadow_mode", hits, labels)
 
 
 def _part(listed: ListedLimit, step: Step, fits: bool, quota: bool) -> Status:

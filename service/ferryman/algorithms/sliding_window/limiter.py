@@ -13,7 +13,7 @@ from ferryman.algorithms.sliding_window.model import SlidingResult, SlidingStore
 from ferryman.algorithms.sliding_window.spec import SlidingWindow
 from ferryman.core.algorithm import Algorithm, Call
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
-from ferryman.core.keys import stats_key
+from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
@@ -22,7 +22,7 @@ __all__ = ["SlidingItem", "SlidingLimiter", "SlidingRule", "window_key"]
 
 def window_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's counter (the request's values): one key, its own hash tag."""
-    return f"{prefix}ferryman_sliding_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
+    return tenant_key(prefix, "sliding", rule, entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +106,8 @@ class SlidingLimiter:
             )
 
     def status(self, item: SlidingItem, result: SlidingResult) -> Status:
-        stats, key, labels, hits = self.stats, item.stats_key, item.stats_path, item.hits
-        stats.rule(key, "total_hits", hits, labels)
         shadow = item.rule.shadow_mode
-        if result.allowed:
-            stats.rule(key, "within_limit", hits, labels)
-        else:
-            stats.rule(key, "over_limit", hits, labels)
-            if shadow:
-                stats.rule(key, "shadow_mode", hits, labels)
+        self.stats.outcome(item.stats_key, item.stats_path, item.hits, result.allowed, shadow)
         limit = item.limit
         left = max(0, math.floor(limit.requests_per_unit - result.estimate))
         reset = math.ceil(result.left_us / 1e6)

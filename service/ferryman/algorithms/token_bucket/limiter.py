@@ -14,7 +14,7 @@ from ferryman.algorithms.token_bucket.model import BucketSpec, NodeBucketStore, 
 from ferryman.algorithms.token_bucket.spec import NodeBucket
 from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
-from ferryman.core.keys import stats_key
+from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import UNIT_SECONDS, Rule, UnitLimit
 from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
@@ -37,7 +37,7 @@ def sustained(spec: BucketSpec, name: str = "") -> UnitLimit:
 def bucket_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """The bucket of one tenant (the request's values) of a node: one key, whose hash tag
     is the whole name."""
-    return f"{prefix}ferryman_bucket_{{{rule.stats_key}|{'_'.join(v for _, v in entries)}}}"
+    return tenant_key(prefix, "bucket", rule, entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +104,8 @@ class BucketLimiter:
         return max(0, min(asked_millis, spec.wait_timeout_millis))
 
     def count(self, item: BucketItem, granted: bool, waited: bool) -> None:
-        stats, key, labels, hits = self.stats, item.stats_key, item.stats_path, item.hits
-        stats.rule(key, "total_hits", hits, labels)
-        if granted:
-            stats.rule(key, "within_limit", hits, labels)
-            if waited:
-                stats.rule(key, "served_with_wait", hits, labels)
-        else:
-            stats.rule(key, "over_limit", hits, labels)
-            if item.rule.shadow_mode:
-                stats.rule(key, "shadow_mode", hits, labels)
+        stats, shadow = self.stats, item.rule.shadow_mode
+        stats.outcome(item.stats_key, item.stats_path, item.hits, granted, shadow, waited)
 
     def answer(
         self,
