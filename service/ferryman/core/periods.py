@@ -170,7 +170,9 @@ class Calendar:
 
     def bounds(self, now: float) -> tuple[float, float]:
         """The start and end (epoch seconds) of the period containing ``now``."""
-        local = datetime.fromtimestamp(now, self._tz)
+        # Whole seconds: periods start on whole seconds, and a time a hair before one would
+        # be rounded up to it (fromtimestamp rounds to the microsecond).
+        local = datetime.fromtimestamp(math.floor(now), self._tz)
         day = local.date()
         if self.unit is Unit.DAY:
             first, after = day, day + timedelta(days=1)

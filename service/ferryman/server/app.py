@@ -52,7 +52,7 @@ from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.replay.decision_log import decision_log
-from ferryman.server import event_loop
+from ferryman.server import event_loop, heap
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env
@@ -726,6 +726,7 @@ async def run(service: Service, stop: asyncio.Event) -> None:
             starting.cancel()
             log.info("stopped while starting")
         await starting
+        heap.settle()
     except BaseException:
         # The start's own error is the one to report, not a failure to undo half of it.
         for task in (starting, stopping):

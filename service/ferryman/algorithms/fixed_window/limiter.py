@@ -28,7 +28,7 @@ from ferryman.core.periods import Period, UnitPeriod
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import LOCAL_CACHE_HITS, Stats
 
-__all__ = ["PlainCounter", "WindowItem", "WindowLimiter", "WindowRule"]
+__all__ = ["Compiled", "PlainCounter", "WindowItem", "WindowLimiter", "WindowRule", "Windows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,55 @@ class PlainCounter:
     w: float | None  # the window's exact length, for the headers (None: the unit's)
 
 
+@dataclass(slots=True)
+class Compiled:
+    """A compiled request's counters, and the ops of the windows it was last sent in
+    (they hold from ``start`` to ``end``)."""
+
+    counters: tuple[PlainCounter, ...]
+    ops: list[CounterOp] = field(default_factory=list)
+    start: float = math.inf
+    end: float = -math.inf
+
+    def renew(self, now: float, windows: Windows) -> None:
+        """The ops of the windows ``now`` falls in."""
+        ops = []
+        start, end = -math.inf, math.inf
+        for c in self.counters:
+            w = c.window
+            suffix, expires_at, ttl, begins, ends = windows.at(c.period, now)
+            rpu = w.limit.requests_per_unit
+            ops.append(CounterOp(c.base + suffix, c.hits, rpu, expires_at, ttl, w.sync))
+            start, end = max(start, begins), min(end, ends)
+        self.ops, self.start, self.end = ops, start, end
+
+
+# A period's current window: key suffix, expires_at, ttl, start and end.
+Window = tuple[str, int, int, float, float]
+
+
+class Windows:
+    """The window each period is in, worked out once per window rather than per request."""
+
+    #: Periods kept (a config has few; reloads may bring new ones).
+    MAX = 1024
+
+    def __init__(self) -> None:
+        self._current: dict[Period, Window] = {}
+
+    def at(self, period: Period, now: float) -> Window:
+        """The window of ``period`` that ``now`` falls in."""
+        got = self._current.get(period)
+        if got is not None and got[3] <= now < got[4]:
+            return got
+        suffix, start, end = period.window(now)
+        got = (suffix, math.ceil(end), max(1, math.ceil(end - start)), start, end)
+        if len(self._current) >= self.MAX:
+            self._current.clear()
+        self._current[period] = got
+        return got
+
+
 class WindowLimiter:
     """Plans and answers the fixed-window descriptors of requests."""
 
@@ -91,6 +140,7 @@ class WindowLimiter:
         self.opts = opts
         self.stats = stats
         self.local = OverLimitCache(opts.local_cache_bytes) if opts.local_cache_bytes > 0 else None
+        self.windows = Windows()
 
     def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> WindowRule:
         rule = path[-1]
@@ -181,9 +231,9 @@ class WindowLimiter:
         return CounterOp(base + suffix, hits, limit, math.ceil(end), ttl, sync)
 
     def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
-        item.op = self.op(
-            base, item.period, item.hits, item.limit.requests_per_unit, now, item.sync
-        )
+        suffix, expires_at, ttl, _, _ = self.windows.at(item.period, now)
+        limit = item.limit.requests_per_unit
+        item.op = CounterOp(base + suffix, item.hits, limit, expires_at, ttl, item.sync)
         local = self.local
         if local is not None:
             if item.hits < 0:
@@ -209,7 +259,7 @@ class WindowLimiter:
         prepared: Sequence[WindowRule | None],
         entries: Sequence[Sequence[tuple[str, str]]],
         hits: Sequence[int],
-    ) -> tuple[PlainCounter, ...] | None:
+    ) -> Compiled | None:
         """The counters of a request whose descriptors (each ``prepared``, with its
         ``entries`` and ``hits``) are all plain windows that add hits, replace no other rule
         and skip no local cache: such a request is answered by :meth:`send` and
@@ -229,26 +279,20 @@ class WindowLimiter:
             row = (w.rule.stats_key, w.rule.stats_path)
             exact = None if w.period.exact else w.period.seconds
             out.append(PlainCounter(i, w, base, hits[i], near, row, w.period, exact))
-        return tuple(out)
+        return Compiled(tuple(out))
 
-    @staticmethod
-    def plain_ops(counters: Sequence[PlainCounter], now: float) -> list[CounterOp]:
-        """The store's ops for ``counters`` at ``now``."""
-        op = WindowLimiter.op
-        return [
-            op(c.base, c.period, c.hits, c.window.limit.requests_per_unit, now, c.window.sync)
-            for c in counters
-        ]
-
-    def send(self, store: FixedWindowStore, compiled: tuple[PlainCounter, ...], now: float) -> Call:
-        """A compiled request's one store call (:meth:`compile`): no plan."""
-        ops = self.plain_ops(compiled, now)
+    def send(self, store: FixedWindowStore, compiled: Compiled, now: float) -> Call:
+        """A compiled request's one store call (:meth:`compile`): no plan. The ops of the
+        windows ``now`` falls in are kept until one of them ends."""
+        if not compiled.start <= now < compiled.end:
+            compiled.renew(now, self.windows)
+        ops = compiled.ops
         return len(ops), store.apply(ops, stop_when_over=self.opts.stop_when_over)
 
     def finish(
-        self, compiled: tuple[PlainCounter, ...], replies: Sequence[CounterResult], now: float
+        self, compiled: Compiled, replies: Sequence[CounterResult], now: float
     ) -> tuple[list[Status | None], Tally]:
-        return self.plain_answer(compiled, replies, now)
+        return self.plain_answer(compiled.counters, replies, now)
 
     def plain_answer(
         self, counters: Sequence[PlainCounter], results: Sequence[CounterResult], now: float
@@ -258,6 +302,7 @@ class WindowLimiter:
         statuses: list[Status | None] = []
         tally = Tally()
         rows = []
+        over_limit, ok = Code.OVER_LIMIT, Code.OK
         for c, result in zip(counters, results, strict=True):
             w = c.window
             limit = w.limit
@@ -266,16 +311,18 @@ class WindowLimiter:
             hits = c.hits
             over, counts = split(hits, rpu, c.near, after - result.applied, after)
             rows.append((*c.row, counts))
-            if over and w.shadow:
-                self.stats.rule(c.row[0], "shadow_mode", hits, c.row[1])
-                over = False
-                remaining = 0
+            if over:
+                if w.shadow:
+                    self.stats.rule(c.row[0], "shadow_mode", hits, c.row[1])
+                    status = Status(ok, limit, 0, c.period.reset_after(now), w.quota, c.w)
+                    over = False
+                else:
+                    status = Status(over_limit, limit, 0, c.period.reset_after(now), w.quota, c.w)
             else:
-                remaining = 0 if over else rpu - after
-            code = Code.OVER_LIMIT if over else Code.OK
-            period = c.period
-            statuses.append(Status(code, limit, remaining, period.reset_after(now), w.quota, c.w))
-            tally.add(over, w.quota, w.metadata, c.index)
+                status = Status(ok, limit, rpu - after, c.period.reset_after(now), w.quota, c.w)
+            statuses.append(status)
+            if w.quota or over or w.metadata:
+                tally.add(over, w.quota, w.metadata, c.index)
         self.stats.rule_counts(rows)
         return statuses, tally
 
