@@ -55,6 +55,11 @@ class Requested(NamedTuple):
     rule: Rule | None
     granted: int
 
+    @property
+    def refused(self) -> bool:
+        """Granted fewer than ``min_copies``: none (a kind grants at least that many, or none)."""
+        return self.granted < max(1, self.min_copies)
+
 
 class DecisionWatcher(Protocol):
     """Told every decision: ShouldRateLimit's and ferryman.v1 Request's. Each method must

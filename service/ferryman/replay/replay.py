@@ -135,9 +135,10 @@ class Replay:
             self.refused += 1
 
     def requested(self, seen: Requested) -> None:
+        """A Request counts for the node it reached (none: unconfigured, counted nowhere)."""
         self.last = seen
         self.decisions += 1
-        refused = seen.granted < max(1, seen.min_copies)
+        refused = seen.refused
         if refused:
             self.refused += 1
         rule = seen.rule
@@ -222,8 +223,7 @@ def _compare_requests(changes: dict[Entries, Change], a: Requested, b: Requested
     if change is None:
         change = changes[a.entries] = Change()
     change.requests += 1
-    before = a.granted < max(1, a.min_copies)
-    after = b.granted < max(1, b.min_copies)
+    before, after = a.refused, b.refused
     if after and not before:
         change.newly_refused += 1
         change.first = a.now if change.first is None else change.first
