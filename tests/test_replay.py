@@ -1,25 +1,44 @@
-"""The decision log and ``ferryman replay``: a live server's log replayed gives the answers
-the server gave; the log never blocks (dropped and counted), rotates at its cap; replay
-compares two configs, reads Envoy access logs and draws its plot."""
+"""The decision log and ``ferryman replay``: a live server's log (ShouldRateLimit and
+ferryman.v1 Request decisions) replayed gives the answers the server gave; the log never
+blocks (dropped and counted), rotates at its cap; replay compares two configs, reads Envoy
+access logs and draws its plot."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.core.answers import Code, Decision, DescriptorRequest, Status
-from ferryman.engine.observe import Seen
-from ferryman.replay.decision_log import DecisionLog, read_log
-from ferryman.replay.replay import replay
+from ferryman.engine.observe import Requested, Seen
+from ferryman.replay.decision_log import (
+    DecisionLog,
+    Logged,
+    LoggedRequest,
+    decode,
+    encode,
+    read_log,
+)
+from ferryman.replay.replay import Replay, replay
 from ferryman.stats import Stats
 
-from helpers.server import EPOCH, ConfigDir, ServerFactory, codes, descriptor, wait_for
+from helpers.server import (
+    EPOCH,
+    ConfigDir,
+    Server,
+    ServerFactory,
+    codes,
+    descriptor,
+    limiter_stub,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,6 +56,32 @@ descriptors:
     burst_tiers:
       - {limit: 2, window: 1s, active: 1h}
       - {limit: 5, window: 1s, active: 2s, cooldown: 10s}
+"""
+
+# Charon's burst tiers asked over ferryman.v1, beside a domain that ignores its limits.
+CHARON = """
+domain: charon
+allow_unconfigured: true
+descriptors:
+  - key: tiers
+    burst_tiers:
+      - {limit: 2, window: 1s, active: 1h}
+      - {limit: 5, window: 1s, active: 2s, cooldown: 10s}
+"""
+SHADOW = """
+domain: shadow
+ignore_limits: true
+descriptors:
+  - key: tiers
+    burst_tiers:
+      - {limit: 1, window: 1s, active: 1h}
+"""
+TIGHT = """
+domain: charon
+descriptors:
+  - key: tiers
+    burst_tiers:
+      - {limit: 1, window: 1s, active: 1h}
 """
 
 
@@ -67,15 +112,14 @@ def test_a_live_servers_decision_log_replays_to_the_answers_it_gave(
     server.ask("nowhere", [("k", "v")])
     wait_for("every line written", lambda: len(log.read_text().splitlines()) == 241)
     assert "OVER_LIMIT" in "".join(answered) and "OK" in "".join(answered)
-    logged = list(read_log(log))
+    logged = [x for x in read_log(log) if isinstance(x, Logged)]
+    assert len(logged) == 241
     assert [",".join(x.codes) for x in logged[:-1]] == answered
     config = load_sources([("web.yaml", CONFIG)])
     outcome = asyncio.run(replay(logged, config))
     again: list[str] = []
 
     async def each() -> None:
-        from ferryman.replay.replay import Replay
-
         fresh = Replay(config)
         for item in logged:
             decision = await fresh.decide(item)
@@ -88,15 +132,105 @@ def test_a_live_servers_decision_log_replays_to_the_answers_it_gave(
     assert rules["web.user"].requests == 240
 
 
+def _ask_v1(server: Server, domain: str, entry: tuple[str, str], copies: int, least: int) -> int:
+    request = limiter_pb2.RateRequest(
+        domain=domain,
+        descriptor=[limiter_pb2.Entry(key=entry[0], value=entry[1])],
+        copies=copies,
+        min_copies=least,
+    )
+    reply: limiter_pb2.RateResponse = limiter_stub(server.channel).Request(request, timeout=10)
+    return reply.granted
+
+
+def test_a_live_servers_v1_requests_replay_to_the_copies_it_granted(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock, tmp_path: Path
+) -> None:
+    """ferryman.v1 Requests on a burst-tier node (whole and partial grants, refusals), on
+    an unconfigured descriptor and on an ignore_limits domain, with ShouldRateLimit on the
+    same node between them, are logged a line each; replaying the log grants, request by
+    request, the copies the server granted, each rule's requests, refusals and shadow
+    violations are the server's, and a tighter node names the tenants it newly refuses."""
+    config_dir.write("charon.yaml", CHARON)
+    config_dir.write("shadow.yaml", SHADOW)
+    log = tmp_path / "decisions.jsonl"
+    server = make_server(decision_log=str(log))
+    granted: list[int] = []
+    live: Counter[str] = Counter()  # charon.tiers' requests and refusals, both APIs
+    for i in range(150):
+        clock.set(EPOCH + i * 0.1)
+        tenant, copies = ("tiers", f"t{i % 2}"), 1 + i % 3
+        if i % 10 == 9:
+            refused = codes(server.ask("charon", [tenant])) == ["OVER_LIMIT"]
+            live.update(["requests"] + ["refused"] * refused)
+            continue
+        domain, entry = {4: ("shadow", tenant), 7: ("charon", ("job", "j"))}.get(
+            i % 10, ("charon", tenant)
+        )
+        got = _ask_v1(server, domain, entry, copies, copies if i % 4 else 1)
+        granted.append(got)
+        if domain == "charon" and entry == tenant:
+            live.update(["requests"] + ["refused"] * (got == 0))
+    wait_for("every line written", lambda: len(log.read_text().splitlines()) == 150)
+    assert live["refused"] and 0 in granted and any(0 < g < 3 for g in granted)
+    logged = list(read_log(log))
+    asked = [x for x in logged if isinstance(x, LoggedRequest)]
+    assert [x.granted for x in asked] == granted
+    assert {x.rule for x in asked} == {"charon.tiers", "shadow.tiers", None}
+    config = load_sources([("charon.yaml", CHARON), ("shadow.yaml", SHADOW)])
+
+    async def again() -> list[int]:
+        fresh, out = Replay(config), []
+        for item in logged:  # in order: ShouldRateLimit moves the same tiers
+            if isinstance(item, LoggedRequest):
+                out.append((await fresh.decide(item)).granted)
+            else:
+                await fresh.decide(item)
+        return out
+
+    assert asyncio.run(again()) == granted
+    tight = load_sources([("charon.yaml", TIGHT), ("shadow.yaml", SHADOW)])
+    outcome = asyncio.run(replay(logged, config, tight))
+    rules = {r.rule: r for r in outcome.config.results()}
+    assert (rules["charon.tiers"].requests, rules["charon.tiers"].refused) == (
+        live["requests"],
+        live["refused"],
+    )
+    shadowed = server.stat("ratelimit.service.rate_limit.shadow.tiers.shadow_mode")
+    assert shadowed and (rules["shadow.tiers"].refused, rules["shadow.tiers"].shadow) == (
+        0,
+        shadowed,
+    )
+    assert outcome.changes[(("tiers", "t0"),)].newly_refused > 0
+
+
+def test_a_request_line_reads_back_as_it_was_written() -> None:
+    """A ferryman.v1 Request decision is one line marked "api": "request" that reads back as
+    what was asked, the node reached (or none) and the copies granted; a line of an
+    unknown api is not a decision log line."""
+    rule = load_sources([("charon.yaml", CHARON)]).domains["charon"].root.match("tiers", "t")
+    entries = (("tiers", "t"), ("sub", "x"))
+    line = encode(Requested(EPOCH + 0.5, "charon", entries, 3, 1, 250, rule, 2))
+    assert "\n" not in line and json.loads(line)["api"] == "request"
+    assert decode(line) == LoggedRequest(
+        EPOCH + 0.5, "charon", entries, 3, 1, 250, "charon.tiers", 2
+    )
+    unconfigured = encode(Requested(EPOCH, "charon", (("job", "j"),), 4, 4, 0, None, 4))
+    assert decode(unconfigured) == LoggedRequest(EPOCH, "charon", (("job", "j"),), 4, 4, 0, None, 4)
+    with pytest.raises(ValueError, match="unknown api"):
+        decode(line.replace('"request"', '"lease"'))
+
+
 def test_a_full_queue_drops_and_counts_and_never_blocks(tmp_path: Path) -> None:
     """With the writer not keeping up (here not started), decisions past the queue's size
-    are dropped at once and counted."""
+    (ShouldRateLimit's and Request's alike) are dropped at once and counted."""
     stats = Stats()
     log = DecisionLog(tmp_path / "d.jsonl", stats, size=2)
     for i in range(5):
         log.decided(_seen(EPOCH + i))
-    assert log.dropped == 3
-    assert stats.get("ratelimit.service.decision_log.dropped") == 3
+    log.requested(Requested(EPOCH, "charon", (("job", "j"),), 1, 1, 0, None, 1))
+    assert log.dropped == 4
+    assert stats.get("ratelimit.service.decision_log.dropped") == 4
 
 
 def test_the_log_rotates_at_its_cap_and_survives_an_unwritable_path(tmp_path: Path) -> None:

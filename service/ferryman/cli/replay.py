@@ -15,7 +15,7 @@ from ferryman.cli.common import RAW, load_config
 
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
-    from ferryman.replay.decision_log import Logged
+    from ferryman.replay.decision_log import Logged, LoggedRequest
 
 __all__ = ["add_parser", "run"]
 
@@ -59,7 +59,7 @@ def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argp
     return replay
 
 
-def _requests(args: argparse.Namespace) -> Iterable[Logged]:
+def _requests(args: argparse.Namespace) -> Iterable[Logged | LoggedRequest]:
     if args.envoy:
         from ferryman.cli.envoy_log import read_access_log
 

@@ -30,7 +30,7 @@ from ferryman.core.answers import (
 from ferryman.core.keys import walk
 from ferryman.core.rules import Domain, Level, Rule
 from ferryman.engine import response
-from ferryman.engine.observe import DecisionWatcher, Seen, Unconfigured
+from ferryman.engine.observe import DecisionWatcher, Requested, Seen, Unconfigured
 from ferryman.engine.validate import check_descriptor, check_request
 from ferryman.errors import BackendError, NotFoundError, RequestError
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, Stats
@@ -450,33 +450,51 @@ class RateLimitEngine:
         none) on a node whose kind answers it, or a client error naming what the
         descriptor reaches instead. A domain's ``allow_unconfigured`` grants (and records)
         a descriptor that reaches no such node; its ``ignore_limits`` grants every copy
-        asked for, the refused ones counted as the rule's shadow_mode."""
+        asked for, the refused ones counted as the rule's shadow_mode. The watchers are
+        told each answer (not the client errors)."""
         kinds, wanted = self._requested
         config = self._source.config
         dom = None if config is None else config.domains.get(domain)
+        # One instant per decision, the one logged: a replay decides again at it.
+        now = self._clock.now()
+        rule: Rule | None = None
         try:
             path = self.resolve(domain, entries, kinds, wanted)
         except NotFoundError:
             if dom is None or not dom.allow_unconfigured:
                 raise
-            self.unconfigured.record(domain, (DescriptorRequest(entries),), copies, self.now())
-            return Granted(copies, {}, {})
-        rule = path[-1]
+            self.unconfigured.record(domain, (DescriptorRequest(entries),), copies, now)
+            granted = Granted(copies, {}, {})
+        else:
+            rule = path[-1]
+            ask = Ask(domain, entries, tuple(path), copies, min_copies, max_wait_millis)
+            granted = await self._request_node(ask, now, dom is not None and dom.ignore_limits)
+        if self.watchers:
+            seen = Requested(
+                now, domain, entries, copies, min_copies, max_wait_millis, rule, granted.granted
+            )
+            for watcher in self.watchers:
+                watcher.requested(seen)
+        return granted
+
+    async def _request_node(self, ask: Ask, now: float, ignore_limits: bool) -> Granted:
+        """``ask`` answered by its node's kind at ``now``; with ``ignore_limits`` every copy
+        is granted, the refused ones counted as the rule's shadow_mode."""
+        rule = ask.path[-1]
         assert rule.limit is not None
         name = rule.limit.kind
         limiter = self.limiters[name]
         assert isinstance(limiter, Requests)
-        ask = Ask(domain, entries, tuple(path), copies, min_copies, max_wait_millis)
 
         def timed(items: int, call: Awaitable[Any]) -> Awaitable[Any]:
             return self.timed(name, items, call)
 
-        granted = await limiter.request(self._backend.store(name), ask, self._clock.now, timed)
-        if dom is not None and dom.ignore_limits and granted.granted < copies:
+        granted = await limiter.request(self._backend.store(name), ask, lambda: now, timed)
+        if ignore_limits and granted.granted < ask.copies:
             self._stats.rule(
-                rule.stats_key, "shadow_mode", copies - granted.granted, rule.stats_path
+                rule.stats_key, "shadow_mode", ask.copies - granted.granted, rule.stats_path
             )
-            return Granted(copies, granted.fields, {})
+            return Granted(ask.copies, granted.fields, {})
         return granted
 
     def resolve(

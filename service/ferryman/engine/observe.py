@@ -1,5 +1,11 @@
 """What the engine tells about its decisions: the traffic no rule covers (a domain's
-``allow_unconfigured``) and, to whoever watches, every decision (the decision log).
+``allow_unconfigured``) and, to whoever watches (the decision log, replay), every decision.
+
+A watcher is told each decision as it is made, by the kind of call: a ShouldRateLimit
+decision as a :class:`Seen` (to :meth:`DecisionWatcher.decided`), a ferryman.v1 ``Request``
+as a :class:`Requested` (to :meth:`DecisionWatcher.requested`). Both carry the time the
+engine decided at and the rule reached, so that a replay on a virtual clock decides again
+at the same instant.
 
 The descriptors no rule covers are kept per domain as a space-saving top-k: a bounded table
 of the most frequent ones, each with its count (an over-estimate by at most its ``error``)
@@ -16,7 +22,7 @@ from ferryman.core.answers import Decision, DescriptorRequest
 from ferryman.core.rules import Rule
 from ferryman.stats import Stats
 
-__all__ = ["DecisionWatcher", "Seen", "SpaceSaving", "TopK", "Unconfigured"]
+__all__ = ["DecisionWatcher", "Requested", "Seen", "SpaceSaving", "TopK", "Unconfigured"]
 
 #: The descriptors kept per domain, and the domains kept, by default.
 TOP_K = 50
@@ -35,11 +41,33 @@ class Seen(NamedTuple):
     decision: Decision
 
 
+class Requested(NamedTuple):
+    """One ferryman.v1 ``Request`` as answered: when, on what, the node reached (None: none,
+    granted under the domain's ``allow_unconfigured``), and the copies granted (those of an
+    ``ignore_limits`` domain included)."""
+
+    now: float
+    domain: str
+    entries: tuple[tuple[str, str], ...]
+    copies: int
+    min_copies: int
+    max_wait_millis: int
+    rule: Rule | None
+    granted: int
+
+    @property
+    def refused(self) -> bool:
+        """Granted fewer than ``min_copies``: none (a kind grants at least that many, or none)."""
+        return self.granted < max(1, self.min_copies)
+
+
 class DecisionWatcher(Protocol):
-    """Told every decision of ShouldRateLimit; it must return at once (the decision log
-    hands the line to a writer thread)."""
+    """Told every decision: ShouldRateLimit's and ferryman.v1 Request's. Each method must
+    return at once (the decision log hands the line to a writer thread)."""
 
     def decided(self, seen: Seen) -> None: ...
+
+    def requested(self, seen: Requested) -> None: ...
 
 
 class SpaceSaving:

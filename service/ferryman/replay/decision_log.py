@@ -1,10 +1,21 @@
-"""The decision log: one JSON line per ShouldRateLimit decision (``DECISION_LOG``), and its
-reader.
+"""The decision log: one JSON line per decision (``DECISION_LOG``), and its reader.
 
-A line is ``{"t", "domain", "hits", "descriptors", "rules", "codes", "code"}``: the time the
-engine decided at, the request's domain and ``hits_addend``, each descriptor (its entries,
-and its own hits, sign and limit override when it has them), the rule each reached (its
-stats key, or null), each descriptor's answer and the request's.
+A decision is one of two calls, as the engine's watchers are told them (a
+:class:`~ferryman.engine.observe.Seen` or a :class:`~ferryman.engine.observe.Requested`),
+and its line says which:
+
+- ShouldRateLimit: ``{"t", "domain", "hits", "descriptors", "rules", "codes", "code"}``: the
+  time the engine decided at, the request's domain and ``hits_addend``, each descriptor
+  (its entries, and its own hits, sign and limit override when it has them), the rule each
+  reached (its stats key, or null), each descriptor's answer and the request's. Read back
+  as a :class:`Logged`.
+- ferryman.v1 ``Request``: ``{"t", "api": "request", "domain", "entries", "copies",
+  "min_copies", "max_wait_millis", "rule", "granted"}``: the time, what was asked, the
+  node reached (its stats key, or null when none was and ``allow_unconfigured`` granted
+  it) and the copies granted. Read back as a :class:`LoggedRequest`.
+
+A line without ``api`` is a ShouldRateLimit one (so logs written before Request lines
+existed read as they did); an ``api`` other than ``request`` is not a decision log line.
 
 Lines are written by a thread, never by the event loop: a decision is put on a bounded
 queue and, when the queue is full (the disk is slow or full), dropped and counted.
@@ -26,15 +37,17 @@ from typing import IO, Any, NamedTuple
 
 from ferryman.core.answers import DescriptorRequest
 from ferryman.core.rules import Unit, UnitLimit
-from ferryman.engine.observe import Seen
+from ferryman.engine.observe import Requested, Seen
 from ferryman.errors import FerrymanError
 from ferryman.settings import Settings
 from ferryman.stats import SERVICE, Stats
 
-__all__ = ["DecisionLog", "Logged", "decision_log", "encode", "read_log"]
+__all__ = ["DecisionLog", "Logged", "LoggedRequest", "decision_log", "decode", "encode", "read_log"]
 
 log = logging.getLogger("ferryman")
 
+#: The ``api`` of a ferryman.v1 Request line (a ShouldRateLimit line has none).
+REQUEST = "request"
 WRITTEN = f"{SERVICE}.decision_log.written"
 DROPPED = f"{SERVICE}.decision_log.dropped"
 #: Decisions waiting for the writer; past this they are dropped.
@@ -57,8 +70,27 @@ def _descriptor(desc: DescriptorRequest) -> dict[str, Any]:
     return out
 
 
-def encode(seen: Seen) -> str:
+def _encode_request(seen: Requested) -> str:
+    return json.dumps(
+        {
+            "t": seen.now,
+            "api": REQUEST,
+            "domain": seen.domain,
+            "entries": [list(pair) for pair in seen.entries],
+            "copies": seen.copies,
+            "min_copies": seen.min_copies,
+            "max_wait_millis": seen.max_wait_millis,
+            "rule": None if seen.rule is None else seen.rule.stats_key,
+            "granted": seen.granted,
+        },
+        separators=(",", ":"),
+    )
+
+
+def encode(seen: Seen | Requested) -> str:
     """One decision as its line (without the newline)."""
+    if isinstance(seen, Requested):
+        return _encode_request(seen)
     statuses = seen.decision.statuses
     return json.dumps(
         {
@@ -88,6 +120,34 @@ class Logged(NamedTuple):
     key: str | None = None
 
 
+class LoggedRequest(NamedTuple):
+    """One ferryman.v1 ``Request`` line of a decision log, read back: what was asked, the
+    node reached (its stats key; None: none) and the copies granted."""
+
+    t: float
+    domain: str
+    entries: tuple[tuple[str, str], ...]
+    copies: int
+    min_copies: int
+    max_wait_millis: int
+    rule: str | None
+    granted: int
+
+
+def _read_request(raw: dict[str, Any]) -> LoggedRequest:
+    rule = raw["rule"]
+    return LoggedRequest(
+        float(raw["t"]),
+        str(raw["domain"]),
+        tuple((str(k), str(v)) for k, v in raw["entries"]),
+        int(raw["copies"]),
+        int(raw["min_copies"]),
+        int(raw["max_wait_millis"]),
+        None if rule is None else str(rule),
+        int(raw["granted"]),
+    )
+
+
 def _read_descriptor(item: dict[str, Any]) -> DescriptorRequest:
     entries = tuple((str(k), str(v)) for k, v in item["entries"])
     limit = None
@@ -99,11 +159,16 @@ def _read_descriptor(item: dict[str, Any]) -> DescriptorRequest:
     return DescriptorRequest(entries, limit, item.get("hits"), bool(item.get("negative", False)))
 
 
-def decode(line: str) -> Logged:
+def decode(line: str) -> Logged | LoggedRequest:
     """A line as the request it logged and the answers given; ValueError when it is not a
     decision log line."""
     try:
         raw = json.loads(line)
+        api = raw.get("api")
+        if api == REQUEST:
+            return _read_request(raw)
+        if api is not None:
+            raise ValueError(f"unknown api {api!r}")
         start, end = line.find(',"domain"'), line.find(',"rules"')
         return Logged(
             float(raw["t"]),
@@ -118,7 +183,7 @@ def decode(line: str) -> Logged:
         raise ValueError(f"not a decision log line: {exc!r}") from None
 
 
-def read_log(path: Path) -> Iterator[Logged]:
+def read_log(path: Path) -> Iterator[Logged | LoggedRequest]:
     """Every decision of a log file, in order; a FerrymanError names the first bad line.
     A request seen before (the same domain, hits and descriptors) is not decoded again."""
     seen: dict[str, Logged] = {}
@@ -132,7 +197,7 @@ def read_log(path: Path) -> Iterator[Logged]:
                 raise FerrymanError(f"{path}:{number}: {exc}") from None
 
 
-def _known(line: str, seen: dict[str, Logged]) -> Logged:
+def _known(line: str, seen: dict[str, Logged]) -> Logged | LoggedRequest:
     """``line`` decoded; for a request decoded before only its time is read (the writer
     puts it first). The requests decoded are remembered, up to a bound."""
     start, end = line.find(',"domain"'), line.find(',"rules"')
@@ -141,7 +206,10 @@ def _known(line: str, seen: dict[str, Logged]) -> Logged:
     key = line[start:end]
     found = seen.get(key)
     if found is None:
-        found = decode(line)
+        decoded = decode(line)
+        if not isinstance(decoded, Logged):
+            return decoded
+        found = decoded
         if len(seen) < KEPT:
             seen[key] = found
         return found
@@ -172,7 +240,7 @@ class DecisionLog:
         self.sample = sample
         self.max_bytes = max_bytes
         self._stats = stats
-        self._queue: queue.Queue[Seen | None] = queue.Queue(size)
+        self._queue: queue.Queue[Seen | Requested | None] = queue.Queue(size)
         self._thread: threading.Thread | None = None
         self._file: IO[str] | None = None
         self._size = 0
@@ -181,13 +249,18 @@ class DecisionLog:
         self.rotations = 0
         self.last_error: str | None = None
 
-    def decided(self, seen: Seen) -> None:
+    def decided(self, seen: Seen | Requested) -> None:
+        """Queue ``seen``'s line (one decision of a ``sample``), or drop and count it when
+        the queue is full."""
         if self.sample < 1.0 and random.random() >= self.sample:
             return
         try:
             self._queue.put_nowait(seen)
         except queue.Full:
             self._drop(1)
+
+    # A Request is logged as a ShouldRateLimit decision is: sampled, queued, dropped when full.
+    requested = decided
 
     def _drop(self, n: int) -> None:
         self.dropped += n
@@ -219,7 +292,7 @@ class DecisionLog:
 
     def _run(self) -> None:
         while True:
-            batch: list[Seen] = []
+            batch: list[Seen | Requested] = []
             try:
                 first = self._queue.get(timeout=FLUSH_SECONDS)
             except queue.Empty:
@@ -241,7 +314,7 @@ class DecisionLog:
                 self._close()
                 return
 
-    def _write(self, batch: list[Seen]) -> None:
+    def _write(self, batch: list[Seen | Requested]) -> None:
         if not batch:
             return
         text = "".join(encode(seen) + "\n" for seen in batch)

@@ -3,6 +3,8 @@ backend and a virtual clock set to each request's time, as fast as the engine go
 
 Every rule kind replays as it runs: the engine, its limiters and the memory stores are the
 service's own; only the clock is the log's. The replay reaches kinds only through the engine.
+A ferryman.v1 ``Request`` line is asked again through ``engine.request``; it counts for its
+rule as one request, refused when granted fewer than ``min_copies`` (none).
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import overload
 
 from ferryman.backends.memory import MemoryBackend
 from ferryman.config.model import Config
+from ferryman.core.algorithm import Granted
 from ferryman.core.answers import Code, Decision, EngineOptions
 from ferryman.engine import RateLimitEngine
-from ferryman.engine.observe import Seen
+from ferryman.engine.observe import Requested, Seen
 from ferryman.errors import RequestError
-from ferryman.replay.decision_log import Logged
+from ferryman.replay.decision_log import Logged, LoggedRequest
 from ferryman.stats import RATE_LIMIT, Stats
 
 __all__ = ["Change", "Outcome", "Replay", "RuleResult", "replay"]
@@ -100,7 +104,7 @@ class Replay:
         self.rules: dict[str, RuleResult] = {}
         self.decisions = 0
         self.refused = 0
-        self.last: Seen | None = None
+        self.last: Seen | Requested | None = None
 
     def decided(self, seen: Seen) -> None:
         self.last = seen
@@ -130,9 +134,43 @@ class Replay:
         if seen.decision.code is over:
             self.refused += 1
 
-    async def decide(self, logged: Logged) -> Decision:
-        """``logged`` decided again at its own time."""
+    def requested(self, seen: Requested) -> None:
+        """A Request counts for the node it reached (none: unconfigured, counted nowhere)."""
+        self.last = seen
+        self.decisions += 1
+        refused = seen.refused
+        if refused:
+            self.refused += 1
+        rule = seen.rule
+        if rule is None:
+            return
+        result = self.rules.get(rule.stats_key)
+        if result is None:
+            result = self.rules[rule.stats_key] = RuleResult(rule.stats_key)
+        result.requests += 1
+        result.seconds.setdefault(int(seen.now), [0, 0])[refused] += 1
+        if refused:
+            result.refused_by_tenant[seen.entries] += 1
+            if result.first_refusal is None:
+                result.first_refusal = seen.now
+
+    @overload
+    async def decide(self, logged: Logged) -> Decision: ...
+
+    @overload
+    async def decide(self, logged: LoggedRequest) -> Granted: ...
+
+    async def decide(self, logged: Logged | LoggedRequest) -> Decision | Granted:
+        """``logged`` decided again at its own time (a Request line: the copies granted)."""
         self.clock.t = logged.t
+        if isinstance(logged, LoggedRequest):
+            return await self.engine.request(
+                logged.domain,
+                logged.entries,
+                logged.copies,
+                logged.min_copies,
+                logged.max_wait_millis,
+            )
         if logged.key is None:
             return await self.engine.should_rate_limit(
                 logged.domain, logged.descriptors, logged.hits
@@ -179,8 +217,27 @@ class Outcome:
         return self.decisions / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _compare(changes: dict[Entries, Change], a: Seen, b: Seen) -> None:
+def _compare_requests(changes: dict[Entries, Change], a: Requested, b: Requested) -> None:
+    """A Request's answer under the two configs, for its tenant (its entries)."""
+    change = changes.get(a.entries)
+    if change is None:
+        change = changes[a.entries] = Change()
+    change.requests += 1
+    before, after = a.refused, b.refused
+    if after and not before:
+        change.newly_refused += 1
+        change.first = a.now if change.first is None else change.first
+        change.last = a.now
+    elif before and not after:
+        change.newly_allowed += 1
+
+
+def _compare(changes: dict[Entries, Change], a: Seen | Requested, b: Seen | Requested) -> None:
     """Each descriptor's answer under the two configs, by tenant (its entries)."""
+    if isinstance(a, Requested) or isinstance(b, Requested):
+        assert isinstance(a, Requested) and isinstance(b, Requested)
+        _compare_requests(changes, a, b)
+        return
     sa, sb = a.decision.statuses, b.decision.statuses
     for i, desc in enumerate(a.descriptors):
         entries = desc.entries
@@ -201,7 +258,7 @@ def _compare(changes: dict[Entries, Change], a: Seen, b: Seen) -> None:
 
 
 async def replay(
-    logged: Iterable[Logged],
+    logged: Iterable[Logged | LoggedRequest],
     config: Config,
     against: Config | None = None,
     options: EngineOptions | None = None,

@@ -336,8 +336,8 @@ class Settings:
         "DECISION_LOG",
         "",
         _TEXT,
-        "a file that receives one JSON line per ShouldRateLimit decision, written off the "
-        "request path, for `ferryman replay` (empty: off)",
+        "a file that receives one JSON line per decision (ShouldRateLimit and ferryman.v1 "
+        "Request), written off the request path, for `ferryman replay` (empty: off)",
     )
     decision_log_sample: float = LOGS.setting(
         "DECISION_LOG_SAMPLE",
