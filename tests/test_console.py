@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from importlib import resources
 from typing import Any
 
@@ -107,10 +108,12 @@ def test_latency_recorder_reports_mean_p99_and_failures_per_read() -> None:
     assert recorder.take()["calls"] == 0
 
 
-def test_latency_recorder_wraps_a_timer_and_counts_a_failing_call() -> None:
-    """The wrapped timer times the call, hands it on, and a raising call counts as failed."""
+def test_latency_recorder_times_a_call_and_counts_a_failing_one() -> None:
+    """``around`` times the call, hands its result on, and a raising call counts as failed."""
     recorder = LatencyRecorder()
-    timed = recorder.wrap(None)
+
+    def timed(_kind: str, _items: int, call: Awaitable[int]) -> Awaitable[int]:
+        return recorder.around(call)
 
     async def ok() -> int:
         return 7

@@ -139,6 +139,9 @@ def test_remembered_requests_are_answered_as_fresh_ones(name: str) -> None:
 class _Failing:
     """Fixed-window counters in memory whose every fifth apply fails, as a backend outage."""
 
+    # Every call goes through apply: a remote store, never answered at once.
+    apply_now = None
+
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.calls = 0

@@ -177,6 +177,11 @@ class Counters(Limiter, Protocol):
         """The one store call that answers a compiled request at ``now``."""
         ...
 
+    def answer_now(self, store: Any, compiled: Any, now: float) -> Any | None:
+        """The reply :meth:`send`'s call would give, when ``store`` can give it at once
+        (it lives in this process); None when the call must be sent."""
+        ...
+
     def finish(self, compiled: Any, replies: Any, now: float) -> tuple[list[Status | None], Tally]:
         """The statuses and tally of a compiled request, from its call's reply."""
         ...

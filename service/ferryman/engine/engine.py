@@ -12,6 +12,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Protocol, TypeVar, cast
 
 from ferryman.algorithms import ALGORITHMS, BY_NAME, COUNTERS
@@ -35,7 +36,14 @@ from ferryman.engine.validate import check_descriptor, check_request
 from ferryman.errors import BackendError, NotFoundError, RequestError
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, Stats
 
-__all__ = ["ALGORITHMS", "BackendTimer", "ConfigSource", "RateLimitEngine", "Request"]
+__all__ = [
+    "ALGORITHMS",
+    "BackendTimer",
+    "ConfigSource",
+    "LatencySink",
+    "RateLimitEngine",
+    "Request",
+]
 
 T = TypeVar("T")
 
@@ -57,6 +65,15 @@ class BackendTimer(Protocol):
     """Times and traces one backend call (telemetry); ``algorithm`` names the kind."""
 
     def __call__(self, algorithm: str, items: int, call: Awaitable[T]) -> Awaitable[T]: ...
+
+
+class LatencySink(Protocol):
+    """Where every backend call's time goes (the console's recorder): ``around`` times a
+    call that is awaited, ``record`` one that was answered at once."""
+
+    def record(self, seconds: float, failed: bool = False) -> None: ...
+
+    def around(self, call: Awaitable[T]) -> Awaitable[T]: ...
 
 
 # What a request asks, as the server edge converts it: domain, descriptors, hits_addend.
@@ -124,10 +141,12 @@ class RateLimitEngine:
         options: EngineOptions | None = None,
         *,
         timer: BackendTimer | None = None,
+        latency: LatencySink | None = None,
     ) -> None:
         self._source = source
         self._backend = backend
         self._timer = timer
+        self._latency = latency
         self._clock = clock
         self._stats = stats
         self.options = opts = options or EngineOptions()
@@ -163,7 +182,10 @@ class RateLimitEngine:
     def timed(self, name: str, items: int, call: Awaitable[T]) -> Awaitable[T]:
         """``call``, timed and traced as a store call of the kind ``name``."""
         timer = self._timer
-        return call if timer is None else timer(name, items, call)
+        if timer is not None:
+            call = timer(name, items, call)
+        latency = self._latency
+        return call if latency is None else latency.around(call)
 
     # -- ShouldRateLimit --------------------------------------------------------------------
 
@@ -291,14 +313,25 @@ class RateLimitEngine:
         return self._decision(domain, descriptors, hits_addend, plan.statuses, tally)
 
     async def _compiled(self, request: _Prepared, now: float) -> Decision:
-        """A request the counters answer whole, compiled: one store call, no plan."""
+        """A request the counters answer whole, compiled: one store call, no plan. A store
+        that can answer at once (in this process) is not awaited, unless its calls are
+        traced."""
         counters = self._counters
         compiled = request.compiled
-        items, call = counters.send(self._backend.store(COUNTERS.name), compiled, now)
-        try:
-            replies = await self.timed(COUNTERS.name, items, call)
-        except BackendError as error:
-            return self._degraded(error, request.descriptors)
+        store = self._backend.store(COUNTERS.name)
+        replies = None
+        if self._timer is None:
+            latency = self._latency
+            start = perf_counter()
+            replies = counters.answer_now(store, compiled, now)
+            if replies is not None and latency is not None:
+                latency.record(perf_counter() - start)
+        if replies is None:
+            items, call = counters.send(store, compiled, now)
+            try:
+                replies = await self.timed(COUNTERS.name, items, call)
+            except BackendError as error:
+                return self._degraded(error, request.descriptors)
         statuses, tally = counters.finish(compiled, replies, now)
         return self._decision(
             request.domain, request.descriptors, request.hits_addend, statuses, tally

@@ -339,7 +339,8 @@ class Service:
             self.clock,
             self.stats,
             engine_options(settings),
-            timer=self.backend_latency.wrap(self.telemetry.backend_timer(self.backend)),
+            timer=self.telemetry.backend_timer(self.backend),
+            latency=self.backend_latency,
         )
         self.decision_log = decision_log(settings, self.stats)
         if self.decision_log is not None:

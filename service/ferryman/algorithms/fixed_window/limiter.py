@@ -81,6 +81,12 @@ class PlainCounter:
     row: tuple[str, tuple[str, ...]]  # the stats' key and path
     period: Period
     w: float | None  # the window's exact length, for the headers (None: the unit's)
+    # Read from ``window`` on every request: kept flat.
+    limit: UnitLimit
+    rpu: int
+    quota: bool
+    shadow: bool
+    tallied: bool  # quota mode or metadata: the tally needs it when within the limit
 
 
 @dataclass(slots=True)
@@ -117,18 +123,22 @@ class Windows:
     MAX = 1024
 
     def __init__(self) -> None:
-        self._current: dict[Period, Window] = {}
+        # By the period's id (hashing a period costs more than the rest), with the period
+        # itself: an id is only that period's while it lives.
+        self._current: dict[int, tuple[Period, Window]] = {}
 
     def at(self, period: Period, now: float) -> Window:
         """The window of ``period`` that ``now`` falls in."""
-        got = self._current.get(period)
-        if got is not None and got[3] <= now < got[4]:
-            return got
+        kept = self._current.get(id(period))
+        if kept is not None and kept[0] is period:
+            got = kept[1]
+            if got[3] <= now < got[4]:
+                return got
         suffix, start, end = period.window(now)
         got = (suffix, math.ceil(end), max(1, math.ceil(end - start)), start, end)
         if len(self._current) >= self.MAX:
             self._current.clear()
-        self._current[period] = got
+        self._current[id(period)] = (period, got)
         return got
 
 
@@ -278,7 +288,25 @@ class WindowLimiter:
             near = math.floor(w.limit.requests_per_unit * ratio)
             row = (w.rule.stats_key, w.rule.stats_path)
             exact = None if w.period.exact else w.period.seconds
-            out.append(PlainCounter(i, w, base, hits[i], near, row, w.period, exact))
+            limit = w.limit
+            tallied = w.quota or bool(w.metadata)
+            out.append(
+                PlainCounter(
+                    i,
+                    w,
+                    base,
+                    hits[i],
+                    near,
+                    row,
+                    w.period,
+                    exact,
+                    limit,
+                    limit.requests_per_unit,
+                    w.quota,
+                    w.shadow,
+                    tallied,
+                )
+            )
         return Compiled(tuple(out))
 
     def send(self, store: FixedWindowStore, compiled: Compiled, now: float) -> Call:
@@ -288,6 +316,21 @@ class WindowLimiter:
             compiled.renew(now, self.windows)
         ops = compiled.ops
         return len(ops), store.apply(ops, stop_when_over=self.opts.stop_when_over)
+
+    def answer_now(
+        self, store: FixedWindowStore, compiled: Compiled, now: float
+    ) -> list[CounterResult] | None:
+        """:meth:`send`'s results at once, from a store that can give them without a wait
+        (``apply_now``: the memory store, synced counting's view); None: send the call."""
+        apply_now = getattr(store, "apply_now", None)
+        if apply_now is None:
+            return None
+        if not compiled.start <= now < compiled.end:
+            compiled.renew(now, self.windows)
+        results: list[CounterResult] | None = apply_now(
+            compiled.ops, stop_when_over=self.opts.stop_when_over
+        )
+        return results
 
     def finish(
         self, compiled: Compiled, replies: Sequence[CounterResult], now: float
@@ -304,25 +347,24 @@ class WindowLimiter:
         rows = []
         over_limit, ok = Code.OVER_LIMIT, Code.OK
         for c, result in zip(counters, results, strict=True):
-            w = c.window
-            limit = w.limit
-            rpu = limit.requests_per_unit
+            rpu = c.rpu
             after = result.after
-            hits = c.hits
-            over, counts = split(hits, rpu, c.near, after - result.applied, after)
+            over, counts = split(c.hits, rpu, c.near, after - result.applied, after)
             rows.append((*c.row, counts))
             if over:
-                if w.shadow:
-                    self.stats.rule(c.row[0], "shadow_mode", hits, c.row[1])
-                    status = Status(ok, limit, 0, c.period.reset_after(now), w.quota, c.w)
+                if c.shadow:
+                    self.stats.rule(c.row[0], "shadow_mode", c.hits, c.row[1])
+                    status = Status(ok, c.limit, 0, c.period.reset_after(now), c.quota, c.w)
                     over = False
                 else:
-                    status = Status(over_limit, limit, 0, c.period.reset_after(now), w.quota, c.w)
+                    reset = c.period.reset_after(now)
+                    status = Status(over_limit, c.limit, 0, reset, c.quota, c.w)
+                tally.add(over, c.quota, c.window.metadata, c.index)
             else:
-                status = Status(ok, limit, rpu - after, c.period.reset_after(now), w.quota, c.w)
+                status = Status(ok, c.limit, rpu - after, c.period.reset_after(now), c.quota, c.w)
+                if c.tallied:
+                    tally.add(over, c.quota, c.window.metadata, c.index)
             statuses.append(status)
-            if w.quota or over or w.metadata:
-                tally.add(over, w.quota, w.metadata, c.index)
         self.stats.rule_counts(rows)
         return statuses, tally
 

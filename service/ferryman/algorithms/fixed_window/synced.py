@@ -108,6 +108,17 @@ class SyncedFixedWindows:
             out[i] = r
         return [r for r in out if r is not None]
 
+    def apply_now(
+        self, ops: Sequence[CounterOp], *, stop_when_over: bool
+    ) -> list[CounterResult] | None:
+        """The ops decided from the view at once, when they are all synced and all in the
+        view; None when Redis must be asked first (:meth:`apply`)."""
+        view = self._view
+        for op in ops:
+            if op.sync <= 0 or op.key not in view:
+                return None
+        return self._decide(ops, stop_when_over, {})
+
     async def _local(self, ops: Sequence[CounterOp], stop_when_over: bool) -> list[CounterResult]:
         """The ops decided from the view, as the exact store decides them from Redis."""
         view = self._view
@@ -115,7 +126,14 @@ class SyncedFixedWindows:
         missing = [op for op in ops if op.key not in view]
         if missing:
             loaded = await self._load(missing)
-        # No await from here on: the view's arithmetic is atomic for concurrent requests.
+        return self._decide(ops, stop_when_over, loaded)
+
+    def _decide(
+        self, ops: Sequence[CounterOp], stop_when_over: bool, loaded: dict[str, int]
+    ) -> list[CounterResult]:
+        """The ops applied to the view (no await: atomic for concurrent requests); a
+        counter missing from it starts from ``loaded``."""
+        view = self._view
         counters = []
         for op in ops:
             counter = view.get(op.key)

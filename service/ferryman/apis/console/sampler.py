@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, TypeVar
 
-from ferryman.engine import BackendTimer
 from ferryman.engine.observe import SpaceSaving
 from ferryman.stats import CALL, REQUEST_CALL, RuleSeries, Stats
 from ferryman.tasks import cancel
@@ -67,22 +66,16 @@ class LatencyRecorder:
             w.slowest = seconds
         w.buckets[bisect.bisect_left(LATENCY_BOUNDS, seconds)] += 1
 
-    def wrap(self, inner: BackendTimer | None) -> BackendTimer:
-        """A backend timer that records here, then hands the call to ``inner`` (telemetry's
-        timer, when metrics or traces are on)."""
-        record = self.record
-
-        async def timed(algorithm: str, items: int, call: Awaitable[T]) -> T:
-            start = perf_counter()
-            failed = True
-            try:
-                result = await (call if inner is None else inner(algorithm, items, call))
-                failed = False
-                return result
-            finally:
-                record(perf_counter() - start, failed)
-
-        return timed
+    async def around(self, call: Awaitable[T]) -> T:
+        """``call``'s result, its time recorded here."""
+        start = perf_counter()
+        failed = True
+        try:
+            result = await call
+            failed = False
+            return result
+        finally:
+            self.record(perf_counter() - start, failed)
 
     def take(self) -> dict[str, float]:
         """What was recorded since the previous take, in milliseconds; starts afresh."""
