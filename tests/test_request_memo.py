@@ -140,7 +140,7 @@ class _Failing:
     """Fixed-window counters in memory whose every fifth apply fails, as a backend outage."""
 
     # Every call goes through apply: a remote store, never answered at once.
-    apply_now = None
+    at_once = False
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner

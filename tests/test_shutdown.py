@@ -33,6 +33,9 @@ CONFIG = (
 class SlowWindows(MemoryFixedWindows):
     """Memory fixed windows that take ``delay`` seconds per call, so a call can be in flight."""
 
+    # Every call goes through the slow apply: none is answered at once.
+    at_once = False
+
     def __init__(self, clock: Clock, delay: float) -> None:
         super().__init__(clock)
         self.delay = delay

@@ -322,8 +322,7 @@ class Service:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
-        # The Envoy files to explain, read first (a bad one stops the start before anything
-        # runs), and only when given: reading them needs the ferryman[envoy] extra.
+        # The Envoy files to explain, first: a bad one stops the start (needs ferryman[envoy]).
         routes = read_routes(settings.envoy_config_files)
         self.clock = clock or SystemClock()
         self.stats = Stats(settings.metrics_max_series, settings.max_metric_series)

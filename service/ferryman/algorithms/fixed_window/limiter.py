@@ -28,7 +28,14 @@ from ferryman.core.periods import Period, UnitPeriod
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import LOCAL_CACHE_HITS, Stats
 
-__all__ = ["Compiled", "PlainCounter", "WindowItem", "WindowLimiter", "WindowRule", "Windows"]
+__all__ = [
+    "CompiledCounters",
+    "CurrentWindows",
+    "PlainCounter",
+    "WindowItem",
+    "WindowLimiter",
+    "WindowRule",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +97,7 @@ class PlainCounter:
 
 
 @dataclass(slots=True)
-class Compiled:
+class CompiledCounters:
     """A compiled request's counters, and the ops of the windows it was last sent in
     (they hold from ``start`` to ``end``)."""
 
@@ -99,7 +106,7 @@ class Compiled:
     start: float = math.inf
     end: float = -math.inf
 
-    def renew(self, now: float, windows: Windows) -> None:
+    def renew(self, now: float, windows: CurrentWindows) -> None:
         """The ops of the windows ``now`` falls in."""
         ops = []
         start, end = -math.inf, math.inf
@@ -116,7 +123,7 @@ class Compiled:
 Window = tuple[str, int, int, float, float]
 
 
-class Windows:
+class CurrentWindows:
     """The window each period is in, worked out once per window rather than per request."""
 
     #: Periods kept (a config has few; reloads may bring new ones).
@@ -150,7 +157,7 @@ class WindowLimiter:
         self.opts = opts
         self.stats = stats
         self.local = OverLimitCache(opts.local_cache_bytes) if opts.local_cache_bytes > 0 else None
-        self.windows = Windows()
+        self.windows = CurrentWindows()
 
     def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> WindowRule:
         rule = path[-1]
@@ -269,7 +276,7 @@ class WindowLimiter:
         prepared: Sequence[WindowRule | None],
         entries: Sequence[Sequence[tuple[str, str]]],
         hits: Sequence[int],
-    ) -> Compiled | None:
+    ) -> CompiledCounters | None:
         """The counters of a request whose descriptors (each ``prepared``, with its
         ``entries`` and ``hits``) are all plain windows that add hits, replace no other rule
         and skip no local cache: such a request is answered by :meth:`send` and
@@ -307,9 +314,9 @@ class WindowLimiter:
                     tallied,
                 )
             )
-        return Compiled(tuple(out))
+        return CompiledCounters(tuple(out))
 
-    def send(self, store: FixedWindowStore, compiled: Compiled, now: float) -> Call:
+    def send(self, store: FixedWindowStore, compiled: CompiledCounters, now: float) -> Call:
         """A compiled request's one store call (:meth:`compile`): no plan. The ops of the
         windows ``now`` falls in are kept until one of them ends."""
         if not compiled.start <= now < compiled.end:
@@ -318,22 +325,22 @@ class WindowLimiter:
         return len(ops), store.apply(ops, stop_when_over=self.opts.stop_when_over)
 
     def answer_now(
-        self, store: FixedWindowStore, compiled: Compiled, now: float
+        self, store: FixedWindowStore, compiled: CompiledCounters, now: float
     ) -> list[CounterResult] | None:
-        """:meth:`send`'s results at once, from a store that can give them without a wait
-        (``apply_now``: the memory store, synced counting's view); None: send the call."""
-        apply_now = getattr(store, "apply_now", None)
-        if apply_now is None:
+        """:meth:`send`'s results at once, from a store that says it can give them without
+        a wait (``at_once``: the memory store, synced counting's view, whose ``apply_now``
+        may still decline with None); None: send the call."""
+        if not getattr(store, "at_once", False):
             return None
         if not compiled.start <= now < compiled.end:
             compiled.renew(now, self.windows)
-        results: list[CounterResult] | None = apply_now(
+        results: list[CounterResult] | None = store.apply_now(  # type: ignore[attr-defined]
             compiled.ops, stop_when_over=self.opts.stop_when_over
         )
         return results
 
     def finish(
-        self, compiled: Compiled, replies: Sequence[CounterResult], now: float
+        self, compiled: CompiledCounters, replies: Sequence[CounterResult], now: float
     ) -> tuple[list[Status | None], Tally]:
         return self.plain_answer(compiled.counters, replies, now)
 

@@ -106,6 +106,9 @@ class MemoryFixedWindows:
             heapq.heappush(self._heap, expires_at)
         bucket.append(key)
 
+    #: :meth:`apply` never waits: the engine may call :meth:`apply_now` instead.
+    at_once = True
+
     async def apply(self, ops: Sequence[CounterOp], *, stop_when_over: bool) -> list[CounterResult]:
         return self.apply_now(ops, stop_when_over=stop_when_over)
 

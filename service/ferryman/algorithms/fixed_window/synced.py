@@ -108,6 +108,9 @@ class SyncedFixedWindows:
             out[i] = r
         return [r for r in out if r is not None]
 
+    #: Synced ops in the view are decided without a wait (:meth:`apply_now`).
+    at_once = True
+
     def apply_now(
         self, ops: Sequence[CounterOp], *, stop_when_over: bool
     ) -> list[CounterResult] | None:
