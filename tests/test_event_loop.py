@@ -1,6 +1,7 @@
 """The event loop ``ferryman serve`` runs on: uvloop when installed (EVENT_LOOP=auto), or
 asyncio's own; a real server says which in its start line and /status, workers get the same,
-and the pipelined Redis client works on uvloop's transports."""
+and the pipelined Redis client works on uvloop's transports. The collector's settings of a
+serving process are reported beside the loop."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import redis
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from ferryman import heap
 from ferryman.cli import serve as serve_cli
 from ferryman.connections.redis_pipe import PipelinedRedis
 from ferryman.errors import SettingsError
@@ -160,12 +162,17 @@ def test_serve_runs_on_uvloop_by_default_and_reconnects_to_redis(
 
 
 def test_event_loop_asyncio_runs_on_asyncio(workdir: Path) -> None:
-    """EVENT_LOOP=asyncio: asyncio's own loop, in the start line and /status."""
+    """EVENT_LOOP=asyncio: asyncio's own loop, in the start line and /status; once serving,
+    the start-up heap is out of the collector's walks (/status counts it) and young
+    collections are spaced out."""
     process = ServeProcess(workdir, {"EVENT_LOOP": "asyncio"})
     try:
         process.wait_serving()
         assert "event loop asyncio" in process.text
-        assert process.status()["event_loop"] == "asyncio"
+        status = process.status()
+        assert status["event_loop"] == "asyncio"
+        assert status["heap"]["frozen"] > 10_000, status["heap"]
+        assert status["heap"]["young_threshold"] == heap.YOUNG
         assert _ask(process.grpc_port, "b") == "OK"
         assert process.stop() == 0, process.text
     finally:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
+from ferryman import heap
 from ferryman.access import Access, http_caller
 from ferryman.algorithms import algorithm_of
 from ferryman.apis.capacity import CapacityService
@@ -209,6 +210,7 @@ class Pages:
         return {
             "healthy": self.service.healthy(),
             "event_loop": self.service.event_loop,
+            "heap": heap.describe(),
             "config": {
                 "version": holder.version,
                 # The config API's version (its history's number), not the count of loads.

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ferryman import heap
 from ferryman.access import Access, LeaseLimits
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
@@ -52,7 +53,7 @@ from ferryman.engine.validate import MAX_MESSAGE_BYTES
 from ferryman.errors import SettingsError
 from ferryman.prometheus_mapping import StatsdMapping
 from ferryman.replay.decision_log import decision_log
-from ferryman.server import event_loop, heap
+from ferryman.server import event_loop
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["settle"]
+__all__ = ["describe", "settle"]
 
 #: Allocations between young collections (Python's default is 700).
 YOUNG = 10_000
@@ -26,3 +26,9 @@ def settle() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG, middle, old)
+
+
+def describe() -> dict[str, int]:
+    """The collector's state, for /status: the objects kept out of collections and the
+    allocations between young collections."""
+    return {"frozen": gc.get_freeze_count(), "young_threshold": gc.get_threshold()[0]}
