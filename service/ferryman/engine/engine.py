@@ -322,10 +322,13 @@ class RateLimitEngine:
         replies = None
         if self._timer is None:
             latency = self._latency
-            start = perf_counter()
-            replies = counters.answer_now(store, compiled, now)
-            if replies is not None and latency is not None:
-                latency.record(perf_counter() - start)
+            if latency is None:
+                replies = counters.answer_now(store, compiled, now)
+            else:
+                start = perf_counter()
+                replies = counters.answer_now(store, compiled, now)
+                if replies is not None:
+                    latency.record(perf_counter() - start)
         if replies is None:
             items, call = counters.send(store, compiled, now)
             try:

@@ -112,15 +112,27 @@ class CompiledCounters:
         start, end = -math.inf, math.inf
         for c in self.counters:
             w = c.window
-            suffix, expires_at, ttl, begins, ends = windows.at(c.period, now)
-            rpu = w.limit.requests_per_unit
-            ops.append(CounterOp(c.base + suffix, c.hits, rpu, expires_at, ttl, w.sync))
-            start, end = max(start, begins), min(end, ends)
+            window = windows.at(c.period, now)
+            ops.append(counter_op(c.base, window, c.hits, c.rpu, w.sync))
+            start, end = max(start, window[3]), min(end, window[4])
         self.ops, self.start, self.end = ops, start, end
 
 
 # A period's current window: key suffix, expires_at, ttl, start and end.
 Window = tuple[str, int, int, float, float]
+
+
+def window_of(period: Period, now: float) -> Window:
+    """The window of ``period`` that ``now`` falls in: its key lives as long as the window
+    (a whole second at least)."""
+    suffix, start, end = period.window(now)
+    return suffix, math.ceil(end), max(1, math.ceil(end - start)), start, end
+
+
+def counter_op(base: str, window: Window, hits: int, limit: int, sync: float) -> CounterOp:
+    """The op of a descriptor's ``base`` key (``cache_key``) in ``window``."""
+    suffix, expires_at, ttl, _, _ = window
+    return CounterOp(base + suffix, hits, limit, expires_at, ttl, sync)
 
 
 class CurrentWindows:
@@ -141,8 +153,7 @@ class CurrentWindows:
             got = kept[1]
             if got[3] <= now < got[4]:
                 return got
-        suffix, start, end = period.window(now)
-        got = (suffix, math.ceil(end), max(1, math.ceil(end - start)), start, end)
+        got = window_of(period, now)
         if len(self._current) >= self.MAX:
             self._current.clear()
         self._current[id(period)] = (period, got)
@@ -241,16 +252,13 @@ class WindowLimiter:
         base: str, period: Period, hits: int, limit: int, now: float, sync: float = 0.0
     ) -> CounterOp:
         """The counter op of the window ``now`` falls in, for a descriptor's ``base`` key
-        (``cache_key``): the key names the window's start, and lives as long as the window
-        (a whole second at least)."""
-        suffix, start, end = period.window(now)
-        ttl = max(1, math.ceil(end - start))
-        return CounterOp(base + suffix, hits, limit, math.ceil(end), ttl, sync)
+        (``cache_key``): the key names the window's start."""
+        return counter_op(base, window_of(period, now), hits, limit, sync)
 
     def _counted(self, item: WindowItem, base: str, now: float) -> WindowItem:
-        suffix, expires_at, ttl, _, _ = self.windows.at(item.period, now)
+        window = self.windows.at(item.period, now)
         limit = item.limit.requests_per_unit
-        item.op = CounterOp(base + suffix, item.hits, limit, expires_at, ttl, item.sync)
+        item.op = counter_op(base, window, item.hits, limit, item.sync)
         local = self.local
         if local is not None:
             if item.hits < 0:
