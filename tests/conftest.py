@@ -8,6 +8,12 @@ is marked with ``helpers.stores.on_stores``), which ``make_store``, ``store`` an
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,38 @@ from helpers.server import EPOCH, ConfigDir, Server, ServerFactory
 from helpers.stores import REDIS_FIXTURES, Store, redis_backend, unique_prefix
 
 StoreFactory = Callable[..., Backend]
+
+#: Seconds a test may take in all (setup, call, teardown) before the run is stopped with
+#: every thread's stack printed. pytest-timeout's limit (and pytest's faulthandler timeout)
+#: stop counting once a test has failed, so a teardown that then waited forever would hold
+#: the whole run until CI's own limit, with nothing printed.
+HARD_LIMIT = 300
+
+
+def _overrun(item: pytest.Item) -> None:
+    """On the watchdog's thread: print every stack, then interrupt the run."""
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=False)
+    sys.stderr.write(f"\n{item.nodeid}: over {HARD_LIMIT} s in all; every thread's stack:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    main = threading.main_thread().ident
+    if main is not None:
+        signal.pthread_kill(main, signal.SIGINT)  # ends a blocked call, unlike interrupt_main
+    time.sleep(60)
+    os._exit(1)  # the interrupt did not end the run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    watchdog = threading.Timer(HARD_LIMIT, _overrun, (item,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
 
 
 @pytest.fixture

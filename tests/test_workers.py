@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +40,15 @@ def children(pid: int) -> set[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """``pid`` is running (a zombie has exited: only its parent's wait is missing)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def ask(port: int, value: str) -> int:
     """POST /json for (k, value); the HTTP status (200 OK, 429 over the limit)."""
     body = {"domain": "w", "descriptors": [{"entries": [{"key": "k", "value": value}]}]}
@@ -62,12 +72,18 @@ class Workers:
         command += ["--workers", str(n), "--backend", backend]
         command += ["--grpc-port", str(free_port()), "--http-port", str(self.http_port)]
         command += ["--debug-port", str(free_port())]
-        self.proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        # A file, not a pipe: a worker that outlived its supervisor would hold a pipe open
+        # and a read of it would never end.
+        self.log = tmp_path / "output.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self.seen: set[int] = set()
+
+    def workers(self) -> set[int]:
+        """The supervisor's live workers now (each remembered, to be stopped at teardown)."""
+        now = children(self.proc.pid)
+        self.seen |= now
+        return now
 
     def up(self) -> bool:
         """Both workers listening on the HTTP port (the last port a worker binds)."""
@@ -92,20 +108,23 @@ class Workers:
             return self.proc.wait()
 
     def output(self) -> str:
-        """Everything the supervisor and its workers printed (once they have exited)."""
-        stdout = self.proc.stdout
-        if stdout is None or stdout.closed:
-            return ""
-        with stdout:
-            return stdout.read()
+        """Everything the supervisor and its workers have printed."""
+        return self.log.read_text()
+
+    def clean_up(self) -> None:
+        """Stop the supervisor, and kill any worker of it still alive."""
+        self.stop()
+        for pid in self.seen:
+            with contextlib.suppress(OSError):  # gone, or its number taken by another process
+                if f"{self.http_port}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def two_workers(tmp_path: Path, redis_server: RedisProcess) -> Iterator[Workers]:
     workers = Workers(tmp_path, redis_server.url, 2)
     yield workers
-    workers.stop()
-    workers.output()
+    workers.clean_up()
 
 
 def test_two_workers_serve_one_port_and_share_counters_through_redis(
@@ -125,36 +144,39 @@ def test_a_dead_worker_is_started_again_and_sigterm_stops_all_with_0(
     """kill -9 of a worker: a new one takes its place; SIGTERM: everyone exits, status 0."""
     wait_for("both workers listening", two_workers.up, 60)
     wait_for("the port answers", two_workers.healthy, 60)
-    first = children(two_workers.proc.pid)
+    first = two_workers.workers()
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
     wait_for(
         "a new worker",
-        lambda: len(now := children(two_workers.proc.pid)) == 2 and victim not in now,
+        lambda: len(now := two_workers.workers()) == 2 and victim not in now,
         30,
     )
     wait_for("both workers listening again", two_workers.up, 60)
     assert ask(two_workers.http_port, f"v{time.time_ns()}") == 200
-    workers = children(two_workers.proc.pid)
+    workers = two_workers.workers()
     assert two_workers.stop() == 0
-    assert all(not Path(f"/proc/{pid}").exists() or children(pid) == set() for pid in workers)
+    assert not any(alive(pid) for pid in workers)
     output = two_workers.output()
     assert "exited with" in output and "starting it again" in output
 
 
 def test_workers_stop_when_the_supervisor_is_killed(two_workers: Workers) -> None:
     """SIGKILL of the supervisor: its workers do not outlive it."""
-    wait_for("both workers up", lambda: len(children(two_workers.proc.pid)) == 2, 30)
-    workers = children(two_workers.proc.pid)
+    wait_for("both workers up", lambda: len(two_workers.workers()) == 2, 30)
+    workers = two_workers.workers()
     two_workers.proc.kill()
     two_workers.proc.wait()
-    wait_for("the workers gone", lambda: not any(Path(f"/proc/{p}").exists() for p in workers), 30)
+    wait_for("the workers gone", lambda: not any(alive(pid) for pid in workers), 30)
 
 
 def test_the_memory_backend_is_refused_with_several_workers(tmp_path: Path) -> None:
     """Counters in one process cannot be shared: exit 2, the message says to use Redis."""
     workers = Workers(tmp_path, "memory", 2)
-    assert workers.proc.wait(60) == 2
+    try:
+        assert workers.proc.wait(60) == 2
+    finally:
+        workers.clean_up()
     output = workers.output()
     assert "memory backend" in output and "Redis" in output
     assert "Traceback" not in output
