@@ -77,9 +77,11 @@ def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(
     stopping.result(timeout=10)
 
 
-def _start(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+def _start(
+    args: list[str], cwd: Path, env: dict[str, str], program: Sequence[str] = ("-m", "ferryman")
+) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ferryman", *args],
+        [sys.executable, *program, *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -119,6 +121,49 @@ def test_serve_on_the_default_config_answers_and_exits_0_on_sigterm(tmp_path: Pa
             assert reply.statuses[0].current_limit.requests_per_unit == 5
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+# ``ferryman serve`` whose stop never ends (it blocks the event loop), with a short margin.
+STUCK = """
+import sys, time
+from ferryman.cli import main, serve
+from ferryman.server.app import Service
+
+async def stuck(self, grace=None):
+    time.sleep(3600)
+
+Service.stop = stuck
+serve.STOP_MARGIN = 1.0
+sys.argv[0] = "ferryman"
+sys.exit(main())
+"""
+
+
+def test_a_stop_that_hangs_ends_after_the_grace_and_margin_with_every_stack(
+    tmp_path: Path,
+) -> None:
+    """A process that cannot finish stopping exits 1 once FERRYMAN_SHUTDOWN_GRACE and the
+    margin have passed, printing where each thread was."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
+    env["FERRYMAN_SHUTDOWN_GRACE"] = "1s"
+    proc, _ = _start(
+        ["serve", "--grpc-port", "0", "--http-port", "0", "--debug-port", "0"],
+        ROOT,
+        env,
+        program=("-c", STUCK),
+    )
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1
+        assert proc.stderr is not None
+        stacks = proc.stderr.read()
+        assert "Timeout (0:00:02)!" in stacks and "in stuck" in stacks
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 __all__ = ["add_parser", "run"]
 
 log = logging.getLogger("ferryman")
+
+#: Seconds a stopping process has beyond FERRYMAN_SHUTDOWN_GRACE (for the exporters' last
+#: push and the backend's close) before it exits with status 1 and every thread's stack
+#: printed: a worker whose supervisor was killed has nobody else to end it.
+STOP_MARGIN = 30.0
 
 EXAMPLES = """examples:
   ferryman serve                                  # descriptors/ here, memory backend
@@ -111,13 +117,22 @@ def run(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _stopping, stop, settings.shutdown_grace_seconds)
         await serve(Service(settings), stop)
 
     # The one place the service's event loop is chosen.
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(main())
     return 0
+
+
+def _stopping(stop: asyncio.Event, grace: float) -> None:
+    """SIGTERM or SIGINT: stop gracefully, and exit regardless once the grace and
+    STOP_MARGIN have passed (the deadline is kept by a thread of faulthandler's own, which
+    needs neither the event loop nor the interpreter's lock)."""
+    if not stop.is_set():
+        stop.set()
+        faulthandler.dump_traceback_later(grace + STOP_MARGIN, exit=True)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
