@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,13 +162,19 @@ def test_a_dead_worker_is_started_again_and_sigterm_stops_all_with_0(
     assert "exited with" in output and "starting it again" in output
 
 
+# A worker ended by the stop deadline is reported in the run's summary, not failed.
+@pytest.mark.filterwarnings("default")
 def test_workers_stop_when_the_supervisor_is_killed(two_workers: Workers) -> None:
     """SIGKILL of the supervisor: its workers do not outlive it."""
     wait_for("both workers up", lambda: len(two_workers.workers()) == 2, 30)
     workers = two_workers.workers()
     two_workers.proc.kill()
     two_workers.proc.wait()
-    wait_for("the workers gone", lambda: not any(alive(pid) for pid in workers), 30)
+    # Within FERRYMAN_SHUTDOWN_GRACE (10 s) and the stop margin (30 s) at worst.
+    wait_for("the workers gone", lambda: not any(alive(pid) for pid in workers), 60)
+    output = two_workers.output()
+    if "Timeout (" in output:  # the stop deadline ended a worker: its stacks say where
+        warnings.warn(f"a worker did not stop in its grace:\n{output}", stacklevel=1)
 
 
 def test_the_memory_backend_is_refused_with_several_workers(tmp_path: Path) -> None:
