@@ -7,25 +7,24 @@ ferryman.v1's ``Request``, which may wait (a shaper)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from ferryman.algorithms.gcra.model import GcraResult, GcraStore
 from ferryman.algorithms.gcra.spec import Gcra
-from ferryman.core.algorithm import Algorithm, Ask, Call, Granted, Timed
-from ferryman.core.answers import Code, EngineOptions, Status, Tally, unit_for
-from ferryman.core.keys import stats_key, tenant_key
+from ferryman.core.algorithm import Ask, Granted, Timed
+from ferryman.core.answers import Code, Status, unit_for
+from ferryman.core.keys import tenant_key
+from ferryman.core.per_tenant import TenantItem, TenantLimiter, first_granted
 from ferryman.core.rules import Rule, UnitLimit
-from ferryman.errors import BackendError
-from ferryman.stats import REQUEST_CALL, Stats
 
-__all__ = ["GcraItem", "GcraLimiter", "GcraRule", "gcra_key", "reported"]
+__all__ = ["GcraLimiter", "gcra_key", "reported"]
+
+TAG = "gcra"
 
 
 def gcra_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's TAT (the request's values): one key, its own hash tag."""
-    return tenant_key(prefix, "gcra", rule, entries)
+    return tenant_key(prefix, TAG, rule, entries)
 
 
 def reported(limit: Gcra) -> UnitLimit:
@@ -34,95 +33,32 @@ def reported(limit: Gcra) -> UnitLimit:
     return UnitLimit(limit.rate, unit_for(limit.per), name=limit.name)
 
 
-@dataclass(frozen=True, slots=True)
-class GcraRule:
-    rule: Rule
-    limit: Gcra
-    reported: UnitLimit
-    path: tuple[Rule, ...]
-    quota: bool
+class GcraLimiter(TenantLimiter[tuple[Gcra, UnitLimit], GcraResult]):
+    """Plans and answers GCRA descriptors (ShouldRateLimit and Limiter.Request); it keeps
+    each node's limit with the limit Envoy is told."""
 
+    tag = TAG
 
-@dataclass(slots=True)
-class GcraItem:
-    index: int
-    rule: Rule
-    limit: Gcra
-    reported: UnitLimit
-    key: str
-    stats_key: str
-    stats_path: tuple[str, ...]
-    hits: int
-    quota: bool
-
-
-class GcraLimiter:
-    """Plans and answers GCRA descriptors (ShouldRateLimit and Limiter.Request)."""
-
-    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
-        self.algorithm = algorithm
-        self.opts = opts
-        self.stats = stats
-
-    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> GcraRule:
-        rule = path[-1]
+    def keep(self, rule: Rule) -> tuple[Gcra, UnitLimit]:
         assert isinstance(rule.limit, Gcra)
-        return GcraRule(rule, rule.limit, reported(rule.limit), path, quota)
+        return rule.limit, reported(rule.limit)
 
-    def plan(
-        self,
-        prepared: GcraRule,
-        index: int,
-        domain: str,
-        entries: Sequence[tuple[str, str]],
-        hits: int,
-        now: float,
-    ) -> GcraItem:
-        key, parts = stats_key(domain, entries, prepared.path)
-        return GcraItem(
-            index,
-            prepared.rule,
-            prepared.limit,
-            prepared.reported,
-            gcra_key(self.opts.cache_key_prefix, prepared.rule, entries),
-            key,
-            parts,
-            max(hits, 0),  # time given out is not taken back: a negative hit only looks
-            prepared.quota,
-        )
+    def call(
+        self, store: GcraStore, item: TenantItem[tuple[Gcra, UnitLimit]], now: float
+    ) -> Awaitable[GcraResult]:
+        return store.take(item.key, item.limit[0].params, item.hits, 0, now)
 
-    def calls(self, store: GcraStore, items: Sequence[GcraItem], now: float) -> list[Call]:
-        return [(1, store.take(g.key, g.limit.params, g.hits, 0, now)) for g in items]
+    def fits(self, reply: GcraResult) -> bool:
+        return reply.allowed
 
-    def count(self, item: GcraItem, granted: bool, waited: bool) -> None:
-        stats, shadow = self.stats, item.rule.shadow_mode
-        stats.outcome(item.stats_key, item.stats_path, item.hits, granted, shadow, waited)
-
-    def answer(
-        self,
-        items: Sequence[GcraItem],
-        replies: Sequence[Any],
-        now: float,
-        statuses: list[Status | None],
-        tally: Tally,
-    ) -> None:
-        for item, result in zip(items, replies, strict=True):
-            status = self.status(item, result)
-            statuses[item.index] = status
-            over = not result.allowed
-            tally.add(
-                status.code is Code.OVER_LIMIT, item.quota, None if over else item.rule.metadata
-            )
-
-    def status(self, item: GcraItem, result: GcraResult) -> Status:
-        """The Envoy view of a decision (counted in stats)."""
-        self.count(item, result.allowed, False)
-        limit = item.limit
-        code = Code.OK if result.allowed or item.rule.shadow_mode else Code.OVER_LIMIT
-        shown = result.remaining if result.allowed else 0
-        reset = math.ceil(result.full_us / 1e6)
+    def status(self, item: TenantItem[tuple[Gcra, UnitLimit]], reply: GcraResult) -> Status:
+        self.count(item, reply.allowed)
+        limit, shown_limit = item.limit
+        code = Code.OK if reply.allowed or item.rule.shadow_mode else Code.OVER_LIMIT
+        shown = reply.remaining if reply.allowed else 0
+        reset = math.ceil(reply.full_us / 1e6)
         window = limit.burst * limit.per / limit.rate
-        return Status(code, item.reported, shown, reset, item.quota, window, limit.burst)
+        return Status(code, shown_limit, shown, reset, item.quota, window, limit.burst)
 
     async def request(
         self, store: GcraStore, ask: Ask, now: Callable[[], float], timed: Timed
@@ -133,26 +69,17 @@ class GcraLimiter:
         rule = ask.path[-1]
         limit = rule.limit
         assert isinstance(limit, Gcra)
-        key = gcra_key(self.opts.cache_key_prefix, rule, ask.entries)
+        key = self.key(rule, ask.entries)
         wait_us = max(0, ask.max_wait_millis) * 1000
-        granted, result = 0, None
-        try:
-            counts = (ask.copies, ask.min_copies) if ask.min_copies < ask.copies else (ask.copies,)
-            for n in counts:
-                result = await timed(1, store.take(key, limit.params, n, wait_us, now()))
-                if result.allowed:
-                    granted = n
-                    break
-        except BackendError:
-            if not self.opts.fail_open:
-                raise
-            self.stats.inc(f"{REQUEST_CALL}.degraded")
+
+        def take(n: int) -> Awaitable[GcraResult]:
+            return timed(1, store.take(key, limit.params, n, wait_us, now()))
+
+        decided = await first_granted(self, ask, take)
+        if decided is None:
             return Granted(ask.copies, {"tokens_remaining": limit.burst}, {})
-        assert result is not None
-        stats, parts = stats_key(ask.domain, ask.entries, ask.path)
-        quota = rule.quota_mode or self.opts.quota_mode
-        item = GcraItem(0, rule, limit, reported(limit), key, stats, parts, ask.copies, quota)
-        self.count(item, granted > 0, result.wait_us > 0)
+        granted, result = decided
+        self.count(self.asked(ask, key), granted > 0, result.wait_us > 0)
         return _granted(granted, result)
 
 

@@ -4,52 +4,39 @@ decides every limit at once, and the status of the limit closest to refusing."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ferryman.algorithms.limit_list.model import Checked, ListStore, Part
 from ferryman.algorithms.limit_list.spec import LimitList, ListedLimit
-from ferryman.core.algorithm import Algorithm, Call, Step
-from ferryman.core.answers import Code, EngineOptions, Status, Tally
-from ferryman.core.keys import stats_key, tenant_key
+from ferryman.core.algorithm import Step
+from ferryman.core.answers import Code, Status
+from ferryman.core.keys import tenant_key
+from ferryman.core.per_tenant import TenantItem, TenantLimiter
 from ferryman.core.rules import Rule
-from ferryman.stats import Stats
 
-__all__ = ["ListItem", "ListLimiter", "ListRule", "node_key"]
+__all__ = ["ListItem", "ListLimiter", "node_key"]
+
+TAG = "limits"
+
+Listed = tuple[ListedLimit, ...]
 
 
 def node_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
     """One tenant's limits (the request's values): one hash, its own hash tag."""
-    return tenant_key(prefix, "limits", rule, entries)
-
-
-@dataclass(frozen=True, slots=True)
-class ListRule:
-    rule: Rule
-    limits: LimitList
-    path: tuple[Rule, ...]
-    quota: bool
+    return tenant_key(prefix, TAG, rule, entries)
 
 
 @dataclass(slots=True)
-class ListItem:
-    """One descriptor decided against its node's limits (``items``, fewer when another
+class ListItem(TenantItem[Listed]):
+    """One descriptor decided against its node's limits (``limit``, fewer when another
     rule of the request replaces some of them)."""
-
-    index: int
-    rule: Rule
-    items: tuple[ListedLimit, ...]
-    key: str
-    stats_key: str
-    stats_path: tuple[str, ...]
-    hits: int
-    quota: bool
 
     def drop(self, replaced: set[str]) -> bool:
         """Leave out the limits ``replaced`` names; whether none is left."""
-        self.items = tuple(i for i in self.items if not (i.named and i.name in replaced))
-        return not self.items
+        self.limit = tuple(i for i in self.limit if not (i.named and i.name in replaced))
+        return not self.limit
 
 
 def parts(items: Sequence[ListedLimit], now: float) -> list[Part]:
@@ -57,76 +44,41 @@ def parts(items: Sequence[ListedLimit], now: float) -> list[Part]:
     return [Part(i.name, i.stepper, i.stepper.args(now)) for i in items]
 
 
-class ListLimiter:
+class ListLimiter(TenantLimiter[Listed, Checked]):
     """Plans and answers descriptors that reach a ``rate_limits`` node."""
 
-    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
-        self.algorithm = algorithm
-        self.opts = opts
-        self.stats = stats
+    tag = TAG
+    item = ListItem
 
-    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> ListRule:
-        rule = path[-1]
+    def keep(self, rule: Rule) -> Listed:
         assert isinstance(rule.limit, LimitList)
-        return ListRule(rule, rule.limit, path, quota)
+        return rule.limit.items
 
-    def plan(
-        self,
-        prepared: ListRule,
-        index: int,
-        domain: str,
-        entries: Sequence[tuple[str, str]],
-        hits: int,
-        now: float,
-    ) -> ListItem:
-        key, labels = stats_key(domain, entries, prepared.path)
-        return ListItem(
-            index,
-            prepared.rule,
-            prepared.limits.items,
-            node_key(self.opts.cache_key_prefix, prepared.rule, entries),
-            key,
-            labels,
-            max(hits, 0),  # nothing is given back: a negative hit only looks
-            prepared.quota,
-        )
+    def call(self, store: ListStore, item: TenantItem[Listed], now: float) -> Awaitable[Checked]:
+        return store.check(item.key, parts(item.limit, now), item.hits, now)
 
-    def calls(self, store: ListStore, items: Sequence[ListItem], now: float) -> list[Call]:
-        return [(1, store.check(i.key, parts(i.items, now), i.hits, now)) for i in items]
+    def fits(self, reply: Checked) -> bool:
+        return reply.fits
 
-    def answer(
-        self,
-        items: Sequence[ListItem],
-        replies: Sequence[Any],
-        now: float,
-        statuses: list[Status | None],
-        tally: Tally,
-    ) -> None:
-        for item, checked in zip(items, replies, strict=True):
-            status = self.status(item, checked)
-            statuses[item.index] = status
-            over = status.code is Code.OVER_LIMIT
-            tally.add(over, item.quota, None if not checked.fits else item.rule.metadata)
-
-    def status(self, item: ListItem, checked: Checked) -> Status:
+    def status(self, item: TenantItem[Listed], reply: Checked) -> Status:
         """Stats counted for the node and each limit; the status of the limit closest to
         refusing (a refusing one first, the one whose reset is furthest)."""
         key, labels, hits = item.stats_key, item.stats_path, item.hits
-        self.stats.outcome(key, labels, hits, checked.fits, item.rule.shadow_mode)
-        for listed, step in zip(item.items, checked.steps, strict=True):
+        self.count(item, reply.fits)
+        for listed, step in zip(item.limit, reply.steps, strict=True):
             self.stats.outcome(
                 f"{key}.{listed.name}", (*labels, listed.name), hits, step.fits, False
             )
         listed, step = min(
-            zip(item.items, checked.steps, strict=True),
+            zip(item.limit, reply.steps, strict=True),
             key=lambda pair: (pair[1].fits, pair[1].remaining, -pair[1].reset_us),
         )
-        code = Code.OK if checked.fits or item.rule.shadow_mode else Code.OVER_LIMIT
+        code = Code.OK if reply.fits or item.rule.shadow_mode else Code.OVER_LIMIT
         each = tuple(
-            _part(i, s, checked.fits, item.quota)
-            for i, s in zip(item.items, checked.steps, strict=True)
+            _part(i, s, reply.fits, item.quota)
+            for i, s in zip(item.limit, reply.steps, strict=True)
         )
-        shown = _part(listed, step, checked.fits, item.quota)
+        shown = _part(listed, step, reply.fits, item.quota)
         shown.code, shown.parts = code, each
         return shown
 

@@ -1,0 +1,153 @@
+"""The limiter shape of the kinds that keep one key per tenant (GCRA, token buckets, sliding
+windows, rate-limit lists): a node's rule prepared once, each descriptor planned as one item
+on its tenant's key, one store call per item, and each answer made a status, counted and
+tallied. A kind says what it keeps of its limit, which call it makes, whether an answer fits
+and what status it gives; the rest is written here once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ferryman.core.algorithm import Algorithm, Ask, Call
+from ferryman.core.answers import Code, EngineOptions, Status, Tally
+from ferryman.core.keys import stats_key, tenant_key
+from ferryman.core.rules import Rule
+from ferryman.errors import BackendError
+from ferryman.stats import REQUEST_CALL, Stats
+
+__all__ = ["TenantItem", "TenantLimiter", "TenantRule", "first_granted"]
+
+L = TypeVar("L")  # what a kind keeps of a node's limit
+R = TypeVar("R")  # the store's answer for one item
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRule(Generic[L]):
+    """A node's rule as its kind prepared it, once per config."""
+
+    rule: Rule
+    limit: L
+    path: tuple[Rule, ...]
+    quota: bool
+
+
+@dataclass(slots=True)
+class TenantItem(Generic[L]):
+    """One descriptor of a request, on its tenant's key."""
+
+    index: int
+    rule: Rule
+    limit: L
+    key: str
+    stats_key: str
+    stats_path: tuple[str, ...]
+    hits: int
+    quota: bool
+
+
+class TenantLimiter(Generic[L, R]):
+    """Plans and answers the descriptors of one kind that keeps a key per tenant."""
+
+    #: The kind's part of its keys (``ferryman_<tag>_{...}``).
+    tag: ClassVar[str]
+    item: ClassVar[type[TenantItem[Any]]] = TenantItem
+
+    def __init__(self, algorithm: Algorithm, opts: EngineOptions, stats: Stats) -> None:
+        self.algorithm = algorithm
+        self.opts = opts
+        self.stats = stats
+
+    # -- what a kind says ------------------------------------------------------------------
+
+    def keep(self, rule: Rule) -> L:
+        """What the kind keeps of ``rule``'s limit, worked out once per config."""
+        raise NotImplementedError
+
+    def call(self, store: Any, item: TenantItem[L], now: float) -> Awaitable[R]:
+        """The store's call deciding ``item``."""
+        raise NotImplementedError
+
+    def fits(self, reply: R) -> bool:
+        """Whether the store let the item's hits pass."""
+        raise NotImplementedError
+
+    def status(self, item: TenantItem[L], reply: R) -> Status:
+        """The Envoy view of the decision, its stats counted."""
+        raise NotImplementedError
+
+    # -- written once ----------------------------------------------------------------------
+
+    def key(self, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
+        """One tenant's state (the request's values): one key, its own hash tag."""
+        return tenant_key(self.opts.cache_key_prefix, self.tag, rule, entries)
+
+    def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> TenantRule[L]:
+        rule = path[-1]
+        return TenantRule(rule, self.keep(rule), path, quota)
+
+    def plan(
+        self,
+        prepared: TenantRule[L],
+        index: int,
+        domain: str,
+        entries: Sequence[tuple[str, str]],
+        hits: int,
+        now: float,
+    ) -> TenantItem[L]:
+        key, parts = stats_key(domain, entries, prepared.path)
+        rule = prepared.rule
+        # Nothing these kinds take is given back: a negative hit only looks.
+        hits = max(hits, 0)
+        tenant = self.key(rule, entries)
+        return self.item(index, rule, prepared.limit, tenant, key, parts, hits, prepared.quota)
+
+    def asked(self, ask: Ask, key: str) -> TenantItem[L]:
+        """The item a ferryman.v1 ``Request`` stands for (its copies as the hits)."""
+        rule = ask.path[-1]
+        stats, parts = stats_key(ask.domain, ask.entries, ask.path)
+        quota = rule.quota_mode or self.opts.quota_mode
+        return self.item(0, rule, self.keep(rule), key, stats, parts, ask.copies, quota)
+
+    def calls(self, store: Any, items: Sequence[TenantItem[L]], now: float) -> list[Call]:
+        return [(1, self.call(store, item, now)) for item in items]
+
+    def answer(
+        self,
+        items: Sequence[TenantItem[L]],
+        replies: Sequence[Any],
+        now: float,
+        statuses: list[Status | None],
+        tally: Tally,
+    ) -> None:
+        for item, reply in zip(items, replies, strict=True):
+            status = self.status(item, reply)
+            statuses[item.index] = status
+            metadata = item.rule.metadata if self.fits(reply) else None
+            tally.add(status.code is Code.OVER_LIMIT, item.quota, metadata)
+
+    def count(self, item: TenantItem[L], granted: bool, waited: bool = False) -> None:
+        """The node's outcome stats for ``item``."""
+        shadow = item.rule.shadow_mode
+        self.stats.outcome(item.stats_key, item.stats_path, item.hits, granted, shadow, waited)
+
+
+async def first_granted(
+    limiter: TenantLimiter[Any, R], ask: Ask, take: Callable[[int], Awaitable[R]]
+) -> tuple[int, R] | None:
+    """ferryman.v1's ``Request`` as a kind that takes copies answers it: ``copies``, else
+    ``min_copies``, else none; the copies granted and the last answer. None when the backend
+    failed and FAIL_OPEN grants them all (counted); the error otherwise."""
+    counts = (ask.copies, ask.min_copies) if ask.min_copies < ask.copies else (ask.copies,)
+    try:
+        for n in counts:
+            reply = await take(n)
+            if limiter.fits(reply):
+                return n, reply
+    except BackendError:
+        if not limiter.opts.fail_open:
+            raise
+        limiter.stats.inc(f"{REQUEST_CALL}.degraded")
+        return None
+    return 0, reply
