@@ -35,10 +35,8 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -53,9 +51,9 @@ from envoy_procs import (
     FERRYMAN,
     LISTENER,
     UPSTREAM,
-    Client,
     EnvoyProcess,
     FerrymanProcess,
+    Load,
     Upstream,
     render,
 )
@@ -66,36 +64,8 @@ EXAMPLE = ENVOY_DIR / "quota"
 LIMIT = 20
 CONFIG = (EXAMPLE / "descriptors" / "quota.yaml").read_text()
 PORTS = ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
+ACME = {"tenant": "acme"}
 ENVOYS = (("a", ADMIN, LISTENER), ("b", 9902, 10001))
-
-
-class Load:
-    """A thread sending ``tenant: acme`` requests to an Envoy at ``rate`` per second; the
-    answers of 200 and 429 by second."""
-
-    def __init__(self, port: int, rate: float) -> None:
-        self.port, self.rate = port, rate
-        self.ok: Counter[int] = Counter()
-        self.denied: Counter[int] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        with Client(self.port, timeout=5) as client:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if next_at > now:
-                    time.sleep(next_at - now)
-                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
-                second = int(time.time())
-                status, _, _ = client.get("/", {"tenant": "acme"})
-                (self.ok if status == 200 else self.denied)[second] += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -189,7 +159,7 @@ def allowed_per_second(loads: list[Load], start: int, seconds: int) -> list[int]
 
 def accuracy(workdir: Path, seconds: int) -> None:
     with processes(workdir) as (_, (ferryman,), listeners):
-        loads = [Load(port, 40) for port in listeners]
+        loads = [Load(port, 40, headers=ACME) for port in listeners]
         try:
             until(lambda: len(shares(ferryman)) == 2, 30)
             time.sleep(16)  # three report cadences: the demand window is full
@@ -220,7 +190,7 @@ def accuracy(workdir: Path, seconds: int) -> None:
 
 def config_change(workdir: Path) -> None:
     with processes(workdir) as (config, (ferryman,), listeners):
-        loads = [Load(listeners[0], 30), Load(listeners[1], 30)]
+        loads = [Load(listeners[0], 30, headers=ACME), Load(listeners[1], 30, headers=ACME)]
         try:
             until(lambda: len(shares(ferryman)) == 2, 30)
             (config / "quota.yaml").write_text(CONFIG.replace("20}", "40}"))
@@ -237,7 +207,7 @@ def config_change(workdir: Path) -> None:
 
 def restart(workdir: Path) -> None:
     with processes(workdir) as (_, (ferryman,), listeners):
-        loads = [Load(listeners[0], 30), Load(listeners[1], 10)]
+        loads = [Load(listeners[0], 30, headers=ACME), Load(listeners[1], 10, headers=ACME)]
         try:
             until(lambda: len(shares(ferryman)) == 2, 30)
             time.sleep(6)
@@ -262,7 +232,7 @@ def restart(workdir: Path) -> None:
 
 def replicas(workdir: Path, seconds: int) -> None:
     with processes(workdir, replicas=2, redis=True) as (_, ferrymen, listeners):
-        loads = [Load(listeners[0], 30), Load(listeners[1], 10)]
+        loads = [Load(listeners[0], 30, headers=ACME), Load(listeners[1], 10, headers=ACME)]
         try:
             took = until(lambda: all(shares(f) for f in ferrymen), 40)
             time.sleep(16)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -310,6 +311,41 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Load:
+    """A thread sending GET ``path`` (with ``headers``) to an Envoy at ``rate`` per second,
+    on one keep-alive connection: the answers of 200 and of anything else per second, and
+    every status's count."""
+
+    def __init__(
+        self, port: int, rate: float, path: str = "/", headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.port, self.rate, self.path, self.headers = port, rate, path, dict(headers or {})
+        self.ok: Counter[int] = Counter()
+        self.denied: Counter[int] = Counter()
+        self.statuses: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        with Client(self.port, timeout=5) as client:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if next_at > now:
+                    time.sleep(next_at - now)
+                # Paced: a late send does not bring a burst of catch-up sends after it.
+                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
+                second = int(time.time())
+                status, _, _ = client.get(self.path, self.headers)
+                self.statuses[status] += 1
+                (self.ok if status == 200 else self.denied)[second] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def wait_for(check: Callable[[], T], timeout: float = 10, interval: float = 0.05) -> T:

@@ -4,10 +4,8 @@ limit held by a parent: HTTP requests answered 200 per second follow each pod's 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,9 @@ from envoy_procs import (
     FERRYMAN,
     LISTENER,
     UPSTREAM,
-    Client,
     EnvoyProcess,
     FerrymanProcess,
+    Load,
     Upstream,
     render,
     wait_for,
@@ -38,36 +36,6 @@ resources:
     algorithm: {kind: FAIR_SHARE, lease_length: 2, refresh_interval: 1,
                 learning_mode_duration: 0}
 """
-
-
-class Load:
-    """A thread sending GET /partner to an Envoy at ``rate`` per second; 200s per second."""
-
-    def __init__(self, port: int, rate: float) -> None:
-        self.port, self.rate = port, rate
-        self.ok: Counter[int] = Counter()
-        self.statuses: Counter[int] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        with Client(self.port, timeout=5) as client:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if next_at > now:
-                    time.sleep(next_at - now)
-                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
-                second = int(time.time())
-                status, _, _ = client.get("/partner/call")
-                self.statuses[status] += 1
-                if status == 200:
-                    self.ok[second] += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def _leased_capacity(sidecar: FerrymanProcess) -> float:
@@ -113,7 +81,7 @@ def test_two_envoys_with_leased_sidecars_split_the_global_limit(tmp_path: Path) 
             config = render(EXAMPLE / "envoy.yaml", mapping)
             started.append(EnvoyProcess(config, tmp_path / f"envoy-{name}", admin).start())
             listeners.append(listener)
-        loads = [Load(listeners[0], 150), Load(listeners[1], 30)]
+        loads = [Load(listeners[0], 150, "/partner/call"), Load(listeners[1], 30, "/partner/call")]
         wait_for(
             lambda: [round(_leased_capacity(s)) for s in sidecars] == [67, 33] or None,
             timeout=20,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,9 @@ from envoy_procs import (
     FERRYMAN,
     LISTENER,
     UPSTREAM,
-    Client,
     EnvoyProcess,
     FerrymanProcess,
+    Load,
     Upstream,
     envoy_validate,
     render,
@@ -38,35 +36,7 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = ENVOY_DIR / "quota"
 LIMIT = 20  # envoy/quota/descriptors/quota.yaml: each tenant, 20 per second
 PORTS = ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
-
-
-class Load:
-    """A thread sending GET / with ``tenant: acme`` to an Envoy at ``rate`` per second;
-    the answers of 200 and of 429 per second."""
-
-    def __init__(self, port: int, rate: float) -> None:
-        self.port, self.rate = port, rate
-        self.ok: Counter[int] = Counter()
-        self.denied: Counter[int] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        with Client(self.port, timeout=5) as client:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if next_at > now:
-                    time.sleep(next_at - now)
-                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
-                second = int(time.time())
-                status, _, _ = client.get("/", {"tenant": "acme"})
-                (self.ok if status == 200 else self.denied)[second] += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+ACME = {"tenant": "acme"}
 
 
 def _page(ferryman: FerrymanProcess, path: str) -> Any:
@@ -115,7 +85,7 @@ def test_two_envoys_share_one_limit_by_demand_without_should_rate_limit(tmp_path
             config = render(EXAMPLE / f"envoy-{name}.yaml", mapping)
             started.append(EnvoyProcess(config, tmp_path / f"envoy-{name}", admin).start())
             listeners.append(listener)
-        loads = [Load(listeners[0], 30), Load(listeners[1], 10)]
+        loads = [Load(listeners[0], 30, headers=ACME), Load(listeners[1], 10, headers=ACME)]
         shares: dict[str, float] | None = wait_for(
             lambda: _shares(ferryman),
             timeout=25,
