@@ -104,6 +104,14 @@ def _start(
     raise AssertionError("ferryman serve did not start: " + rest)
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    assert proc.stderr is not None
+    proc.stderr.close()
+
+
 def test_serve_on_the_default_config_answers_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     """`ferryman serve` from the repo root loads descriptors/, answers, and exits 0 on SIGTERM."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
@@ -122,11 +130,7 @@ def test_serve_on_the_default_config_answers_and_exits_0_on_sigterm(tmp_path: Pa
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
+        _end(proc)
 
 
 # ``ferryman serve`` whose stop never ends (it blocks the event loop), with a short margin.
@@ -165,8 +169,4 @@ def test_a_stop_that_hangs_ends_after_the_grace_and_margin_with_every_stack(
         stacks = proc.stderr.read()
         assert "Timeout (0:00:02)!" in stacks and "in stuck" in stacks
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
+        _end(proc)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import yaml
 
 from helpers.needs import missing
+from helpers.pacing import paced
 
 T = TypeVar("T")
 
@@ -330,15 +331,8 @@ class Load:
         self._thread.start()
 
     def _run(self) -> None:
-        next_at = time.monotonic()
         with Client(self.port, timeout=5) as client:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if next_at > now:
-                    time.sleep(next_at - now)
-                # Paced: a late send does not bring a burst of catch-up sends after it.
-                next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
-                second = int(time.time())
+            for second in paced(self.rate, self._stop):
                 status, _, _ = client.get(self.path, self.headers)
                 self.statuses[status] += 1
                 (self.ok if status == 200 else self.denied)[second] += 1

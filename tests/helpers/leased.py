@@ -13,6 +13,8 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from helpers.pacing import paced
+
 
 class LeasedWorker:
     """A worker process and what it reported, second by second."""
@@ -137,13 +139,7 @@ class Driver:
     def _run(self) -> None:
         import grpc
 
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if next_at > now:
-                time.sleep(next_at - now)
-            next_at = max(next_at, time.monotonic() - 0.1) + 1 / self.rate
-            second = int(time.time())
+        for second in paced(self.rate, self._stop):
             try:
                 reply = self._stub.ShouldRateLimit(self._request, timeout=5)
             except grpc.RpcError:

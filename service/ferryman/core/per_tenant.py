@@ -1,8 +1,9 @@
 """The limiter shape of the kinds that keep one key per tenant (GCRA, token buckets, sliding
 windows, rate-limit lists): a node's rule prepared once, each descriptor planned as one item
 on its tenant's key, one store call per item, and each answer made a status, counted and
-tallied. A kind says what it keeps of its limit, which call it makes, whether an answer fits
-and what status it gives; the rest is written here once."""
+tallied; and, for explain, the console and resets, a descriptor's state found at its
+tenant's key and cleared by deleting it. A kind says what it keeps of its limit, which call
+it makes, whether an answer fits and what status it gives; the rest is written here once."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ferryman.core.algorithm import Algorithm, Ask, Call
+from ferryman.core.algorithm import Algorithm, AlgorithmBase, Ask, Call, Target
 from ferryman.core.answers import Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import Rule
 from ferryman.errors import BackendError
 from ferryman.stats import REQUEST_CALL, Stats
 
-__all__ = ["TenantItem", "TenantLimiter", "TenantRule", "first_granted"]
+__all__ = ["TenantItem", "TenantKeyed", "TenantLimiter", "TenantRule", "first_granted"]
 
 L = TypeVar("L")  # what a kind keeps of a node's limit
 R = TypeVar("R")  # the store's answer for one item
@@ -151,3 +152,30 @@ async def first_granted(
         limiter.stats.inc(f"{REQUEST_CALL}.degraded")
         return None
     return 0, reply
+
+
+class TenantKeyed(AlgorithmBase):
+    """The Algorithm of a kind that keeps one key per tenant: a descriptor's state is at
+    its tenant's key, and a reset deletes that key."""
+
+    #: The kind's part of its keys (``ferryman_<tag>_{...}``), the same as its limiter's.
+    tag: ClassVar[str]
+
+    def state(self, limit: Any) -> Any:
+        """What ``peek`` reads the state with: the limit, unless the kind keeps less."""
+        return limit
+
+    def target(
+        self,
+        options: EngineOptions,
+        domain: str,
+        path: Sequence[Rule],
+        entries: Sequence[tuple[str, str]],
+        now: float,
+    ) -> Target | None:
+        rule = path[-1]
+        key = tenant_key(options.cache_key_prefix, self.tag, rule, entries)
+        return Target(key, self.state(rule.limit))
+
+    async def reset(self, store: Any, target: Target) -> bool:
+        return bool(await store.reset(target.key) > 0)

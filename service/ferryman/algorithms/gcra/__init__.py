@@ -8,29 +8,31 @@ tenant, exact, one atomic decision per request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
 
 from ferryman.algorithms.gcra.item import GcraStep
-from ferryman.algorithms.gcra.limiter import GcraLimiter, gcra_key, reported
+from ferryman.algorithms.gcra.limiter import TAG, GcraLimiter, reported
 from ferryman.algorithms.gcra.model import GcraStore
 from ferryman.algorithms.gcra.spec import KIND, Gcra, read_gcra
-from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
+from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
+from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["GCRA", "Gcra", "GcraAlgorithm"]
 
 
-class GcraAlgorithm(AlgorithmBase):
+class GcraAlgorithm(TenantKeyed):
     """``gcra`` on a descriptor node."""
 
     name = KIND
+    tag = TAG
     keys = (KIND,)
     step_lua = (__name__, "gcra_core.lua", "item.lua")
     stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
@@ -72,18 +74,6 @@ class GcraAlgorithm(AlgorithmBase):
 
         return RedisGcra(connection, options.server_time)
 
-    def target(
-        self,
-        options: EngineOptions,
-        domain: str,
-        path: Sequence[Rule],
-        entries: Sequence[tuple[str, str]],
-        now: float,
-    ) -> Target | None:
-        limit = path[-1].limit
-        assert isinstance(limit, Gcra)
-        return Target(gcra_key(options.cache_key_prefix, path[-1], entries), limit)
-
     async def peek(self, store: GcraStore, target: Target, now: float) -> dict[str, Any]:
         limit: Gcra = target.state
         result = await store.peek(target.key, limit.params, now)
@@ -95,9 +85,6 @@ class GcraAlgorithm(AlgorithmBase):
         if not fields["full_in"]:
             return f"bucket full, {fields['remaining']} left"
         return f"{fields['remaining']} left, bucket full again in {fields['full_in']:g}s"
-
-    async def reset(self, store: GcraStore, target: Target) -> bool:
-        return await store.reset(target.key) > 0
 
 
 GCRA = GcraAlgorithm()

@@ -7,24 +7,18 @@ ferryman.v1's ``Request``, which may wait (a shaper)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from ferryman.algorithms.gcra.model import GcraResult, GcraStore
 from ferryman.algorithms.gcra.spec import Gcra
 from ferryman.core.algorithm import Ask, Granted, Timed
 from ferryman.core.answers import Code, Status, unit_for
-from ferryman.core.keys import tenant_key
 from ferryman.core.per_tenant import TenantItem, TenantLimiter, first_granted
 from ferryman.core.rules import Rule, UnitLimit
 
-__all__ = ["GcraLimiter", "gcra_key", "reported"]
+__all__ = ["TAG", "GcraLimiter", "reported"]
 
 TAG = "gcra"
-
-
-def gcra_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
-    """One tenant's TAT (the request's values): one key, its own hash tag."""
-    return tenant_key(prefix, TAG, rule, entries)
 
 
 def reported(limit: Gcra) -> UnitLimit:

@@ -3,18 +3,19 @@ one, and is counted in all or none, decided in one store call."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from yaml.nodes import Node
 
-from ferryman.algorithms.limit_list.limiter import ListLimiter, node_key, parts, steps_text
+from ferryman.algorithms.limit_list.limiter import TAG, ListLimiter, parts, steps_text
 from ferryman.algorithms.limit_list.model import ListStore
 from ferryman.algorithms.limit_list.spec import KEY, KIND, LimitList, read_limits
-from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
+from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
+from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["LIMIT_LIST", "LimitList", "LimitListAlgorithm"]
@@ -27,10 +28,11 @@ def _registry() -> Any:
     return registry
 
 
-class LimitListAlgorithm(AlgorithmBase):
+class LimitListAlgorithm(TenantKeyed):
     """``rate_limits`` on a descriptor node."""
 
     name = KIND
+    tag = TAG
     keys = (KEY,)
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> LimitList | None:
@@ -82,18 +84,6 @@ class LimitListAlgorithm(AlgorithmBase):
         """The Lua steps of every kind that can be one of a list."""
         return [a.step_lua for a in _registry().ALGORITHMS if a.step_lua is not None]
 
-    def target(
-        self,
-        options: EngineOptions,
-        domain: str,
-        path: Sequence[Rule],
-        entries: Sequence[tuple[str, str]],
-        now: float,
-    ) -> Target | None:
-        limit = path[-1].limit
-        assert isinstance(limit, LimitList)
-        return Target(node_key(options.cache_key_prefix, path[-1], entries), limit)
-
     async def peek(self, store: ListStore, target: Target, now: float) -> dict[str, Any]:
         limit: LimitList = target.state
         checked = await store.check(target.key, parts(limit.items, now), 0, now)
@@ -106,9 +96,6 @@ class LimitListAlgorithm(AlgorithmBase):
             f"{f['name']}: {f['remaining']} left, resets in {f['reset_after']}s"
             for f in fields["limits"]
         )
-
-    async def reset(self, store: ListStore, target: Target) -> bool:
-        return await store.reset(target.key) > 0
 
 
 LIMIT_LIST = LimitListAlgorithm()

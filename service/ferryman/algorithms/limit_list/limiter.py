@@ -12,20 +12,14 @@ from ferryman.algorithms.limit_list.model import Checked, ListStore, Part
 from ferryman.algorithms.limit_list.spec import LimitList, ListedLimit
 from ferryman.core.algorithm import Step
 from ferryman.core.answers import Code, Status
-from ferryman.core.keys import tenant_key
 from ferryman.core.per_tenant import TenantItem, TenantLimiter
 from ferryman.core.rules import Rule
 
-__all__ = ["ListItem", "ListLimiter", "node_key"]
+__all__ = ["TAG", "ListItem", "ListLimiter"]
 
 TAG = "limits"
 
 Listed = tuple[ListedLimit, ...]
-
-
-def node_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
-    """One tenant's limits (the request's values): one hash, its own hash tag."""
-    return tenant_key(prefix, TAG, rule, entries)
 
 
 @dataclass(slots=True)

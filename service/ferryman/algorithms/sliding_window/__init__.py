@@ -4,28 +4,30 @@ it the sliding window still covers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from yaml.nodes import Node
 
 from ferryman.algorithms.sliding_window.item import SlidingStep
-from ferryman.algorithms.sliding_window.limiter import SlidingLimiter, window_key
+from ferryman.algorithms.sliding_window.limiter import TAG, SlidingLimiter
 from ferryman.algorithms.sliding_window.model import SlidingStore
 from ferryman.algorithms.sliding_window.spec import KIND, SlidingWindow, read_sliding_window
-from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
+from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
+from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["SLIDING_WINDOW", "SlidingWindow", "SlidingWindowAlgorithm"]
 
 
-class SlidingWindowAlgorithm(AlgorithmBase):
+class SlidingWindowAlgorithm(TenantKeyed):
     """``sliding_window`` on a descriptor node."""
 
     name = KIND
+    tag = TAG
     keys = (KIND,)
     step_lua = (__name__, "item.lua")
 
@@ -66,18 +68,6 @@ class SlidingWindowAlgorithm(AlgorithmBase):
 
         return RedisSlidingWindows(connection, options.server_time)
 
-    def target(
-        self,
-        options: EngineOptions,
-        domain: str,
-        path: Sequence[Rule],
-        entries: Sequence[tuple[str, str]],
-        now: float,
-    ) -> Target | None:
-        limit = path[-1].limit
-        assert isinstance(limit, SlidingWindow)
-        return Target(window_key(options.cache_key_prefix, path[-1], entries), limit)
-
     async def peek(self, store: SlidingStore, target: Target, now: float) -> dict[str, Any]:
         window: SlidingWindow = target.state
         count = window.rate.requests_per_unit
@@ -95,9 +85,6 @@ class SlidingWindowAlgorithm(AlgorithmBase):
             f"{fields['estimate']:g} counted (estimate), {fields['remaining']} left, "
             f"window ends in {fields['reset_after']}s"
         )
-
-    async def reset(self, store: SlidingStore, target: Target) -> bool:
-        return await store.reset(target.key) > 0
 
 
 SLIDING_WINDOW = SlidingWindowAlgorithm()

@@ -5,23 +5,17 @@ the end of the current window as the reset."""
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 
 from ferryman.algorithms.sliding_window.model import SlidingResult, SlidingStore
 from ferryman.algorithms.sliding_window.spec import SlidingWindow
 from ferryman.core.answers import Code, Status
-from ferryman.core.keys import tenant_key
 from ferryman.core.per_tenant import TenantItem, TenantLimiter
 from ferryman.core.rules import Rule
 
-__all__ = ["SlidingLimiter", "window_key"]
+__all__ = ["TAG", "SlidingLimiter"]
 
 TAG = "sliding"
-
-
-def window_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
-    """One tenant's counter (the request's values): one key, its own hash tag."""
-    return tenant_key(prefix, TAG, rule, entries)
 
 
 class SlidingLimiter(TenantLimiter[SlidingWindow, SlidingResult]):

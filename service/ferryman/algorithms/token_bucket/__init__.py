@@ -8,14 +8,14 @@ making one atomic decision per request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
 
 from ferryman.algorithms.token_bucket.item import BucketStep
-from ferryman.algorithms.token_bucket.limiter import BucketLimiter, bucket_key, sustained
+from ferryman.algorithms.token_bucket.limiter import TAG, BucketLimiter, sustained
 from ferryman.algorithms.token_bucket.model import (
     BucketRef,
     BucketSpec,
@@ -27,10 +27,11 @@ from ferryman.algorithms.token_bucket.model import (
     decide,
 )
 from ferryman.algorithms.token_bucket.spec import KIND, NodeBucket, read_node_bucket
-from ferryman.core.algorithm import AlgorithmBase, Rate, StoreOptions, Target
+from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.rules import Rule, UnitLimit
+from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
 __all__ = [
@@ -47,13 +48,17 @@ __all__ = [
 ]
 
 
-class TokenBucketAlgorithm(AlgorithmBase):
+class TokenBucketAlgorithm(TenantKeyed):
     """``token_bucket`` on a descriptor node."""
 
     name = KIND
+    tag = TAG
     keys = (KIND,)
     step_lua = (__name__, "bucket.lua", "item.lua")
     stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
+
+    def state(self, limit: NodeBucket) -> BucketSpec:
+        return limit.spec
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> NodeBucket | None:
         return read_node_bucket(ctx, fields, path)
@@ -97,19 +102,6 @@ class TokenBucketAlgorithm(AlgorithmBase):
 
         return RedisNodeBuckets(connection, options.server_time)
 
-    def target(
-        self,
-        options: EngineOptions,
-        domain: str,
-        path: Sequence[Rule],
-        entries: Sequence[tuple[str, str]],
-        now: float,
-    ) -> Target | None:
-        limit = path[-1].limit
-        assert isinstance(limit, NodeBucket)
-        key = bucket_key(options.cache_key_prefix, path[-1], entries)
-        return Target(key, limit.spec)
-
     async def peek(self, store: NodeBucketStore, target: Target, now: float) -> dict[str, Any]:
         spec: BucketSpec = target.state
         standing = await store.peek(target.key, spec, now)
@@ -127,9 +119,6 @@ class TokenBucketAlgorithm(AlgorithmBase):
         if fields["debt_ms"]:
             text += f", in debt: {fields['debt_ms']}ms to wait"
         return text
-
-    async def reset(self, store: NodeBucketStore, target: Target) -> bool:
-        return await store.reset(target.key) > 0
 
 
 TOKEN_BUCKET = TokenBucketAlgorithm()

@@ -6,17 +6,16 @@ the reset; and ferryman.v1's ``Request`` on a bucket node, which may wait."""
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from ferryman.algorithms.token_bucket.model import BucketSpec, NodeBucketStore, NodeTake, TakeStatus
 from ferryman.algorithms.token_bucket.spec import NodeBucket
 from ferryman.core.algorithm import Ask, Granted, Timed
 from ferryman.core.answers import Code, Status
-from ferryman.core.keys import tenant_key
 from ferryman.core.per_tenant import TenantItem, TenantLimiter, first_granted
 from ferryman.core.rules import UNIT_SECONDS, Rule, UnitLimit
 
-__all__ = ["BucketLimiter", "bucket_key", "sustained", "wait_allowed"]
+__all__ = ["TAG", "BucketLimiter", "sustained", "wait_allowed"]
 
 TAG = "bucket"
 
@@ -31,12 +30,6 @@ def sustained(spec: BucketSpec, name: str = "") -> UnitLimit:
         if per_unit >= 1:
             return UnitLimit(min(math.floor(per_unit), 2**32 - 1), unit, name=name)
     return UnitLimit(1, units[-1], name=name)
-
-
-def bucket_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
-    """The bucket of one tenant (the request's values) of a node: one key, whose hash tag
-    is the whole name."""
-    return tenant_key(prefix, TAG, rule, entries)
 
 
 def wait_allowed(spec: BucketSpec, asked_millis: int) -> int:
