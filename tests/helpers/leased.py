@@ -13,8 +13,6 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from helpers.pacing import paced
-
 
 class LeasedWorker:
     """A worker process and what it reported, second by second."""
@@ -138,6 +136,9 @@ class Driver:
 
     def _run(self) -> None:
         import grpc
+
+        # Here, not at the top: the module also runs as a script, without the tests/ path.
+        from helpers.pacing import paced
 
         for second in paced(self.rate, self._stop):
             try:
