@@ -667,6 +667,7 @@ class SpanReceiver:
                 pass
 
         self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True  # closing does not wait on a kept-alive connection
         self.http_port = self.http.server_address[1]
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
@@ -697,6 +698,8 @@ class SpanReceiver:
 
 @pytest.fixture
 def spans() -> Iterator[SpanReceiver]:
+    """Receivers that outlive a server asked for after them (its last spans are sent as it
+    stops)."""
     receiver = SpanReceiver()
     yield receiver
     receiver.close()
@@ -704,7 +707,7 @@ def spans() -> Iterator[SpanReceiver]:
 
 @pytest.mark.parametrize("protocol", ["", "grpc"], ids=["http-default", "grpc"])
 def test_tracing_service_resource_and_exporter_protocol(
-    tmp_path: Path, serve: Callable[..., Proc], spans: SpanReceiver, protocol: str
+    tmp_path: Path, spans: SpanReceiver, serve: Callable[..., Proc], protocol: str
 ) -> None:
     """TRACING_EXPORTER_PROTOCOL (http, the reference's default, or grpc) picks the OTLP
     transport; TRACING_SERVICE_NAME / _NAMESPACE / _INSTANCE_ID name the service."""
@@ -718,6 +721,9 @@ def test_tracing_service_resource_and_exporter_protocol(
         TRACING_ENABLED="true",
         TRACING_EXPORTER_PROTOCOL=protocol,
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        # Metrics go over gRPC: to the gRPC receiver, which refuses them at once (pushed to
+        # the HTTP one, the last push retries until the stop's timeout).
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"http://127.0.0.1:{spans.grpc_port}",
         OTEL_BSP_SCHEDULE_DELAY="100",
         TRACING_SERVICE_NAME="edge-limits",
         TRACING_SERVICE_NAMESPACE="payments",
