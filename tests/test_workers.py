@@ -12,9 +12,12 @@ import time
 import urllib.request
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+
+from ferryman.server.workers import _die_with_parent
 
 from helpers.ports import free_port, listeners
 from helpers.redis_procs import RedisProcess
@@ -187,3 +190,19 @@ def test_the_memory_backend_is_refused_with_several_workers(tmp_path: Path) -> N
     output = workers.output()
     assert "memory backend" in output and "Redis" in output
     assert "Traceback" not in output
+
+
+def test_a_worker_forked_after_its_supervisor_died_ends_before_it_runs() -> None:
+    """Linux signals a child when its parent dies only if the parent was alive when the
+    child asked: a worker whose supervisor is already gone (its parent is not the one it
+    was forked for) exits 1 at once; one whose supervisor lives runs."""
+    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=partial(_die_with_parent, 0))
+    follower = subprocess.Popen(["sleep", "30"], preexec_fn=partial(_die_with_parent, os.getpid()))
+    try:
+        assert orphan.wait(10) == 1
+        time.sleep(0.5)
+        assert follower.poll() is None
+    finally:
+        for proc in (orphan, follower):
+            proc.kill()
+            proc.wait()

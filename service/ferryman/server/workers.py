@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 
 from ferryman.errors import SettingsError
@@ -36,14 +37,18 @@ WORKER_ENV = "FERRYMAN_WORKER"
 _START_WINDOW = 3.0
 
 
-def _die_with_parent() -> None:
-    """In a worker, before it runs: SIGTERM when the supervisor dies, however it dies
-    (Linux; elsewhere a killed supervisor leaves its workers to be stopped by hand)."""
+def _die_with_parent(parent: int) -> None:
+    """In a worker, before it runs: SIGTERM when the supervisor (``parent``) dies, however
+    it dies (Linux; elsewhere a killed supervisor leaves its workers to be stopped by hand).
+    A supervisor that died before the request was made never sends it: the worker then
+    ends here."""
     name = ctypes.util.find_library("c")
     if name is None:
         return
     pr_set_pdeathsig = 1
     ctypes.CDLL(name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def free_port(host: str) -> int:
@@ -85,7 +90,7 @@ class Supervisor:
         process = subprocess.Popen(
             [sys.executable, "-m", "ferryman", *self._argv],
             env=env,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=partial(_die_with_parent, os.getpid()) if sys.platform == "linux" else None,
         )
         self._workers[index] = _Worker(index, process)
         log.info("worker %d started (pid %d)", index, process.pid)
