@@ -133,14 +133,19 @@ def test_serve_on_the_default_config_answers_and_exits_0_on_sigterm(tmp_path: Pa
         _end(proc)
 
 
-# ``ferryman serve`` whose stop never ends (it blocks the event loop), with a short margin.
+# ``ferryman serve`` whose stop never ends, with a short margin: it blocks the event loop, or
+# it waits on the loop for what never comes.
 STUCK = """
-import sys, time
+import asyncio, sys, time
 from ferryman.cli import main, serve
 from ferryman.server.app import Service
 
+how = sys.argv.pop()
+
 async def stuck(self, grace=None):
-    time.sleep(3600)
+    if how == "blocks":
+        time.sleep(3600)
+    await asyncio.Event().wait()
 
 Service.stop = stuck
 serve.STOP_MARGIN = 1.0
@@ -149,15 +154,17 @@ sys.exit(main())
 """
 
 
+@pytest.mark.parametrize("how", ["blocks", "waits"])
 def test_a_stop_that_hangs_ends_after_the_grace_and_margin_with_every_stack(
-    tmp_path: Path,
+    tmp_path: Path, how: str
 ) -> None:
     """A process that cannot finish stopping exits 1 once FERRYMAN_SHUTDOWN_GRACE and the
-    margin have passed, printing where each thread was."""
+    margin have passed, printing where each thread was; half-way through the margin, a stop
+    that still lets the event loop run logs what each task waits on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
     env["FERRYMAN_SHUTDOWN_GRACE"] = "1s"
     proc, _ = _start(
-        ["serve", "--grpc-port", "0", "--http-port", "0", "--debug-port", "0"],
+        ["serve", "--grpc-port", "0", "--http-port", "0", "--debug-port", "0", how],
         ROOT,
         env,
         program=("-c", STUCK),
@@ -166,7 +173,12 @@ def test_a_stop_that_hangs_ends_after_the_grace_and_margin_with_every_stack(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 1
         assert proc.stderr is not None
-        stacks = proc.stderr.read()
-        assert "Timeout (0:00:02)!" in stacks and "in stuck" in stacks
+        output = proc.stderr.read()
+        assert "Timeout (0:00:02)!" in output
+        if how == "waits":
+            report = output[output.index("still stopping 1.5s after the signal") :]
+            assert re.search(r"app\.py:\d+ in run\n.*in stuck\n", report), report
+        else:
+            assert "in stuck" in output and "still stopping" not in output
     finally:
         _end(proc)

@@ -18,6 +18,7 @@ from ferryman.settings import Settings
 from ferryman.settings.declare import Flag, Setting
 from ferryman.settings.kinds import Boolean
 from ferryman.settings.model import declared
+from ferryman.tasks import awaiting
 
 if TYPE_CHECKING:
     from ferryman.cli.common import Subcommands
@@ -129,10 +130,25 @@ def run(args: argparse.Namespace) -> int:
 def _stopping(stop: asyncio.Event, grace: float) -> None:
     """SIGTERM or SIGINT: stop gracefully, and exit regardless once the grace and
     STOP_MARGIN have passed (the deadline is kept by a thread of faulthandler's own, which
-    needs neither the event loop nor the interpreter's lock)."""
+    needs neither the event loop nor the interpreter's lock). Half-way through the margin,
+    a stop still going logs what each task waits on."""
     if not stop.is_set():
         stop.set()
         faulthandler.dump_traceback_later(grace + STOP_MARGIN, exit=True)
+        late = grace + STOP_MARGIN / 2
+        asyncio.get_running_loop().call_later(late, _still_stopping, late)
+
+
+def _still_stopping(seconds: float) -> None:
+    chains = []
+    for task in asyncio.all_tasks():
+        chain = "\n    ".join(awaiting(task)) or "(running)"
+        chains.append(f"  {task.get_name()}:\n    {chain}")
+    log.warning(
+        "still stopping %gs after the signal; what each task waits on:\n%s",
+        seconds,
+        "\n".join(chains),
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
