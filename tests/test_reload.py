@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ferryman.config.reloader import ConfigHolder, Reloader
+from ferryman.stats import Stats
 
 from helpers.configmap import configmap_volume
 from helpers.server import ConfigDir, Server, ServerFactory, codes
@@ -152,3 +156,24 @@ def test_counters_survive_a_reload_that_changes_the_numbers(
     response = server.ask("app", [("user", "alice")])
     assert codes(response) == ["OK"]
     assert response.statuses[0].limit_remaining == 0
+
+
+def test_a_stop_that_comes_as_a_change_arrives_ends_the_watch(tmp_path: Path) -> None:
+    """A change and the stop that reach the watch loop together end it: the change does not
+    swallow the cancellation (as asyncio.wait_for can on Python 3.11), so stop() returns."""
+
+    async def change_then_stop() -> None:
+        directory = tmp_path / "config"
+        directory.mkdir(exist_ok=True)
+        (directory / "d.yaml").write_text(rule(5))
+        reloader = Reloader(directory, ConfigHolder(), Stats(), poll_interval=60)
+        reloader.load()
+        await reloader.start()
+        await asyncio.sleep(0.05)  # the loop waits for a change
+        reloader.notify()
+        await asyncio.sleep(0)  # the change wakes the loop's wait; the stop comes next
+        async with asyncio.timeout(5):
+            await reloader.stop()
+
+    for _ in range(3):
+        asyncio.run(change_then_stop())

@@ -5,7 +5,6 @@ among its own clients with the algorithm the parent names."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from ferryman.algorithms.leases.state import LeaseState, TemplateSource
 from ferryman.client._protocol import RECONNECT_BACKOFF_MS, channel_credentials
 from ferryman.clock import Clock
 from ferryman.settings import Settings
-from ferryman.tasks import cancel
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["ParentClient", "parent_credentials"]
 
@@ -175,8 +174,7 @@ class ParentClient(TemplateSource):
                 log.warning("capacity: parent %s: %s", self._target, self.last_error)
                 self._connect(self.address)
                 wait = _RETRY
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            await wait_event(self._wake, wait)
 
     async def exchange(self) -> float:
         """Ask the parent for every resource this server's clients hold; seconds to the next."""

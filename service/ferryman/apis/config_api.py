@@ -64,6 +64,7 @@ from ferryman.errors import (
 )
 from ferryman.settings import Settings
 from ferryman.stats import Stats
+from ferryman.tasks import wait_event
 
 __all__ = ["ConfigApi", "TokenFile"]
 
@@ -313,8 +314,9 @@ class ConfigApi:
     async def start(self) -> None:
         s = self._settings
         if isinstance(self.store, RedisStore):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._follow_once(), timeout=max(1.0, s.redis_timeout))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(1.0, s.redis_timeout)):
+                    await self._follow_once()
             self._tasks.append(asyncio.create_task(self._follow(), name="ferryman-config-follow"))
             self._tasks.append(asyncio.create_task(self._subscribe(), name="ferryman-config-sub"))
             return
@@ -389,8 +391,7 @@ class ConfigApi:
     async def _follow(self) -> None:
         quiet_until = 0.0
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), FOLLOW_INTERVAL)
+            await wait_event(self._wake, FOLLOW_INTERVAL)
             self._wake.clear()
             try:
                 await self._follow_once()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ferryman.client._core import ClientCore, Flow, Granted
+from ferryman.tasks import wait_event
 
 if TYPE_CHECKING:
     from ferryman.client._async import AsyncClient
@@ -224,8 +225,7 @@ class AsyncLocalBucket:
                     state.counts["refused"] += 1
                     return False
                 self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            await wait_event(self._changed, left)
 
     def stats(self) -> BucketStats:
         return self._state.stats()
@@ -249,9 +249,7 @@ class AsyncLocalBucket:
             ok = state.refilled(granted)
             self._changed.set()
             if not ok:
-                with contextlib.suppress(TimeoutError):
-                    left = max(0.0, state.retry_at - time.monotonic())
-                    await asyncio.wait_for(self._wake.wait(), left)
+                await wait_event(self._wake, max(0.0, state.retry_at - time.monotonic()))
                 self._refill_soon()
 
     async def aclose(self) -> None:

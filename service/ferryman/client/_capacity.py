@@ -29,6 +29,7 @@ import grpc.aio
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman.client import _protocol
+from ferryman.tasks import wait_event
 
 __all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
 
@@ -478,8 +479,7 @@ class AsyncCapacityClient(_Book):
                 raise
             except Exception as exc:  # never let the refresher die
                 wait = self._failed(str(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await wait_event(self._wake, wait)
             self._wake.clear()
 
     async def close(self) -> None:

@@ -9,7 +9,6 @@ Config in one assignment. A load that fails keeps the last good Config and is co
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ from ferryman.config.model import Config
 from ferryman.core.rules import Domain, Level
 from ferryman.errors import ConfigError
 from ferryman.stats import CONFIG_LOAD_ERROR, CONFIG_LOAD_SUCCESS, Stats
-from ferryman.tasks import cancel
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["ConfigHolder", "Reloader", "describe_change", "reject_config", "swap_config"]
 
@@ -272,8 +271,7 @@ class Reloader:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval)
+            await wait_event(self._wake, self._poll_interval)
             # Let a burst of events (a ConfigMap swap is several, an editor's save may be a
             # truncate then a write) settle into one load: wait for a quiet period, bounded.
             loop = asyncio.get_running_loop()

@@ -149,7 +149,8 @@ class HttpServer:
         self._conns.add(task)
         try:
             while True:
-                keep_alive = await asyncio.wait_for(self._one(reader, writer), READ_TIMEOUT)
+                async with asyncio.timeout(READ_TIMEOUT):
+                    keep_alive = await self._one(reader, writer)
                 if not keep_alive:
                     break
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):

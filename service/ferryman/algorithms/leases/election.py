@@ -103,7 +103,8 @@ class RedisElection:
         if self._master:
             # Hand over at once rather than making the others wait out the term.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._resign(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await self._resign()
             self._set(False)
         for client in (self._client, *self._also_close):
             with contextlib.suppress(Exception):
