@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from ferryman.tasks import awaiting, cancel, wait_event
 
@@ -95,3 +96,15 @@ def test_awaiting_names_the_chain_through_a_context_managers_exit() -> None:
     assert names[0] == "serve_then_stop"
     assert "part" in names and names.index("part") > names.index("__aexit__")
     assert names[-1] == "wait"
+
+
+def test_no_module_waits_through_asyncio_wait_for() -> None:
+    """Nothing in the service or its client waits through asyncio.wait_for, which on
+    Python 3.11 can lose a cancellation that comes as what it waits on finishes."""
+    service = Path(__file__).resolve().parents[1] / "service" / "ferryman"
+    users = [
+        str(path.relative_to(service))
+        for path in sorted(service.rglob("*.py"))
+        if "asyncio.wait_for(" in path.read_text("utf-8")
+    ]
+    assert users == []
