@@ -64,7 +64,7 @@ from ferryman.errors import (
 )
 from ferryman.settings import Settings
 from ferryman.stats import Stats
-from ferryman.tasks import wait_event
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["ConfigApi", "TokenFile"]
 
@@ -359,8 +359,8 @@ class ConfigApi:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await cancel(task)
         self._tasks.clear()
 
     # -- the Redis store: seed, follow ---------------------------------------------------------

@@ -124,9 +124,7 @@ class _AsyncStream:
                         await asyncio.shield(self._reader)
         self._call.cancel()
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            await cancel(self._reader)
 
 
 class AsyncClient:

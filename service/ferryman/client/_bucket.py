@@ -11,7 +11,6 @@ answered as the client answers any ``allow`` then (its fallback limiter, or degr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import threading
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ferryman.client._core import ClientCore, Flow, Granted
-from ferryman.tasks import wait_event
+from ferryman.tasks import cancel, wait_event
 
 if TYPE_CHECKING:
     from ferryman.client._async import AsyncClient
@@ -255,9 +254,7 @@ class AsyncLocalBucket:
     async def aclose(self) -> None:
         """Stop refilling; what is left in the reserve is given up."""
         self._state.closed = True
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel(self._task)
 
 
 class Charges:

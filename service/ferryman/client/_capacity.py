@@ -29,7 +29,7 @@ import grpc.aio
 
 from ferryman._proto.doorman import doorman_pb2, doorman_pb2_grpc
 from ferryman.client import _protocol
-from ferryman.tasks import wait_event
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["AsyncCapacityClient", "CapacityClient", "CapacityResource", "CapacityStats"]
 
@@ -484,9 +484,7 @@ class AsyncCapacityClient(_Book):
 
     async def close(self) -> None:
         """Stop refreshing and give every lease back."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel(self._task)
         with self.lock:
             ids = list(self._resources)
             for resource in self._resources.values():

@@ -15,7 +15,6 @@ off exponentially (XDS_CLIENT_BACKOFF_*). Each new stream asks with the version 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from ferryman.config.reloader import ConfigHolder, reject_config, swap_config
 from ferryman.errors import ConfigError, ConfigProblem, SettingsError
 from ferryman.settings import Settings
 from ferryman.stats import Stats
+from ferryman.tasks import cancel
 
 __all__ = ["TYPE_URL", "XdsClient", "load_resources", "resource_document"]
 
@@ -176,9 +176,7 @@ class XdsClient:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel(self._task)
             self._task = None
 
     def _request(self, nonce: str = "", error: str | None = None) -> discovery_pb2.DiscoveryRequest:
