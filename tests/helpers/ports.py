@@ -9,12 +9,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out to outgoing connections (and to binds of port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Ports handed out in this process: none is handed out twice.
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on right now (free to bind, refused to connect)."""
+    """A loopback port nothing listens on right now (free to bind, refused to connect).
+    It lies below the kernel's ephemeral range: a port from that range could be taken as
+    the source port of any outgoing connection before the server under test binds it."""
+    top = _ephemeral_start()
+    if top > 12000:
+        for _ in range(200):
+            port = random.randrange(11000, top)
+            if port not in _handed and _bindable(port):
+                _handed.add(port)
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+        found: int = s.getsockname()[1]
+    return found
 
 
 def listeners(port: int) -> int:
