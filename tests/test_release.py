@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tomllib
@@ -145,12 +146,10 @@ def test_built_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
         if "__pycache__" not in path.parts
     }
     assert wanted <= set(zipfile.ZipFile(wheel).namelist())
-    # The machine's packages serve as the dependencies; ferryman itself comes from the wheel.
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
-    )
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python, env = str(venv / "bin" / "python"), _clean_env()
+    _lend_dependencies(python, env)
     pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall"]
     subprocess.run([*pip, str(wheel)], env=env, check=True, timeout=300)
     where = subprocess.run(
@@ -163,6 +162,24 @@ def test_built_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     )
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
     _runs_from_the_venv(venv, env)
+
+
+def _lend_dependencies(python: str, env: dict[str, str]) -> None:
+    """The dependencies come from the environment running the suite (where the README's
+    command installed them), listed after the venv's own site-packages: ferryman itself
+    comes from the wheel. A venv made with --system-site-packages would see the base
+    interpreter's packages instead, which a virtual environment's install never reaches.
+    Listed as plain paths, the lent directories' own .pth files (an editable install of
+    ferryman among them) are not read."""
+    lent = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    own = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(own) / "lent-dependencies.pth").write_text("\n".join(lent) + "\n")
 
 
 def _runs_from_the_venv(venv: Path, env: dict[str, str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 from collections.abc import Iterator
@@ -21,14 +22,26 @@ def _ephemeral_start() -> int:
 _handed: set[int] = set()
 
 
+def _share(low: int, high: int) -> range:
+    """This test process's own slice of [low, high): under pytest-xdist each worker picks
+    from its own slice, so two workers never hand out the same port at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = (high - low) // max(count, 1)
+    start = low + width * (index % max(count, 1))
+    return range(start, start + width)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now (free to bind, refused to connect).
     It lies below the kernel's ephemeral range: a port from that range could be taken as
     the source port of any outgoing connection before the server under test binds it."""
     top = _ephemeral_start()
     if top > 12000:
+        ports = _share(11000, top)
         for _ in range(200):
-            port = random.randrange(11000, top)
+            port = random.choice(ports)
             if port not in _handed and _bindable(port):
                 _handed.add(port)
                 return port
@@ -66,8 +79,9 @@ def _bindable(port: int) -> bool:
 
 def free_cluster_port() -> int:
     """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    ports = _share(20000, 55000)
     for _ in range(200):
-        port = random.randrange(20000, 55000)
+        port = random.choice(ports)
         if _bindable(port) and _bindable(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
