@@ -92,12 +92,6 @@ def test_empty_tier_list_makes_an_inaccessible_node() -> None:
             "unknown key",
         ),
         (
-            "    name: lonely\n",
-            4,
-            "descriptors[0].name",
-            "goes with burst_tiers",
-        ),
-        (
             "    name: me\n    replaces: [{name: me}]\n"
             "    burst_tiers: [{limit: 1, window: 1s, active: 1h}]\n",
             5,

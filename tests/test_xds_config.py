@@ -88,7 +88,8 @@ def test_a_bad_resource_is_refused_with_its_name_and_path() -> None:
         load_resources(_packed(missing_unit))
     assert str(caught.value) == "xds:shop: descriptors[0].rate_limit: missing 'unit' " + (
         "(second, minute, hour, day, week, month or year), 'window' (a duration such as 30s), "
-        "or 'calendar'"
+        "or 'calendar' (the reference refuses this file too: at descriptors[0].rate_limit: "
+        "invalid rate limit unit '')"
     )
     twice = _packed(rate_limit_config("a", []), rate_limit_config("a", []))
     with pytest.raises(ConfigError, match="domain 'a' is already defined in xds:a"):
@@ -184,7 +185,8 @@ def test_versions_from_a_management_server_are_applied_nacked_and_survive_its_re
         assert nack.error_detail.message == (
             "xds:d: descriptors[0].rate_limit: missing 'unit' "
             "(second, minute, hour, day, week, month or year), 'window' (a duration such as "
-            "30s), or 'calendar'"
+            "30s), or 'calendar' (the reference refuses this file too: at "
+            "descriptors[0].rate_limit: invalid rate limit unit '')"
         )
         assert _ask(process, "k", "b") == "OVER_LIMIT"
         assert "config rejected, xDS version 'v3', keeping version 2" in process.text

@@ -301,7 +301,11 @@ class ConfigApi:
                 signer,
             )
             self.versions = ConfigVersions(
-                self.store, holder, stats, merge_domains=settings.merge_domain_config
+                self.store,
+                holder,
+                stats,
+                merge_domains=settings.merge_domain_config,
+                strict=settings.strict_config,
             )
 
     @property
@@ -330,6 +334,7 @@ class ConfigApi:
             self._holder,
             self._stats,
             merge_domains=s.merge_domain_config,
+            strict=s.strict_config,
             apply=self._reloader.reload,
         )
         if store.read_only:

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         sources = read_directory(directory, ignore_dotfiles=settings.ignore_dotfiles)
         _progress(f"validating {len(sources)} file(s) of {directory} ...")
-        config = load_sources(sources, merge_domains=settings.merge_domain_config)
+        config = load_sources(
+            sources, merge_domains=settings.merge_domain_config, strict=settings.strict_config
+        )
     except ConfigError as exc:
         _progress("")
         _print_problems(exc, directory, args.format)
@@ -144,6 +146,7 @@ def _print_json(config: Config, domains: list[dict[str, Any]], directory: Path) 
         "ok": True,
         "directory": str(directory),
         "notes": [str(note) for note in config.notes],
+        "warnings": [str(warning) for warning in config.warnings],
         "domains": domains,
         "resources": [
             {
@@ -165,6 +168,8 @@ def _print_json(config: Config, domains: list[dict[str, Any]], directory: Path) 
 def _print_text(config: Config, domains: list[dict[str, Any]]) -> None:
     for note in config.notes:
         print(f"note: {note}")
+    for warning in config.warnings:
+        print(f"warning: {warning}")
     for domain in domains:
         switches = [s for s in ("allow_unconfigured", "ignore_limits") if domain[s]]
         on = f" [{', '.join(switches)}]" if switches else ""

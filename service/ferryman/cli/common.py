@@ -75,5 +75,6 @@ def load_config(directory: Path | None) -> tuple[Config, EngineOptions]:
     config = load_sources(
         read_directory(directory, ignore_dotfiles=settings.ignore_dotfiles),
         merge_domains=settings.merge_domain_config,
+        strict=settings.strict_config,
     )
     return config, engine_options(settings)

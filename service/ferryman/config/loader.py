@@ -23,6 +23,7 @@ from ferryman.algorithms import ALGORITHMS
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config
 from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
+from ferryman.config.reference import reference_verdict
 from ferryman.config.resources import is_resources_file, read_resources
 from ferryman.core.nodes import (
     MAX_FILE_BYTES,
@@ -42,8 +43,10 @@ __all__ = ["digest_sources", "load_directory", "load_sources", "read_directory"]
 
 #: Charon's per-domain switches (booleans beside ``domain``).
 _SWITCHES = ("allow_unconfigured", "ignore_limits")
+#: ``name``: the name of the RateLimitConfig resource the file was written from (control
+#: planes such as Envoy Gateway write it); accepted and not read, as the reference does.
 _DOMAIN_KEYS = frozenset(
-    {"domain", "descriptors", "allow_overrides", "allow_negative_hits", *_SWITCHES}
+    {"domain", "name", "descriptors", "allow_overrides", "allow_negative_hits", *_SWITCHES}
 )
 _NODE_KEYS = frozenset(
     {
@@ -156,7 +159,7 @@ def _metadata(ctx: Ctx, node: Node | None, path: str) -> dict[str, Any]:
 
 
 def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...]) -> Rule | None:
-    fields = mapping(ctx, node, path, _DESCRIPTOR_KEYS)
+    fields = mapping(ctx, node, path, _DESCRIPTOR_KEYS, reference=True)
     key = string(ctx, fields.get("key"), join(path, "key"))
     if not key:
         # Keep validating the rest of this descriptor so that every problem is reported.
@@ -211,9 +214,10 @@ def _parse_file(ctx: Ctx, root: Node | None) -> _FileResult | None:
     if root is None:
         ctx.error(None, "domain", "the file is empty: a domain is required")
         return None
-    fields = mapping(ctx, root, "", _DOMAIN_KEYS)
+    fields = mapping(ctx, root, "", _DOMAIN_KEYS, reference=True)
     if not isinstance(root, MappingNode):
         return None
+    string(ctx, fields.get("name"), "name")
     domain = string(ctx, fields.get("domain"), "domain")
     if not domain:
         ctx.error(fields.get("domain", root), "domain", "domain must not be empty")
@@ -281,9 +285,14 @@ def digest_sources(sources: Iterable[tuple[str, str]]) -> str:
     return h.hexdigest()[:16]
 
 
-def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False) -> Config:
-    """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem."""
+def load_sources(
+    sources: list[tuple[str, str]], *, merge_domains: bool = False, strict: bool = False
+) -> Config:
+    """Build a Config from (file name, YAML text) pairs; raise ConfigError listing every problem
+    (and under ``strict`` every warning), each with what the reference does with its file."""
     problems: list[ConfigProblem] = []
+    ctxs: list[Ctx] = []
+    roots: dict[str, Node | None] = {}  # each descriptor file's document
     parsed: dict[str, list[tuple[Ctx, _FileResult]]] = {}
     quota: QuotaConfig | None = None
     resources: list[ResourceTemplate] = []
@@ -291,7 +300,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
     notes: list[str] = []
     access: Policy | None = None
     for name, text in sources:
-        ctx = Ctx(name, problems)
+        ctxs.append(ctx := Ctx(name, problems))
         if is_quota_file(text):
             if quota is not None:
                 ctx.error(None, "", f"quota buckets are already defined in {quota.file}")
@@ -309,6 +318,7 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
         if is_access_file(root):
             access = _access(ctx, root, access)
             continue
+        roots[name] = root
         result = _parse_file(ctx, root)
         if result is None:
             continue
@@ -318,22 +328,60 @@ def load_sources(sources: list[tuple[str, str]], *, merge_domains: bool = False)
                 result.domain_node,
                 "domain",
                 f"domain {result.domain!r} is already defined in {owners[0][0].file} "
-                "(set MERGE_DOMAIN_CONFIG=true to merge files of one domain)",
+                "(set MERGE_DOMAIN_CONFIG=true to merge files of one domain; the reference "
+                "refuses it too)",
             )
             continue
         owners.append((ctx, result))
     domains = {name: _domain(name, files, notes) for name, files in parsed.items()}
-    if problems:
-        raise ConfigError(problems)
+    warnings = _settle(problems, ctxs, roots, strict)
     return Config(
         domains=domains,
         files=tuple(n for n, _ in sources),
         digest=digest_sources(sources),
         notes=tuple(notes),
+        warnings=tuple(warnings),
         quota=quota,
         resources=tuple(resources),
         access=access,
     )
+
+
+_STRICT = "(refused: STRICT_CONFIG is on)"
+
+
+def _settle(
+    problems: list[ConfigProblem], ctxs: list[Ctx], roots: dict[str, Node | None], strict: bool
+) -> list[ConfigProblem]:
+    """The warnings of every file; raises ConfigError when there are problems (or, under
+    ``strict``, warnings)."""
+    warnings = [w for ctx in ctxs for w in ctx.warnings]
+    if strict:
+        problems.extend(replace(w, message=f"{w.message} {_STRICT}") for w in warnings)
+    if problems:
+        raise ConfigError(_with_reference(problems, roots))
+    return warnings
+
+
+def _with_reference(
+    problems: list[ConfigProblem], roots: dict[str, Node | None]
+) -> list[ConfigProblem]:
+    """Each problem with what the reference service does with its file, unless it says so."""
+    verdicts: dict[str, str] = {}
+    out: list[ConfigProblem] = []
+    for problem in problems:
+        if "the reference" in problem.message or problem.file not in roots:
+            out.append(problem)
+            continue
+        if problem.file not in verdicts:
+            refused = reference_verdict(roots[problem.file])
+            verdicts[problem.file] = (
+                "the reference loads this file"
+                if refused is None
+                else f"the reference refuses this file too: {refused}"
+            )
+        out.append(replace(problem, message=f"{problem.message} ({verdicts[problem.file]})"))
+    return out
 
 
 def _walk(directory: Path, ignore_dotfiles: bool) -> Iterator[Path]:

@@ -9,6 +9,7 @@ from ferryman.access.policy import Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.quota import QuotaConfig
 from ferryman.core.rules import Domain, Level, Rule
+from ferryman.errors import ConfigProblem
 
 __all__ = ["Config"]
 
@@ -21,6 +22,8 @@ class Config:
     files: tuple[str, ...] = ()
     digest: str = ""
     notes: tuple[str, ...] = ()
+    # What the reference accepts and ferryman reads as it does, but would rather not see.
+    warnings: tuple[ConfigProblem, ...] = ()
     quota: QuotaConfig | None = None  # the token buckets of the quota file, if there is one
     # Capacity lease templates of every resources file, in file order.
     resources: tuple[ResourceTemplate, ...] = ()

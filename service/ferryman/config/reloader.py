@@ -124,6 +124,8 @@ def swap_config(
     fields of the log line that reports it (each source logs its own line)."""
     change = describe_change(holder.config, config)
     fields = change_fields(holder.config, config)
+    for warning in config.warnings:
+        log.warning("config warning: %s", warning)
     holder.swap(config)
     holder.last_error = None
     stats.inc(CONFIG_LOAD_SUCCESS)
@@ -171,6 +173,7 @@ class Reloader:
         *,
         ignore_dotfiles: bool = True,
         merge_domains: bool = False,
+        strict: bool = False,
         watch_root: Path | None = None,
         debounce: float = 0.05,
         poll_interval: float = 5.0,
@@ -180,6 +183,7 @@ class Reloader:
         self._stats = stats
         self._ignore_dotfiles = ignore_dotfiles
         self._merge = merge_domains
+        self._strict = strict
         self._watch_root = watch_root
         self._debounce = debounce
         self._poll_interval = poll_interval
@@ -235,7 +239,7 @@ class Reloader:
         if skip_unchanged and digest == self._attempted:
             return None
         self._attempted = digest
-        return load_sources(sources, merge_domains=self._merge)
+        return load_sources(sources, merge_domains=self._merge, strict=self._strict)
 
     def notify(self) -> None:
         """Called from the observer thread on any file event."""

@@ -787,12 +787,14 @@ class ConfigVersions:
         stats: Stats,
         *,
         merge_domains: bool = False,
+        strict: bool = False,
         apply: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store
         self._holder = holder
         self._stats = stats
         self._merge = merge_domains
+        self._strict = strict
         # Files: reload the directory now (the watcher would too, a little later).
         self._apply = apply
         self._lock = asyncio.Lock()
@@ -805,7 +807,9 @@ class ConfigVersions:
 
     def validate(self, documents: Mapping[str, str]) -> Config:
         """The Config of ``documents``; ConfigError with every problem (file: the name)."""
-        return load_sources(sorted(documents.items()), merge_domains=self._merge)
+        return load_sources(
+            sorted(documents.items()), merge_domains=self._merge, strict=self._strict
+        )
 
     def latest(self) -> int:
         """The latest version this replica knows: in force, or rejected after it."""

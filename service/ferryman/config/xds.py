@@ -86,7 +86,9 @@ def _problem(where: str, message: str) -> ConfigError:
     return ConfigError([ConfigProblem(where, None, None, "", message)])
 
 
-def load_resources(resources: Sequence[any_pb2.Any], *, merge_domains: bool = False) -> Config:
+def load_resources(
+    resources: Sequence[any_pb2.Any], *, merge_domains: bool = False, strict: bool = False
+) -> Config:
     """A Config from one response's resources, validated as descriptor files are; raises
     ConfigError naming each resource (``xds:NAME``) and the path of each problem."""
     sources: list[tuple[str, str]] = []
@@ -102,11 +104,13 @@ def load_resources(resources: Sequence[any_pb2.Any], *, merge_domains: bool = Fa
             raise _problem(where, f"does not decode as a RateLimitConfig: {exc}") from None
         sources.append((f"xds:{message.name or i}", resource_document(message)))
     try:
-        return load_sources(sources, merge_domains=merge_domains)
+        config = load_sources(sources, merge_domains=merge_domains, strict=strict)
     except ConfigError as exc:
         # Lines and columns are those of the generated YAML, which nobody sees: the
         # resource name and the path say where the problem is.
         raise ConfigError([replace(p, line=None, column=None) for p in exc.problems]) from None
+    warnings = tuple(replace(w, line=None, column=None) for w in config.warnings)
+    return replace(config, warnings=warnings)
 
 
 def _read(path: str, name: str) -> bytes:
@@ -268,6 +272,7 @@ class XdsClient:
                 load_resources,
                 list(response.resources),
                 merge_domains=self.settings.merge_domain_config,
+                strict=self.settings.strict_config,
             )
         except ConfigError as exc:
             keeping = (

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 __all__ = [
+    "REFERENCE_KEYS",
     "UNIT_SECONDS",
     "Domain",
     "Level",
@@ -20,6 +21,32 @@ __all__ = [
     "UnitLimit",
     "Unnamed",
 ]
+
+
+#: The key names the reference service's descriptor files may hold. It checks every map key
+#: of a file against this one list, wherever the key is, and reads each key only where it
+#: belongs (``name`` beside ``domain`` is accepted and never read); ``metadata``'s own keys
+#: are free.
+REFERENCE_KEYS = frozenset(
+    {
+        "domain",
+        "key",
+        "value",
+        "descriptors",
+        "rate_limit",
+        "unit",
+        "requests_per_unit",
+        "unlimited",
+        "shadow_mode",
+        "quota_mode",
+        "name",
+        "replaces",
+        "detailed_metric",
+        "value_to_metric",
+        "share_threshold",
+        "metadata",
+    }
+)
 
 
 class Unit(enum.IntEnum):

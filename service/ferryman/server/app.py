@@ -290,6 +290,7 @@ def config_source(settings: Settings, holder: ConfigHolder, stats: Stats) -> Rel
         stats,
         ignore_dotfiles=settings.ignore_dotfiles,
         merge_domains=settings.merge_domain_config,
+        strict=settings.strict_config,
         watch_root=settings.runtime_root if settings.watch_root else None,
     )
 

@@ -371,6 +371,14 @@ class Settings:
         _BOOL,
         "files naming the same domain are merged instead of refused",
     )
+    strict_config: bool = CONFIG.setting(
+        "STRICT_CONFIG",
+        False,
+        _BOOL,
+        "refuse a descriptor file for what is otherwise a warning: a key of the reference "
+        "where it is not read, a repeated key, a second YAML document (the reference loads "
+        "such files; see the migration page)",
+    )
     config_type: str = CONFIG.setting(
         "CONFIG_TYPE",
         "FILE",

@@ -18,6 +18,7 @@ from ferryman.core.nodes import (
     kind,
     mapping,
     read_replaces,
+    reference_shape,
     string,
     uint32,
 )
@@ -62,12 +63,14 @@ def _alone(ctx: Ctx, fields: Mapping[str, Node], path: str) -> None:
             ctx.error(fields[name], join(path, name), f"{name} needs burst_tiers on the node")
     for key in ("name", "replaces"):
         if key in fields:
-            ctx.error(
+            # The reference accepts these keys anywhere and reads them under rate_limit only.
+            ctx.warn(
                 fields[key],
                 join(path, key),
-                f"'{key}' at node level goes with burst_tiers "
-                "(for a fixed window put it under rate_limit)",
+                f"'{key}' at node level goes with burst_tiers (for a fixed window put it "
+                "under rate_limit): ignored, as the reference ignores it",
             )
+            reference_shape(ctx, fields[key], join(path, key))
 
 
 def _tier(ctx: Ctx, item: Node, ipath: str) -> Tier | None:

@@ -22,7 +22,7 @@ from ferryman.core.nodes import (
     uint32,
 )
 from ferryman.core.periods import Period, read_period
-from ferryman.core.rules import UnitLimit
+from ferryman.core.rules import Unit, UnitLimit
 
 __all__ = ["KIND", "FixedWindow", "read_fixed_window", "read_window_fields"]
 
@@ -65,13 +65,14 @@ def read_fixed_window(ctx: Ctx, fields: Mapping[str, Node], path: str) -> FixedW
 
 def read_window_fields(ctx: Ctx, node: Node, path: str) -> FixedWindow | None:
     """One fixed window's map at ``path``."""
-    own = mapping(ctx, node, path, _KEYS)
+    own = mapping(ctx, node, path, _KEYS, reference=True)
     if not isinstance(node, MappingNode):
         return None
     unlimited = boolean(ctx, own.get("unlimited"), join(path, "unlimited"))
     period: Period | None = None
     if unlimited:
-        for form in ("unit", "window", "calendar"):
+        _unlimited_unit(ctx, own.get("unit"), join(path, "unit"))
+        for form in ("window", "calendar"):
             if form in own:
                 ctx.error(own[form], join(path, form), f"'unlimited: true' cannot have a {form}")
     else:
@@ -84,6 +85,23 @@ def read_window_fields(ctx: Ctx, node: Node, path: str) -> FixedWindow | None:
     unit = None if period is None else period.unit
     sync = read_sync(ctx, own.get("sync"), join(path, "sync"))
     return FixedWindow(UnitLimit(rpu or 0, unit, unlimited, name, replaces), period, sync)
+
+
+def _unlimited_unit(ctx: Ctx, node: Node | None, path: str) -> None:
+    """An unlimited node's ``unit``: a unit is refused (by the reference too); anything else
+    it ignores, and so does ferryman, with a warning."""
+    text = string(ctx, node, path)
+    if not text:
+        return
+    if text.upper() in Unit.__members__:
+        ctx.error(node, path, "'unlimited: true' cannot have a unit (the reference refuses it too)")
+    else:
+        ctx.warn(
+            node,
+            path,
+            f"{text!r} is not a unit: ignored beside 'unlimited: true', "
+            "as the reference ignores it",
+        )
 
 
 def read_sync(ctx: Ctx, node: Node | None, path: str) -> float | None:
