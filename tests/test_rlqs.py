@@ -134,19 +134,26 @@ def test_a_bucket_id_walks_the_tree_as_should_rate_limit_matches() -> None:
 
 
 def test_two_envoys_share_a_bucket_by_demand_and_the_shares_add_up() -> None:
-    """30/s and 10/s against 20/s: 10 each; the other Envoy is pushed its change at once."""
+    """30/s and 10/s against 20/s: 10 each; the other Envoy is pushed its change at the
+    next tick, without waiting for its own report."""
     shares = QuotaShares(holder_of(), ManualClock(), Stats())
     a, b = shares.open("a"), shares.open("b")
     gold = {"tenant": "gold"}
     shares.report(a, report("quota", (gold, 0, 0, 0)))
     assert assigned(shares, a) == {"tenant=gold": (20, 20, 1)}
     shares.report(b, report("quota", (gold, 0, 0, 0)))
+    assert assigned(shares, b) == {}  # a second Envoy waits for the tick
+    shares.tick()
     # b's arrival halves a's share: pushed to a without waiting for a's report.
     assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}
     assert assigned(shares, b) == {"tenant=gold": (10, 10, 1)}
     for _ in range(3):
         shares.report(a, report("quota", (gold, 50, 100, 5)))  # 30/s
         shares.report(b, report("quota", (gold, 10, 10, 5)))  # 4/s
+    # Reports are answered at once with what each holds; the division waits for the tick.
+    assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}
+    assert assigned(shares, b) == {"tenant=gold": (10, 10, 1)}
+    shares.tick()
     assert assigned(shares, a) == {"tenant=gold": (16, 16, 1)}
     assert assigned(shares, b) == {"tenant=gold": (4, 4, 1)}
     status = shares.status()["buckets"][0]
@@ -181,8 +188,10 @@ def test_a_config_change_reaches_every_envoy_without_a_report() -> None:
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 1, 0, 0)))
     shares.take(a), shares.take(b)
+    shares.tick()
+    shares.take(a), shares.take(b)
     holder.swap(load_sources([("quota.yaml", CONFIG.replace("20}", "40}"))]))
-    shares.refresh()
+    shares.tick()
     assert assigned(shares, a) == assigned(shares, b) == {"tenant=gold": (20, 20, 1)}
 
 
@@ -194,10 +203,13 @@ def test_a_small_increase_is_not_pushed_but_a_decrease_is() -> None:
     gold = {"tenant": "gold"}
     shares.report(a, report("quota", (gold, 150, 0, 5)))  # 30/s
     shares.report(b, report("quota", (gold, 25, 0, 5)))  # 5/s
+    shares.tick()
     shares.take(a), shares.take(b)
     shares.report(b, report("quota", (gold, 25, 0, 5)))
+    shares.tick()
     assert assigned(shares, a) == {}
     shares.report(b, report("quota", (gold, 50, 0, 5)))  # b's demand up: a's share down
+    shares.tick()
     assert assigned(shares, a) == {"tenant=gold": (13, 13, 1)}
 
 
@@ -209,14 +221,19 @@ def test_a_closed_streams_share_is_kept_until_its_ttl_then_given_back() -> None:
     a, b = shares.open("a"), shares.open("b")
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
+    shares.tick()
     shares.take(a)
     shares.close(b)
-    shares.expire()
+    shares.tick()
     assert assigned(shares, a) == {}
     shares.report(a, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
+    shares.tick()
     assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}
-    clock.advance(15)
-    shares.expire()
+    clock.advance(14.9)
+    shares.tick()
+    assert assigned(shares, a) == {}
+    clock.advance(0.1)
+    shares.tick()
     assert assigned(shares, a) == {"tenant=gold": (20, 20, 1)}
     assert len(shares.buckets) == 1 and len(shares.streams) == 1
 

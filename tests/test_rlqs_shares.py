@@ -13,6 +13,7 @@ from ferryman.apis.rlqs_shares import (
     MAX_FILL_SECONDS,
     WINDOW_REPORTS,
     Bucket,
+    buckets_of,
     Meter,
     bucket_of,
     observe,
@@ -93,3 +94,18 @@ def test_a_bucket_never_allows_more_than_its_share(share: float) -> None:
     assert bucket.per_second <= share
     assert bucket.per_second >= share * 0.98 or bucket.per_second == math.floor(share)
     assert bucket.max_tokens == bucket.tokens_per_fill
+
+
+def test_small_shares_add_up_to_the_whole_rate_not_to_their_floors() -> None:
+    """1,024 Envoys sharing 1,200/s (one second's burst): rounding each share down alone
+    assigns 1/s each (85%); with the remainders handed back, the buckets add up to the
+    whole rate, never more, each within one token of its share."""
+    shares = {i: 1200 / 1024 for i in range(1024)}
+    alone = sum(bucket_of(s, s).per_second for s in shares.values())
+    assert alone == 1024
+    buckets = buckets_of(shares, 1.0)
+    assert sum(b.per_second for b in buckets.values()) == 1200
+    assert all(abs(b.per_second - shares[k]) < 1 for k, b in buckets.items())
+    uneven = {i: 0.3 + (i % 7) * 0.9 for i in range(500)}
+    total = sum(b.per_second for b in buckets_of(uneven, 1.0).values())
+    assert sum(uneven.values()) - 1 < total <= sum(uneven.values())

@@ -292,15 +292,112 @@ def cost(reports: int = 2000, buckets: int = 100, envoys: int = 10) -> None:
     print(f"  CPU per report per bucket: {took / (reports * buckets) * 1e6:.1f} us")
 
 
+def mesh_cost(
+    envoys: int, buckets: int, share: int, seconds: int = 30, memory: bool = False
+) -> dict[str, float]:
+    """In process, on a virtual clock: ``envoys`` Envoys each reporting ``buckets`` buckets
+    every 5 s (staggered, as Envoys that started at different times), each bucket shared by
+    ``share`` Envoys, a tick every second. The CPU of everything (reports, answers, ticks,
+    pushes) per bucket entry reported, the highest sum assigned to a bucket as a share of
+    its limit, and (``memory``: traced, which slows it) the memory held per (Envoy, bucket)
+    pair."""
+    import tracemalloc
+
+    from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+
+    from ferryman.apis.rlqs import Limits, QuotaShares
+    from ferryman.apis.rlqs_shares import Bucket
+    from ferryman.clock import ManualClock
+    from ferryman.config.loader import load_sources
+    from ferryman.config.reloader import ConfigHolder
+    from ferryman.stats import Stats
+
+    holder = ConfigHolder()
+    holder.swap(load_sources([("quota.yaml", CONFIG)]))
+    clock = ManualClock()
+    if memory:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    shares = QuotaShares(holder, clock, Stats(), limits=Limits(streams=envoys + 1))
+    streams = [shares.open(f"envoy-{i}") for i in range(envoys)]
+    usage = rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage
+    distinct = max(1, envoys * buckets // share)
+
+    def message(i: int, n: int) -> Any:
+        ids = [(i * buckets + b) % distinct for b in range(buckets)]
+        return rlqs_pb2.RateLimitQuotaUsageReports(
+            domain="quota",
+            bucket_quota_usages=[
+                usage(
+                    bucket_id=rlqs_pb2.BucketId(bucket={"tenant": f"acme-{d}"}),
+                    num_requests_allowed=(i * 7 + n) % 20,
+                    num_requests_denied=(i + n) % 3,
+                    time_elapsed={"seconds": 5 if n else 0},
+                )
+                for d in ids
+            ],
+        )
+
+    messages = [[message(i, n) for n in range(3)] for i in range(envoys)]
+    entries, actions, highest, held = 0, 0, 0.0, 0
+    start = time.process_time()
+    for second in range(seconds):
+        for i in range(second % 5, envoys, 5):
+            shares.report(streams[i], messages[i][min(second // 5, 2)])
+            entries += buckets
+        clock.advance(1)
+        shares.tick()
+        for stream in streams:
+            response = shares.take(stream)
+            actions += 0 if response is None else len(response.bucket_action)
+        if memory and second == seconds - 1:
+            held = tracemalloc.get_traced_memory()[0] - before
+    took = time.process_time() - start
+    for bucket in shares.buckets.values():
+        sent = sum(u.sent.per_second for u in bucket.users.values() if isinstance(u.sent, Bucket))
+        highest = max(highest, sent / LIMIT)
+    tracemalloc.stop()
+    return {
+        "us_per_entry": took / entries * 1e6,
+        "highest": highest,
+        "bytes_per_pair": held / max(1, shares.pairs),
+        "pairs": shares.pairs,
+        "actions_per_entry": actions / entries,
+    }
+
+
+def mesh(envoys: int, buckets: int, shares: tuple[int, ...]) -> None:
+    print(f"in process: {envoys} Envoys x {buckets} buckets each, a report every 5 s, 1 s ticks")
+    print("  Envoys per bucket  CPU per entry  highest sum/limit  memory per pair  sent per entry")
+    first = None
+    for share in shares:
+        got = mesh_cost(envoys, buckets, share)
+        got["bytes_per_pair"] = mesh_cost(envoys, buckets, share, memory=True)["bytes_per_pair"]
+        first = first or got["us_per_entry"]
+        print(
+            f"  {share:>17}  {got['us_per_entry']:>10.1f} us  {got['highest']:>16.1%}"
+            f"  {got['bytes_per_pair']:>13.0f} B  {got['actions_per_entry']:>14.2f}"
+            f"   (CPU x{got['us_per_entry'] / first:.2f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--scenario",
-        choices=("all", "cost", "accuracy", "config", "restart", "replicas"),
+        choices=("all", "cost", "mesh", "accuracy", "config", "restart", "replicas"),
         default="all",
     )
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--envoys", type=int, default=1000, help="mesh: simulated Envoys")
+    parser.add_argument("--buckets", type=int, default=2, help="mesh: buckets per report")
+    parser.add_argument(
+        "--share", type=int, action="append", help="mesh: Envoys per bucket (repeatable)"
+    )
     args = parser.parse_args()
+    if args.scenario == "mesh":
+        mesh(args.envoys, args.buckets, tuple(args.share or (1, 10, 100, 1000)))
+        return
     chosen = ("cost", "accuracy", "config", "restart", "replicas")
     for name in chosen if args.scenario == "all" else (args.scenario,):
         if name == "cost":

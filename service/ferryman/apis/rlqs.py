@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -35,7 +36,7 @@ from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
 from ferryman.apis.rlqs_leases import PREFIX, BucketLeases, resource_id
-from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, bucket_of, observe, split
+from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, buckets_of, observe, split
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
@@ -44,6 +45,7 @@ from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Domain, Rule
 from ferryman.edge.rpc import Method
 from ferryman.engine.explain import explain, rule_text
+from ferryman.settings import Settings
 from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
 from ferryman.stats import Stats
 from ferryman.tasks import cancel
@@ -63,6 +65,7 @@ __all__ = [
     "render_bucket",
     "resolve",
     "resolve_in",
+    "rlqs_limits",
 ]
 
 log = logging.getLogger("ferryman.rlqs")
@@ -79,7 +82,6 @@ _ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.ALLOW_ALL
 _DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
 # An increase this small is not pushed: Envoy starts a changed bucket full.
 _NUDGE = 0.02
-_TICK_SECONDS = 1.0
 #: The divisions a bucket may name: those whose shares add up to the rate at most.
 SHARING = frozenset({Kind.FAIR_SHARE, Kind.PROPORTIONAL_SHARE})
 #: Reports in a row with no request after which an Envoy's bucket is abandoned.
@@ -91,10 +93,14 @@ class Limits:
     """What one stream and the whole service hold at most; a report over them is refused
     (INVALID_ARGUMENT naming the field), a stream over them RESOURCE_EXHAUSTED."""
 
-    streams: int = 1024
+    streams: int = 10_000
     buckets_per_report: int = 1000
     buckets_per_stream: int = 1000
     buckets: int = 100_000
+    #: (Envoy, bucket) pairs held in all: what memory grows with.
+    pairs: int = 1_000_000
+    #: Seconds between two divisions of a bucket whose demand, Envoys, config or lease changed.
+    tick_seconds: float = 1.0
     id_entries: int = 16
     id_chars: int = 256
     requests_per_report: int = 1_000_000_000
@@ -102,6 +108,17 @@ class Limits:
 
 
 LIMITS = Limits()
+
+
+def rlqs_limits(settings: Settings) -> Limits:
+    """The limits the settings give (``RLQS_MAX_STREAMS``, ``RLQS_MAX_PAIRS``...)."""
+    return replace(
+        LIMITS,
+        streams=settings.rlqs_max_streams,
+        pairs=settings.rlqs_max_pairs,
+        buckets=settings.rlqs_max_buckets,
+        tick_seconds=settings.rlqs_tick,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +265,8 @@ class _Usage:
     share: float | None = None
     sent: Bucket | str | None = None
     sent_at: float = 0.0
+    # The BucketAction of ``sent``: a report renewing the same assignment reuses it.
+    action: Any = None
     envoy: str = ""
     # Its stream has ended: the Envoy enforces the last bucket sent until its TTL, which
     # stays reserved until then (handed to the others at once, the sum would pass the limit).
@@ -342,9 +361,13 @@ def _worth_sending(old: Bucket | str | None, new: Bucket | str) -> bool:
 
 
 class QuotaShares:
-    """Every stream's buckets and usage, and the shares they are assigned. Each change
-    (a report, a stream opened or closed, a new config) re-divides the buckets it touches
-    and queues, for each stream, the assignments that changed."""
+    """Every stream's buckets and usage, and the shares they are assigned.
+
+    A report only records its Envoy's demand and is answered at once with that Envoy's
+    current assignment (renewing its time to live). Every change (a report, a stream opened
+    or closed, a new config, a lease) marks the buckets it touches, and :meth:`tick`
+    re-divides each marked bucket once and queues, for each stream, only the assignments
+    that changed: a bucket costs one division per tick, however many Envoys report it."""
 
     def __init__(
         self,
@@ -366,6 +389,11 @@ class QuotaShares:
         self._version = holder.version
         # Set with a shared backend: the rates are leased from the capacity master.
         self.leases: BucketLeases | None = None
+        # Buckets to divide again at the next tick, in the order they were marked.
+        self._marked: dict[BucketKey, _Bucket] = {}
+        # Ended streams' assignments, by when their time to live runs out.
+        self._ending: list[tuple[float, int, BucketKey]] = []
+        self.pairs = 0
 
     def open(self, envoy: str) -> _Stream:
         if len(self.streams) >= self.limits.streams:
@@ -387,32 +415,47 @@ class QuotaShares:
                 continue
             if isinstance(user.sent, Bucket) and user.sent.tokens_per_fill > 0:
                 user.gone = True
+                heapq.heappush(self._ending, (user.sent_at + TTL_SECONDS, stream.id, bucket.key))
                 continue
-            del bucket.users[stream.id]
-            if bucket.users:
-                self._reshare(bucket, None)
-            else:
-                self._drop(bucket)
+            self._leave(bucket, stream.id)
+
+    def _leave(self, bucket: _Bucket, sid: int) -> None:
+        del bucket.users[sid]
+        self.pairs -= 1
+        if bucket.users:
+            self._mark(bucket)
+        else:
+            self._drop(bucket)
+
+    def _mark(self, bucket: _Bucket) -> None:
+        self._marked[bucket.key] = bucket
 
     def expire(self) -> None:
-        """Hand the shares of ended streams to the others once their TTL has run out."""
+        """Hand the shares of ended streams to the others once their TTL has run out (the
+        others get them at the next tick)."""
         now = self._clock.now()
-        for bucket in list(self.buckets.values()):
-            over = [
-                sid for sid, u in bucket.users.items() if u.gone and u.sent_at + TTL_SECONDS <= now
-            ]
-            if not over:
-                continue
-            for sid in over:
-                del bucket.users[sid]
-            if bucket.users:
-                self._reshare(bucket, None)
-            else:
-                self._drop(bucket)
+        while self._ending and self._ending[0][0] <= now:
+            _, sid, key = heapq.heappop(self._ending)
+            bucket = self.buckets.get(key)
+            user = None if bucket is None else bucket.users.get(sid)
+            if bucket is not None and user is not None and user.gone:
+                self._leave(bucket, sid)
+
+    def tick(self) -> None:
+        """Divide every marked bucket again, once, and queue the assignments that changed."""
+        self.refresh()
+        self.expire()
+        self.poll_leases()
+        marked, self._marked = self._marked, {}
+        for key, bucket in marked.items():
+            if self.buckets.get(key) is bucket:
+                self._reshare(bucket)
 
     def report(self, stream: _Stream, message: Any) -> None:
-        """One usage report of ``stream``: demand updated, shares re-divided, this stream
-        answered for every bucket it reported (the answer renews each assignment's TTL)."""
+        """One usage report of ``stream``: its demand recorded and its buckets marked for the
+        next tick; the stream answered at once for every bucket it reported that holds an
+        assignment (the answer renews its TTL). A bucket's first Envoy is assigned at once
+        (its whole division is that one share); a later one at the next tick."""
         _check_report(message, self.limits)
         if stream.domain is None:
             stream.domain = message.domain
@@ -427,20 +470,31 @@ class QuotaShares:
             user = bucket.users.get(stream.id)
             if user is None:
                 user = bucket.users[stream.id] = _Usage(envoy=stream.envoy)
+                self.pairs += 1
             hits = usage.num_requests_allowed + usage.num_requests_denied
             user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
             user.allowed += usage.num_requests_allowed
             user.denied += usage.num_requests_denied
             user.reports += 1
             user.idle = 0 if hits else user.idle + 1
-            self._reshare(bucket, stream)
+            if user.idle >= IDLE_REPORTS:
+                self._abandon(stream, bucket)
+            elif user.sent is not None:
+                self._queue(stream, bucket, user, user.sent)
+                self._mark(bucket)
+            elif len(bucket.users) == 1:
+                self._reshare(bucket)
+            else:
+                self._mark(bucket)
 
     def _bucket_of(self, stream: _Stream, key: BucketKey) -> _Bucket | None:
         bucket = stream.buckets.get(key)
         if bucket is not None:
             return bucket
-        if len(stream.buckets) >= self.limits.buckets_per_stream or (
-            key not in self.buckets and len(self.buckets) >= self.limits.buckets
+        if (
+            len(stream.buckets) >= self.limits.buckets_per_stream
+            or self.pairs >= self.limits.pairs
+            or (key not in self.buckets and len(self.buckets) >= self.limits.buckets)
         ):
             # No answer: Envoy applies the filter's no-assignment behaviour to it.
             self._stats.inc(f"{RLQS}.buckets_refused")
@@ -478,20 +532,20 @@ class QuotaShares:
             rate = bucket.resolved.rate
             shared = bucket.resolved.answer == "share" and rate is not None
             if shared and rate is not None and self._capacity(bucket, rate) != bucket.capacity:
-                self._reshare(bucket, None)
+                self._mark(bucket)
 
     def refresh(self) -> None:
-        """After a config change: every bucket resolved again and re-divided."""
+        """After a config change: every bucket resolved again and marked."""
         if self._holder.version == self._version:
             return
         self._version = self._holder.version
-        for bucket in list(self.buckets.values()):
+        for bucket in self.buckets.values():
             bucket.resolved = self._resolve(bucket.key)
-            self._reshare(bucket, None)
+            self._mark(bucket)
 
-    def _reshare(self, bucket: _Bucket, reporter: _Stream | None) -> None:
-        """Divide ``bucket`` again; queue each stream's changed assignment (the reporter's
-        whether changed or not)."""
+    def _reshare(self, bucket: _Bucket) -> None:
+        """Divide ``bucket`` again; queue each stream's changed assignment (and a first one
+        to an Envoy that has none yet)."""
         resolved = bucket.resolved
         rate = resolved.rate
         shares: dict[int, float] = {}
@@ -505,30 +559,27 @@ class QuotaShares:
             )
             demands = {sid: u.meter.rate for sid, u in bucket.users.items() if not u.gone}
             shares = split(resolved.kind, max(0.0, bucket.capacity - reserved), demands)
+        burst_ratio = rate.burst / rate.per_second if rate and rate.per_second > 0 else None
+        buckets = buckets_of(shares, burst_ratio)
         for sid, user in list(bucket.users.items()):
             stream = self.streams.get(sid)
             if stream is None:
                 continue
             new: Bucket | str
             if sid in shares and rate is not None:
-                user.share = shares[sid]
-                new = bucket_of(user.share, rate.burst * user.share / rate.per_second)
+                user.share, new = shares[sid], buckets[sid]
             elif resolved.answer == "deny":
                 user.share, new = 0.0, Bucket(0, 0, 1)
             else:
                 user.share, new = None, resolved.answer
-            if stream is reporter and user.idle >= IDLE_REPORTS:
-                self._abandon(stream, bucket)
-                continue
-            if user.sent is not None and not _worth_sending(user.sent, new):
-                if stream is not reporter:
-                    continue
-                new = user.sent
-            self._queue(stream, bucket, user, new)
+            if user.sent is None or _worth_sending(user.sent, new):
+                self._queue(stream, bucket, user, new)
 
     def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
+        if user.action is None or sent != user.sent:
+            user.action = _action(bucket.key, sent)
         user.sent, user.sent_at = sent, self._clock.now()
-        stream.pending[bucket.key] = _action(bucket.key, sent)
+        stream.pending[bucket.key] = user.action
         stream.wake.set()
         self._stats.inc(f"{RLQS}.assigned.{bucket.resolved.answer}")
 
@@ -538,13 +589,12 @@ class QuotaShares:
         stream.pending[bucket.key] = _action(bucket.key, "abandon")
         stream.wake.set()
         self._stats.inc(f"{RLQS}.abandoned")
-        bucket.users.pop(stream.id, None)
         stream.buckets.pop(bucket.key, None)
-        if not bucket.users:
-            self._drop(bucket)
+        self._leave(bucket, stream.id)
 
     def _drop(self, bucket: _Bucket) -> None:
         self.buckets.pop(bucket.key, None)
+        self._marked.pop(bucket.key, None)
         if self.leases is not None:
             self.leases.forget(bucket.key)
 
@@ -571,6 +621,7 @@ class QuotaShares:
                 for s in self.streams.values()
             ],
             "bucket_count": len(self.buckets),
+            "pairs": self.pairs,
             "leases": self.leases.status() if self.leases is not None else None,
             "buckets": [self._bucket_status(b) for b in ranked[:limit]],
         }
@@ -709,9 +760,15 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
     async def StreamRateLimitQuotas(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
+        # A stream holds a place only once its first report has passed the access check.
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None:
+            return
+        self._access.require(context, "rlqs", first.domain)
         shares = self._shares
         stream = shares.open(_envoy_name(context))
-        reader = asyncio.create_task(self._read(stream, request_iterator, context))
+        reader = asyncio.create_task(self._read(stream, first, requests, context))
         try:
             while True:
                 await stream.wake.wait()
@@ -727,9 +784,12 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
             await cancel(reader)
             shares.close(stream)
 
-    async def _read(self, stream: Any, requests: AsyncIterator[Any], context: Context) -> None:
-        allowed = ""  # the domain this stream was last allowed to report on
+    async def _read(
+        self, stream: Any, first: Any, requests: AsyncIterator[Any], context: Context
+    ) -> None:
+        allowed = first.domain  # the domain this stream was last allowed to report on
         try:
+            self._shares.report(stream, first)
             async for message in requests:
                 if message.domain != allowed:
                     self._access.require(context, "rlqs", message.domain)
@@ -749,13 +809,11 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
 
 
 async def _tick(shares: QuotaShares) -> None:
-    # A new config reaches the Envoys within a second, not at their next report.
+    # Reports, ended streams, a new config and leases reach the Envoys within a tick.
     while True:
-        await asyncio.sleep(_TICK_SECONDS)
+        await asyncio.sleep(shares.limits.tick_seconds)
         try:
-            shares.refresh()
-            shares.expire()
-            shares.poll_leases()
+            shares.tick()
         except Exception:  # one bad pass must not end the pushes
             log.exception("re-dividing the quota buckets failed")
 

@@ -27,6 +27,7 @@ __all__ = [
     "Bucket",
     "Meter",
     "bucket_of",
+    "buckets_of",
     "observe",
     "split",
 ]
@@ -126,3 +127,26 @@ def bucket_of(share: float, burst: float | None = None) -> Bucket:
             best = (seconds, tokens)
     seconds, tokens = best
     return Bucket(tokens, tokens, seconds)
+
+
+def buckets_of(shares: Mapping[K, float], burst_ratio: float | None = None) -> dict[K, Bucket]:
+    """Every share as a token bucket (:func:`bucket_of`), with what rounding down leaves
+    over handed back one token per second at a time to the one-second buckets that lost
+    the most (largest remainders first): many small shares then add up to the whole rate
+    less than one token per second, not to the sum of their floors. The buckets never add
+    up to more than the shares. ``burst_ratio``: the limit's burst over its rate."""
+    buckets = {
+        k: bucket_of(share, None if burst_ratio is None else burst_ratio * share)
+        for k, share in shares.items()
+    }
+    lost = {k: shares[k] - b.per_second for k, b in buckets.items() if b.fill_seconds == 1}
+    spare = math.floor(sum(shares.values()) - sum(b.per_second for b in buckets.values()) + 1e-9)
+    if spare <= 0 or not lost:
+        return buckets
+    for k in sorted(lost, key=lost.__getitem__, reverse=True)[:spare]:
+        b = buckets[k]
+        if b.tokens_per_fill == 0 and shares[k] <= 0:
+            continue
+        tokens = b.tokens_per_fill + 1
+        buckets[k] = Bucket(max(b.max_tokens, tokens), tokens, 1)
+    return buckets

@@ -35,7 +35,7 @@ from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.quota_http import QuotaHttp
-from ferryman.apis.rlqs import QuotaShares
+from ferryman.apis.rlqs import QuotaShares, rlqs_limits
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Synced, Watched
 from ferryman.backends.memory import MemoryBackend
@@ -401,7 +401,11 @@ class Service:
         self.capacity = CapacityService(settings, self.holder, self.clock, self.backend)
         self.telemetry.observe_capacity(self.capacity, self.stats.max_series)
         self.rlqs = QuotaShares(
-            self.holder, self.clock, self.stats, shadow_mode=settings.shadow_mode
+            self.holder,
+            self.clock,
+            self.stats,
+            shadow_mode=settings.shadow_mode,
+            limits=rlqs_limits(settings),
         )
         self.rlqs.observe(self.telemetry)
         if getattr(self.backend, "target", None) is not None:

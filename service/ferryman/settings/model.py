@@ -71,6 +71,11 @@ STATSD = Topic("StatsD")
 METRICS = Topic("Prometheus and OpenTelemetry metrics")
 TRACING = Topic("Tracing")
 CAPACITY = Topic("Capacity leases (doorman.Capacity)")
+RLQS = Topic(
+    "Envoy's rate limit quota service",
+    "What one process holds at most of Envoys' quota streams, and how often a bucket's "
+    "shares are divided again.",
+)
 ACCESS = Topic(
     "Access and caps",
     "What one caller may open, and the key that signs transfer ids "
@@ -98,6 +103,7 @@ TOPICS = (
     METRICS,
     TRACING,
     CAPACITY,
+    RLQS,
     ACCESS,
     PROCESS,
     IGNORED,
@@ -939,6 +945,31 @@ class Settings:
         _COUNT,
         "dynamic token buckets one caller may make per namespace (0: no cap)",
     )
+    rlqs_max_streams: int = RLQS.setting(
+        "RLQS_MAX_STREAMS",
+        10_000,
+        Integer(1),
+        "quota streams open at once (one per Envoy); one more is refused RESOURCE_EXHAUSTED",
+    )
+    rlqs_max_pairs: int = RLQS.setting(
+        "RLQS_MAX_PAIRS",
+        1_000_000,
+        Integer(1),
+        "(Envoy, bucket) pairs held at once; a bucket past it gets no assignment",
+    )
+    rlqs_max_buckets: int = RLQS.setting(
+        "RLQS_MAX_BUCKETS",
+        100_000,
+        Integer(1),
+        "distinct buckets held at once",
+    )
+    rlqs_tick: float = RLQS.setting(
+        "RLQS_TICK",
+        1.0,
+        Duration(minimum=0.05),
+        "how often a bucket whose demand, Envoys, config or lease changed is divided again",
+    )
+
     doorman_max_clients_per_server: int = ACCESS.setting(
         "DOORMAN_MAX_CLIENTS_PER_SERVER",
         10,
