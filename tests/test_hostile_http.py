@@ -8,11 +8,10 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import random
 import socket
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,10 +19,11 @@ from envoy.service.ratelimit.v3 import rls_pb2
 
 from ferryman._proto.quotaservice import quota_service_pb2
 from ferryman.edge.http import BAD_INPUT
-from ferryman.server.app import Service
-from ferryman.settings import Settings
 
+from helpers.fuzz import http_case, http_failed, http_routes, http_send
+from helpers.holds import JOBS_CONFIG
 from helpers.server import (
+    MIXED,
     ConfigDir,
     Server,
     ServerFactory,
@@ -107,19 +107,7 @@ DOORS = {
 OPEN = {("GET", "/healthcheck"), ("HEAD", "/healthcheck")}
 
 
-def _routing_table() -> list[tuple[str, str, str]]:
-    """Every (port, method, path) a Service routes on its HTTP and debug ports, the config
-    API's routes (which carry their own tokens) aside."""
-    service = Service(Settings(config_dir=Path(tempfile.gettempdir())))
-    return [
-        (port, method, path)
-        for port, server in service.http_servers.items()
-        for method, path in server.routes
-        if not path.startswith("/api/")
-    ]
-
-
-ROUTES = _routing_table()
+ROUTES = [(r.port, r.method, r.path) for r in http_routes()]
 
 
 @pytest.fixture
@@ -315,3 +303,44 @@ def test_a_descriptor_on_a_granted_domain_is_answered_on_both_doors(guarded: Ser
     assert status == 200 and json.loads(text)["overallCode"] == "OK"
     request = rls_pb2.RateLimitRequest(domain="open", descriptors=[descriptor([("k", "v")])])
     assert rls_stub(guarded.channel).ShouldRateLimit(request, timeout=5).overall_code == 1
+
+
+def test_a_lone_surrogate_quoted_back_in_an_error_is_answered_400(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """A /json body whose bad field holds a lone surrogate ("\\ud800") is answered 400
+    with the value escaped, not 500."""
+    _domains(config_dir)
+    server = make_server()
+    status, text = _call(server, "POST", "/json", b'{"domain": "d", "descriptors": "\\ud800"}')
+    assert status == 400 and b"\\ud800" in text, (status, text)
+
+
+def test_random_and_mutated_http_requests_never_fail_inside_the_server(
+    config_dir: ConfigDir, make_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 random, mutated, odd-valued and deeply nested requests over every route of the
+    HTTP and debug ports: none is answered 500 (or drops its connection), none logs a
+    traceback."""
+    config_dir.write("mixed.yaml", MIXED)
+    config_dir.write("jobs.yaml", JOBS_CONFIG)
+    config_dir.write("quota.yaml", QUOTA)
+    server = make_server()
+    ports = {"http": server.service.http_port, "debug": server.service.debug_port}
+    conns = {
+        name: http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for name, port in ports.items()
+    }
+    rng = random.Random(7)
+    routes = http_routes()
+    failed = []
+    for _ in range(300):
+        route = rng.choice(routes)
+        target, body = http_case(route, rng)
+        status = http_send(conns[route.port], route, target, body)
+        if http_failed(status):
+            failed.append((route.method, target[:100], body[:100], status))
+    for conn in conns.values():
+        conn.close()
+    assert failed == []
+    assert [r for r in caplog.records if r.exc_info is not None] == []

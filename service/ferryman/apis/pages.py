@@ -92,7 +92,7 @@ class Pages:
             json_format.ParseDict(data, message)
         except (json_format.ParseError, RequestError) as exc:
             self.service.stats.inc(f"{CALL}.service_error")
-            return HttpResponse(400, f"bad request: {exc}\n".encode())
+            return HttpResponse(400, _text(f"bad request: {exc}\n"))
         try:
             caller = http_caller(request.peercert, request.peer)
             response = await self._rls.respond(message, caller)
@@ -100,7 +100,7 @@ class Pages:
             status = status_of(exc)
             self.service.stats.inc(f"{CALL}.{status.counter}")
             what = "backend error" if isinstance(exc, BackendError) else "bad request"
-            return HttpResponse(status.http, f"{what}: {exc}\n".encode())
+            return HttpResponse(status.http, _text(f"{what}: {exc}\n"))
         code = {
             rls_pb2.RateLimitResponse.OK: 200,
             rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
@@ -306,6 +306,11 @@ def domains_panel(
         "rows": rows,
         "note": "ignore_limits: every rule in shadow mode; allow_unconfigured: see /unconfigured",
     }
+
+
+def _text(message: str) -> bytes:
+    # A caller's text quoted back may hold lone surrogates (JSON's "\ud800"): escaped.
+    return message.encode("utf-8", "backslashreplace")
 
 
 def _iso(epoch: float) -> str:
