@@ -57,10 +57,12 @@ def test_json_endpoint_answers_200_then_429(
 def test_json_endpoint_rejects_bad_bodies_with_400(
     config_dir: ConfigDir, make_server: ServerFactory
 ) -> None:
-    """Not JSON, a wrong field, or an empty domain give 400 with a reason."""
+    """Not JSON, a wrong field, a key given twice, or an empty domain give 400 with a
+    reason."""
     config_dir.write("web.yaml", CONFIG)
     server = make_server()
-    for bad in (b"{not json", b'{"domian": "web"}', body("", "u")):
+    twice = body("web", "u").replace(b'"domain": "web"', b'"domain": "x", "domain": "web"')
+    for bad in (b"{not json", b'{"domian": "web"}', twice, body("", "u")):
         status, raw = server.http("POST", "/json", bad)
         assert status == 400, bad
         assert raw.startswith(b"bad request")

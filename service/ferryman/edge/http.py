@@ -104,18 +104,28 @@ class HttpRequest:
 
     def json(self) -> Any:
         """The body as JSON (an empty body is ``{}``); RequestError naming the body when it
-        is not UTF-8 JSON or nests deeper than its port allows (each one logged, at most
-        once per interval)."""
+        is not UTF-8 JSON, repeats a key, or nests deeper than its port allows (each one
+        logged, at most once per interval)."""
         try:
             if _nests_deeper(self.body, self.json_depth):
                 raise RequestError("body", f"JSON nested deeper than {self.json_depth} levels")
             try:
-                return json.loads(self.body.decode("utf-8") or "{}")
+                return json.loads(self.body.decode("utf-8") or "{}", object_pairs_hook=_once)
             except (UnicodeDecodeError, ValueError) as exc:
                 raise RequestError("body", f"not JSON ({exc})") from None
         except RequestError as exc:
             BAD_INPUT.report(f"{self.method} {self.path} from {self.peer or '?'}: {exc}")
             raise
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice is ambiguous (protojson refuses it too): refused, not last-wins.
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise RequestError("body", f"the key {key!r} is given twice")
+        found[key] = value
+    return found
 
 
 def _nests_deeper(body: bytes, most: int) -> bool:
