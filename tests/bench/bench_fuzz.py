@@ -116,9 +116,12 @@ def run_http(
     return codes, failed, samples, time.monotonic() - start
 
 
-def stall(proc: subprocess.Popen[bytes], port: int, clients: int = 200) -> list[tuple[str, int]]:
-    """``clients`` connections that each announce a 1 MiB body to /json, send 64 KiB of it
-    and stall: the server's RSS before, while they stall, and after it cut them."""
+def stall(
+    proc: subprocess.Popen[bytes], port: int, clients: int = 200, sent: int = (1 << 20) - 1
+) -> list[tuple[str, int]]:
+    """``clients`` connections that each announce a 1 MiB body to /json, send ``sent``
+    bytes of it and stall: the server's RSS before, while they stall, and after it cut
+    them (with what each was answered)."""
     samples = [("before", rss_kib(proc.pid))]
     head = b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n"
     socks = []
@@ -126,7 +129,7 @@ def stall(proc: subprocess.Popen[bytes], port: int, clients: int = 200) -> list[
     for _ in range(clients):
         sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         try:
-            sock.sendall(head + b"[" * (64 << 10))
+            sock.sendall(head + b"[" * sent)
         except OSError:
             refused += 1
         socks.append(sock)
