@@ -1,17 +1,25 @@
 """Random and mutated messages for every method of every gRPC API, sent as raw bytes to a
-real server, and what a well-behaved answer is."""
+real server, and random and mutated requests for every route of its HTTP ports; and what a
+well-behaved answer is."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import random
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import grpc
 from google.protobuf import message_factory
 
 from ferryman.apis import APIS
+from ferryman.server.app import Service
+from ferryman.settings import Settings
 
 #: Codes a call may be answered with: anything but the server failing in itself.
 FAILURES = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS})
@@ -132,3 +140,129 @@ def cases(seed: int, count: int) -> Iterator[tuple[Target, bytes]]:
             yield target, rng.randbytes(rng.randint(0, 64))
         else:
             yield target, mutated(target.seed, rng)
+
+
+# -- the HTTP ports ------------------------------------------------------------------------
+
+#: A valid body per route that takes one; a route not listed is sent its query string.
+HTTP_SEEDS: dict[str, object] = {
+    "/json": {
+        "domain": "mx",
+        "descriptors": [{"entries": [{"key": "fixed", "value": "a"}], "hitsAddend": 1}],
+    },
+    "/quota/allow": {"namespace": "users", "bucket_name": "b", "tokens_requested": 1},
+}
+#: A valid query string per debug page that reads one.
+HTTP_QUERIES = {
+    "/explain": "domain=mx&descriptor=fixed=a",
+    "/rlqs/explain": "domain=mx&bucket=fixed=a",
+    "/console/tenant": "domain=mx&descriptor=tiers=t",
+    "/console/data": "since=0",
+    "/console/panel": "id=sessions",
+    "/console/simulate": "domain=mx&descriptor=tiers=t&seconds=10&rate=5",
+    "/unconfigured": "top=5",
+}
+# Values a JSON field is swapped for: wrong types, extremes, long and odd strings.
+_ODD: list[object] = [
+    None,
+    True,
+    -1,
+    0,
+    2**32,
+    2**64,
+    -(2**63),
+    1e308,
+    0.5,
+    "",
+    "x" * 5000,
+    "\u0000\ud800",
+    "../../etc/passwd",
+    "<script>",
+    [],
+    {},
+    [[[[[[]]]]]],
+    {"a": {"b": {"c": {}}}},
+]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of an HTTP port: the port's name, its method and path."""
+
+    port: str
+    method: str
+    path: str
+
+
+def http_routes() -> list[Route]:
+    """Every route a Service serves on its HTTP and debug ports, the config API's aside
+    (read from a Service's routing table, so that a new route is fuzzed too)."""
+    service = Service(Settings(config_dir=Path(tempfile.gettempdir())))
+    return [
+        Route(port, method, path)
+        for port, server in service.http_servers.items()
+        for method, path in server.routes
+        if not path.startswith("/api/")
+    ]
+
+
+def _swapped(value: object, rng: random.Random) -> object:
+    """``value`` with one field, anywhere in it, replaced by an odd value."""
+    if isinstance(value, dict) and value:
+        key = rng.choice(list(value))
+        inner = rng.random() < 0.5 and isinstance(value[key], (dict, list))
+        return {**value, key: _swapped(value[key], rng) if inner else rng.choice(_ODD)}
+    if isinstance(value, list) and value:
+        at = rng.randrange(len(value))
+        return [*value[:at], _swapped(value[at], rng), *value[at + 1 :]]
+    return rng.choice(_ODD)
+
+
+def http_case(route: Route, rng: random.Random) -> tuple[str, bytes]:
+    """A request target and body for ``route``: random bytes, a body with a field swapped
+    for an odd value, a deeply nested body, or a mutated valid body or query."""
+    seed = HTTP_SEEDS.get(route.path)
+    query = HTTP_QUERIES.get(route.path, "")
+    choice = rng.random()
+    if seed is None:
+        text = query.encode() if choice < 0.7 else rng.randbytes(rng.randint(0, 32))
+        mangled = mutated(text, rng) if choice < 0.7 else text
+        return route.path + "?" + quote_from_bytes(mangled, safe="=&,"), b""
+    if choice < 0.2:
+        return route.path, rng.randbytes(rng.randint(0, 64))
+    if choice < 0.25:
+        depth = rng.choice([33, 1000, 100_000])
+        return route.path, b"[" * depth + b"]" * depth
+    if choice < 0.7:
+        return route.path, json.dumps(_swapped(seed, rng)).encode()
+    return route.path, mutated(json.dumps(seed).encode(), rng)
+
+
+def http_cases(seed: int, count: int) -> Iterator[tuple[Route, str, bytes]]:
+    """``count`` (route, target, body) triples over every route."""
+    rng = random.Random(seed)
+    every = http_routes()
+    for _ in range(count):
+        route = rng.choice(every)
+        target, body = http_case(route, rng)
+        yield route, target, body
+
+
+def http_send(conn: http.client.HTTPConnection, route: Route, target: str, body: bytes) -> int:
+    """One request on a kept-alive connection: its status (0 when the connection failed;
+    the connection is opened again on the next request)."""
+    try:
+        conn.request(route.method, target, body=body or None)
+        response = conn.getresponse()
+        response.read()
+        if response.will_close:
+            conn.close()
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return 0
+    return response.status
+
+
+def http_failed(status: int) -> bool:
+    """An answer that means the server failed in itself (a 503 for a full port is not)."""
+    return status == 0 or (status >= 500 and status != 503)

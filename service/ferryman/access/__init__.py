@@ -109,6 +109,11 @@ def http_caller(peercert: Any, peer: str) -> Caller:
     return Caller(names[0] if names else ANONYMOUS, names or (ANONYMOUS,), peer)
 
 
+def _who(context: Any) -> Caller:
+    """The caller of a gRPC call's ``context``, or ``context`` itself when it is one."""
+    return context if isinstance(context, Caller) else caller_of(context)
+
+
 class Configured(Protocol):
     """What the access checks read of the configuration in force."""
 
@@ -161,11 +166,13 @@ class Access:
 
     def require(self, context: Any, permission: str, scope: str = "*") -> Caller | None:
         """The caller, when ``permission`` on ``scope`` is allowed (None without a
-        policy: every call is); raises AccessDeniedError otherwise."""
+        policy: every call is); raises AccessDeniedError otherwise. ``context`` is a gRPC
+        call's, or the ``Caller`` of an HTTP request (``http_caller``): one check for both
+        doors of a method."""
         policy = self.policy
         if policy is None:
             return None
-        caller = caller_of(context)
+        caller = _who(context)
         self.check(caller, policy, permission, scope)
         return caller
 
@@ -193,7 +200,7 @@ class Access:
     def bucket_maker(self, context: Any) -> str:
         """Who a dynamic bucket made by this call counts for ("" without a cap on them, so
         that an Allow reads no certificate then)."""
-        return caller_of(context).key if self.buckets.most else ""
+        return _who(context).key if self.buckets.most else ""
 
     def owner(self, context: Any) -> str:
         """What a session is bound to: the caller's identity and its connection."""
@@ -272,7 +279,7 @@ class Access:
         strict = domain is not None and not (domain.allow_overrides and domain.allow_negative_hits)
         if policy is None and not strict:
             return
-        caller = context if isinstance(context, Caller) else caller_of(context)
+        caller = _who(context)
         self.check(caller, policy, "rls", request.domain)
         for d in request.descriptors:
             if negative_hits(d):

@@ -74,7 +74,9 @@ class Pages:
 
     async def json(self, request: HttpRequest) -> HttpResponse:
         """ShouldRateLimit with the protojson of its request and response, counted with the
-        gRPC calls. Under mutual TLS it needs a verified client certificate (it counts hits)."""
+        gRPC calls, through the same checks (the access policy's ``rls`` on the domain, and
+        its negative hits and own limits). Under mutual TLS it needs a verified client
+        certificate (it counts hits). A body nested deeper than HTTP_MAX_JSON_DEPTH is 400."""
         self.service.stats.inc(TOTAL_REQUESTS)
         denied = (
             self.service.tls.http_denied(request.peercert) if self.service.tls is not None else None
@@ -84,10 +86,13 @@ class Pages:
             return HttpResponse(403, f"forbidden: {denied}\n".encode())
         message = rls_pb2.RateLimitRequest()
         try:
-            json_format.Parse(request.body.decode("utf-8"), message)
-        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            data = request.json()
+            if not isinstance(data, dict):
+                raise RequestError("body", "expected a JSON object")
+            json_format.ParseDict(data, message)
+        except (json_format.ParseError, RequestError) as exc:
             self.service.stats.inc(f"{CALL}.service_error")
-            return HttpResponse(400, f"bad request: {exc}\n".encode())
+            return HttpResponse(400, _text(f"bad request: {exc}\n"))
         try:
             caller = http_caller(request.peercert, request.peer)
             response = await self._rls.respond(message, caller)
@@ -95,7 +100,7 @@ class Pages:
             status = status_of(exc)
             self.service.stats.inc(f"{CALL}.{status.counter}")
             what = "backend error" if isinstance(exc, BackendError) else "bad request"
-            return HttpResponse(status.http, f"{what}: {exc}\n".encode())
+            return HttpResponse(status.http, _text(f"{what}: {exc}\n"))
         code = {
             rls_pb2.RateLimitResponse.OK: 200,
             rls_pb2.RateLimitResponse.OVER_LIMIT: 429,
@@ -301,6 +306,11 @@ def domains_panel(
         "rows": rows,
         "note": "ignore_limits: every rule in shadow mode; allow_unconfigured: see /unconfigured",
     }
+
+
+def _text(message: str) -> bytes:
+    # A caller's text quoted back may hold lone surrogates (JSON's "\ud800"): escaped.
+    return message.encode("utf-8", "backslashreplace")
 
 
 def _iso(epoch: float) -> str:

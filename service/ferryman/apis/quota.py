@@ -57,19 +57,33 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
     async def Allow(
         self, request: quota_service_pb2.AllowRequest, context: Context
     ) -> quota_service_pb2.AllowResponse:
-        self._access.require(context, "quota", request.namespace)
-        status, granted, wait = await self.allow(
+        status, granted, wait = await self.checked(
+            context,
             request.namespace,
             request.bucket_name,
             request.tokens_requested,
             request.max_wait_millis_override if request.max_wait_time_override else None,
-            caller=self._access.bucket_maker(context),
         )
         return quota_service_pb2.AllowResponse(
             status=int(status),  # type: ignore[arg-type]
             tokens_granted=granted,
             wait_millis=wait,
         )
+
+    async def checked(
+        self,
+        context: Any,
+        namespace: str,
+        bucket: str,
+        tokens: int,
+        max_wait_millis: int | None,
+    ) -> tuple[TakeStatus, int, int]:
+        """``allow`` for the caller of ``context`` (a gRPC call's, or an HTTP request's
+        ``Caller``): the access policy's ``quota`` on the namespace (AccessDeniedError),
+        and its cap on the dynamic buckets one caller makes. Every door of Allow comes here."""
+        self._access.require(context, "quota", namespace)
+        maker = self._access.bucket_maker(context)
+        return await self.allow(namespace, bucket, tokens, max_wait_millis, caller=maker)
 
     async def allow(
         self,

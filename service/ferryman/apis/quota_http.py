@@ -1,5 +1,7 @@
 """The quota service's Allow over HTTP: ``POST /quota/allow`` on the HTTP port, the same
-fields and statuses as the gRPC call, in JSON (the REST interface of the quota service)."""
+fields and statuses as the gRPC call, in JSON (the REST interface of the quota service),
+through the same servicer: the access policy's ``quota`` permission and the cap on the
+dynamic buckets one caller makes hold on both doors."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ferryman.access import Access, http_caller
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeStatus
 from ferryman.apis.quota import QuotaServicer
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.edge.tls import TlsFiles
+from ferryman.errors import FerrymanError, RequestError, status_of
 from ferryman.settings import Settings
 from ferryman.stats import Stats
 
@@ -35,6 +39,7 @@ class QuotaParts(Protocol):
     holder: ConfigHolder
     quota_store: BucketStore
     quota_events: QuotaEventHub
+    access: Access
     tls: TlsFiles | None
 
 
@@ -43,8 +48,10 @@ class QuotaHttp:
     max_wait_millis_override}`` in (read as JSON whatever its Content-Type), ``{status,
     tokens_granted, wait_millis}`` out. The HTTP status follows: 200 OK, 429 for a refusal
     of the bucket, 404 for no such bucket, 400 for a bad request (with ``error`` naming the
-    field), 503 when the store failed; 403 without a verified client certificate under
-    mutual TLS, as ``/json``."""
+    field; a body not JSON, or nested deeper than HTTP_MAX_JSON_DEPTH), 503 when the store
+    failed; 403 (with ``error``) for a caller the access policy does not grant ``quota`` on
+    the namespace, as gRPC's PERMISSION_DENIED, and without a verified client certificate
+    under mutual TLS, as ``/json``."""
 
     def __init__(self, servicer: QuotaServicer, tls: Callable[[], TlsFiles | None]) -> None:
         self._servicer = servicer
@@ -59,6 +66,7 @@ class QuotaHttp:
             parts.quota_events,
             parts.stats,
             fail_open=parts.settings.fail_open,
+            access=parts.access,
         )
         return cls(servicer, lambda: parts.tls)
 
@@ -68,26 +76,27 @@ class QuotaHttp:
         if denied is not None:
             return HttpResponse(403, f"forbidden: {denied}\n".encode())
         try:
-            fields = _read(request.body)
-        except ValueError as exc:
+            fields = _read(request)
+            caller = http_caller(request.peercert, request.peer)
+            status, granted, wait = await self._servicer.checked(caller, *fields)
+        except RequestError as exc:
             return _answer(TakeStatus.REJECTED_INVALID_REQUEST, 0, 0, str(exc))
-        status, granted, wait = await self._servicer.allow(*fields)
+        except FerrymanError as exc:
+            body = json.dumps({"error": str(exc)}) + "\n"
+            return HttpResponse(status_of(exc).http, body.encode(), "application/json")
         return _answer(status, granted, wait)
 
 
-def _read(body: bytes) -> tuple[str, str, int, int | None]:
-    """The request's fields, checked; ValueError naming the first bad one."""
-    try:
-        data = json.loads(body.decode("utf-8") or "{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"body: not JSON ({exc})") from None
+def _read(request: HttpRequest) -> tuple[str, str, int, int | None]:
+    """The request's fields, checked; RequestError naming the first bad one."""
+    data = request.json()
     if not isinstance(data, dict):
-        raise ValueError("body: expected a JSON object")
+        raise RequestError("body", "expected a JSON object")
     names = []
     for key in ("namespace", "bucket_name"):
         value = data.get(key, "")
         if not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
+            raise RequestError(key, f"expected a string, got {value!r}")
         names.append(value)
     tokens = _count(data, "tokens_requested", 1)
     wait = _count(data, "max_wait_millis_override", None)
@@ -99,7 +108,7 @@ def _count(data: dict[str, Any], key: str, default: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT32:
-        raise ValueError(f"{key}: expected a whole number in [0, {_UINT32}], got {value!r}")
+        raise RequestError(key, f"expected a whole number in [0, {_UINT32}], got {value!r}")
     return value
 
 

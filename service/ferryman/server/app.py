@@ -44,7 +44,7 @@ from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
 from ferryman.config.xds import XdsClient
 from ferryman.edge.decoding import GuardedServer
-from ferryman.edge.http import HttpRequest, HttpResponse, HttpServer
+from ferryman.edge.http import HttpLimits, HttpRequest, HttpResponse, HttpServer
 from ferryman.edge.ports import PORT_NAMES, bind_grpc, listen, probe_port
 from ferryman.edge.rpc import Edge
 from ferryman.edge.tls import TlsFiles
@@ -446,6 +446,7 @@ class Service:
     def _make_pages(self, settings: Settings, routes: Any) -> None:
         """The config API and the pages of the HTTP, debug and metrics ports."""
         self.pages = Pages(self)
+        limits = HttpLimits.of(settings)
         self.envoy_routes = EnvoyRoutes(
             routes, self.holder, self.engine.options, self.backend, self.clock
         )
@@ -457,6 +458,7 @@ class Service:
                 ("POST", "/quota/allow"): QuotaHttp.of(self).allow,
             },
             "http",
+            limits=limits,
         )
         self.config_api = ConfigApi(
             settings,
@@ -485,6 +487,7 @@ class Service:
             },
             "debug",
             guard=DebugDoor(self.access, settings.debug_allowed_hosts),
+            limits=limits,
         )
         prometheus = self.telemetry.prometheus is not None
         self.mapping = (
@@ -495,8 +498,15 @@ class Service:
         self._metrics: HttpServer | None = None
         if prometheus:
             self._metrics = HttpServer(
-                {("GET", settings.prometheus_path): self.pages.prometheus}, "prometheus"
+                {("GET", settings.prometheus_path): self.pages.prometheus},
+                "prometheus",
+                limits=limits,
             )
+
+    @property
+    def http_servers(self) -> dict[str, HttpServer]:
+        """The HTTP port's server and the debug port's, by port name."""
+        return {"http": self._http, "debug": self._debug}
 
     def healthy(self) -> bool:
         """Whether the service can answer. By default whatever the backend's state (its

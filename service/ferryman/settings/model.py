@@ -327,6 +327,35 @@ class Settings:
         _DURATION,
         "a connection that does not answer a ping within this is closed (its holds freed)",
     )
+    # Each HTTP port (PORT, DEBUG_PORT, the Prometheus scrape) is bounded on its own, so
+    # that clients that open connections and send nothing hold little, and not for long.
+    http_max_connections: int = LISTEN.setting(
+        "HTTP_MAX_CONNECTIONS",
+        256,
+        Integer(1),
+        "open connections each HTTP port serves; one more is answered 503 and closed",
+    )
+    http_max_buffered_bytes: int = LISTEN.setting(
+        "HTTP_MAX_BUFFERED_BYTES",
+        16 << 20,
+        Integer(1 << 20),
+        "request body bytes each HTTP port reads at once over all its connections; a body "
+        "past it is answered 503 (a body is at most 1 MiB)",
+    )
+    http_read_timeout: float = LISTEN.setting(
+        "HTTP_READ_TIMEOUT",
+        5.0,
+        Duration(above=True),
+        "time an HTTP client has to send a request's headers and body, and to start its "
+        "next request on a kept-alive connection; a request not sent in time is answered "
+        "408 and its connection closed",
+    )
+    http_max_json_depth: int = LISTEN.setting(
+        "HTTP_MAX_JSON_DEPTH",
+        32,
+        Integer(1),
+        "arrays and objects a JSON request body may nest; deeper is answered 400",
+    )
 
     log_level: str = LOGS.setting(
         "LOG_LEVEL", "info", LogLevel(), "log level", flag=Flag("--log-level")
