@@ -13,9 +13,9 @@ from ferryman.apis.rlqs_shares import (
     MAX_FILL_SECONDS,
     WINDOW_REPORTS,
     Bucket,
-    buckets_of,
     Meter,
     bucket_of,
+    buckets_of,
     observe,
     split,
 )

@@ -45,8 +45,8 @@ from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Domain, Rule
 from ferryman.edge.rpc import Method
 from ferryman.engine.explain import explain, rule_text
-from ferryman.settings import Settings
 from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
+from ferryman.settings import Settings
 from ferryman.stats import Stats
 from ferryman.tasks import cancel
 from ferryman.telemetry import SCOPE, Telemetry
