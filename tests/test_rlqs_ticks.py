@@ -44,7 +44,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(len(demands))
         return real(kind, per_second, demands)
 
-    monkeypatch.setattr("ferryman.apis.rlqs.split", split)
+    monkeypatch.setattr("ferryman.apis.rlqs_shares.split", split)
     return calls
 
 
@@ -242,3 +242,41 @@ class _Envoy:
                 )
             if set(self.held) == set(self.routes):
                 self.holds_all.set()
+
+
+def test_a_callers_streams_are_one_claimant_however_many_it_opens() -> None:
+    """Against 100/s: one caller's 31 streams each claiming 10^9 requests are one claimant,
+    so another caller's Envoy wanting 80/s keeps half the rate (not 100/32); the 31 split
+    their half among themselves."""
+    shares = QuotaShares(holder_of(CONFIG.replace("1000}", "100}")), ManualClock(), Stats())
+    route = {"route": "r"}
+    real = shares.open("real", "spiffe://mesh/real")
+    hostile = [shares.open(f"h{i}", "anonymous@10.0.0.9") for i in range(31)]
+    for _ in range(3):
+        shares.report(real, report("mesh", (route, 400, 0, 5)))
+        for stream in hostile:
+            shares.report(stream, report("mesh", (route, 10**9, 0, 5)))
+    shares.tick()
+    [bucket] = shares.buckets.values()
+    share = {u.envoy: u.share for u in bucket.users.values()}
+    assert share["real"] == pytest.approx(50.0)
+    assert sum(share[f"h{i}"] or 0 for i in range(31)) == pytest.approx(50.0)
+
+
+def test_streams_and_pairs_are_capped_per_caller() -> None:
+    """With caps per caller, a caller past its streams or pairs is refused; another caller
+    still opens streams and gets its buckets assigned."""
+    limits = Limits(streams_per_caller=2, pairs_per_caller=3)
+    shares = QuotaShares(holder_of(CONFIG), ManualClock(), Stats(), limits=limits)
+    a1, a2 = shares.open("a1", "a"), shares.open("a2", "a")
+    with pytest.raises(TooManyStreamsError, match="per caller"):
+        shares.open("a3", "a")
+    b = shares.open("b", "b")
+    shares.report(a1, report("mesh", *(({"route": str(i)}, 1, 0, 0) for i in range(2))))
+    shares.report(a2, report("mesh", *(({"route": str(i)}, 1, 0, 0) for i in range(2, 4))))
+    shares.report(b, report("mesh", *(({"route": str(i)}, 1, 0, 0) for i in range(3))))
+    assert len(assigned(shares, a1)) + len(assigned(shares, a2)) == 3
+    shares.tick()  # b's buckets already had an Envoy: b is assigned at the tick
+    assert len(assigned(shares, b)) == 3
+    shares.close(a1)
+    assert shares.open("a3", "a").claimant == "a"

@@ -31,12 +31,19 @@ from envoy.type.v3 import ratelimit_strategy_pb2
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
-from ferryman.access import Access
+from ferryman.access import Access, caller_of
 from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
 from ferryman.apis.rlqs_leases import PREFIX, BucketLeases, resource_id
-from ferryman.apis.rlqs_shares import TTL_SECONDS, Bucket, Meter, buckets_of, observe, split
+from ferryman.apis.rlqs_shares import (
+    TTL_SECONDS,
+    Bucket,
+    Meter,
+    buckets_of,
+    observe,
+    split_by_claimant,
+)
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
@@ -99,6 +106,10 @@ class Limits:
     buckets: int = 100_000
     #: (Envoy, bucket) pairs held in all: what memory grows with.
     pairs: int = 1_000_000
+    #: What one caller (an identity, or an address without one) holds at most (0: only the
+    #: limits of the whole process).
+    streams_per_caller: int = 0
+    pairs_per_caller: int = 0
     #: Seconds between two divisions of a bucket whose demand, Envoys, config or lease changed.
     tick_seconds: float = 1.0
     id_entries: int = 16
@@ -117,6 +128,8 @@ def rlqs_limits(settings: Settings) -> Limits:
         streams=settings.rlqs_max_streams,
         pairs=settings.rlqs_max_pairs,
         buckets=settings.rlqs_max_buckets,
+        streams_per_caller=settings.rlqs_max_streams_per_caller,
+        pairs_per_caller=settings.rlqs_max_pairs_per_caller,
         tick_seconds=settings.rlqs_tick,
     )
 
@@ -265,6 +278,8 @@ class _Usage:
     share: float | None = None
     sent: Bucket | str | None = None
     sent_at: float = 0.0
+    # Who the Envoy is (its caller's key): one claimant however many streams it opens.
+    claimant: str = ""
     # The BucketAction of ``sent``: a report renewing the same assignment reuses it.
     action: Any = None
     envoy: str = ""
@@ -286,6 +301,7 @@ class _Bucket:
 class _Stream:
     id: int
     envoy: str
+    claimant: str = ""
     domain: str | None = None
     buckets: dict[BucketKey, _Bucket] = field(default_factory=dict)
     # Coalesced: a stream that does not read holds one pending action per bucket at most.
@@ -394,12 +410,29 @@ class QuotaShares:
         # Ended streams' assignments, by when their time to live runs out.
         self._ending: list[tuple[float, int, BucketKey]] = []
         self.pairs = 0
+        # Streams and pairs held by each caller, for the caps per caller.
+        self._streams_of: dict[str, int] = {}
+        self._pairs_of: dict[str, int] = {}
 
-    def open(self, envoy: str) -> _Stream:
-        if len(self.streams) >= self.limits.streams:
+    def open(self, envoy: str, claimant: str | None = None) -> _Stream:
+        """A new stream of the Envoy named ``envoy``, for the caller ``claimant`` (whose
+        streams count as one claimant; None: the Envoy's name); TooManyStreamsError past a
+        limit."""
+        limits = self.limits
+        claimant = envoy if claimant is None else claimant
+        mine = self._streams_of.get(claimant, 0)
+        if len(self.streams) >= limits.streams or (
+            limits.streams_per_caller and mine >= limits.streams_per_caller
+        ):
             self._stats.inc(f"{RLQS}.streams_refused")
-            raise TooManyStreamsError(f"at most {self.limits.streams} quota streams at once")
-        stream = _Stream(next(self._ids), envoy[: self.limits.id_chars])
+            most = limits.streams if len(self.streams) >= limits.streams else None
+            raise TooManyStreamsError(
+                f"at most {most} quota streams at once"
+                if most is not None
+                else f"at most {limits.streams_per_caller} quota streams per caller"
+            )
+        stream = _Stream(next(self._ids), envoy[: limits.id_chars], claimant)
+        self._streams_of[claimant] = mine + 1
         self.streams[stream.id] = stream
         self._stats.inc(f"{RLQS}.streams_opened")
         return stream
@@ -409,6 +442,7 @@ class QuotaShares:
         stream.wake.set()
         if self.streams.pop(stream.id, None) is None:
             return
+        _forget(self._streams_of, stream.claimant)
         for bucket in stream.buckets.values():
             user = bucket.users.get(stream.id)
             if user is None:
@@ -420,8 +454,9 @@ class QuotaShares:
             self._leave(bucket, stream.id)
 
     def _leave(self, bucket: _Bucket, sid: int) -> None:
-        del bucket.users[sid]
+        user = bucket.users.pop(sid)
         self.pairs -= 1
+        _forget(self._pairs_of, user.claimant)
         if bucket.users:
             self._mark(bucket)
         else:
@@ -470,7 +505,9 @@ class QuotaShares:
             user = bucket.users.get(stream.id)
             if user is None:
                 user = bucket.users[stream.id] = _Usage(envoy=stream.envoy)
+                user.claimant = stream.claimant
                 self.pairs += 1
+                self._pairs_of[stream.claimant] = self._pairs_of.get(stream.claimant, 0) + 1
             hits = usage.num_requests_allowed + usage.num_requests_denied
             user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
             user.allowed += usage.num_requests_allowed
@@ -491,10 +528,15 @@ class QuotaShares:
         bucket = stream.buckets.get(key)
         if bucket is not None:
             return bucket
+        limits = self.limits
         if (
-            len(stream.buckets) >= self.limits.buckets_per_stream
-            or self.pairs >= self.limits.pairs
-            or (key not in self.buckets and len(self.buckets) >= self.limits.buckets)
+            len(stream.buckets) >= limits.buckets_per_stream
+            or self.pairs >= limits.pairs
+            or (
+                limits.pairs_per_caller
+                and self._pairs_of.get(stream.claimant, 0) >= limits.pairs_per_caller
+            )
+            or (key not in self.buckets and len(self.buckets) >= limits.buckets)
         ):
             # No answer: Envoy applies the filter's no-assignment behaviour to it.
             self._stats.inc(f"{RLQS}.buckets_refused")
@@ -557,8 +599,13 @@ class QuotaShares:
             reserved = sum(
                 u.sent.per_second for u in users if u.gone and isinstance(u.sent, Bucket)
             )
-            demands = {sid: u.meter.rate for sid, u in bucket.users.items() if not u.gone}
-            shares = split(resolved.kind, max(0.0, bucket.capacity - reserved), demands)
+            live = {sid: u for sid, u in bucket.users.items() if not u.gone}
+            shares = split_by_claimant(
+                resolved.kind,
+                max(0.0, bucket.capacity - reserved),
+                {sid: u.meter.rate for sid, u in live.items()},
+                {sid: u.claimant for sid, u in live.items()},
+            )
         burst_ratio = rate.burst / rate.per_second if rate and rate.per_second > 0 else None
         buckets = buckets_of(shares, burst_ratio)
         for sid, user in list(bucket.users.items()):
@@ -730,6 +777,14 @@ class QuotaShares:
         )
 
 
+def _forget(counts: dict[str, int], key: str) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 def _described(sent: Bucket | str | None) -> Any:
     if isinstance(sent, Bucket):
         if sent.tokens_per_fill == 0:
@@ -767,7 +822,7 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
             return
         self._access.require(context, "rlqs", first.domain)
         shares = self._shares
-        stream = shares.open(_envoy_name(context))
+        stream = shares.open(_envoy_name(context), caller_of(context).key)
         reader = asyncio.create_task(self._read(stream, first, requests, context))
         try:
             while True:

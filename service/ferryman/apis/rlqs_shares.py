@@ -30,6 +30,7 @@ __all__ = [
     "buckets_of",
     "observe",
     "split",
+    "split_by_claimant",
 ]
 
 K = TypeVar("K")
@@ -83,6 +84,31 @@ def split(kind: Kind, per_second: float, demands: Mapping[K, float | None]) -> d
     if left > 0:
         extra = left / len(shares)
         shares = {name: share + extra for name, share in shares.items()}
+    return shares
+
+
+def split_by_claimant(
+    kind: Kind,
+    per_second: float,
+    demands: Mapping[K, float | None],
+    claimants: Mapping[K, str],
+) -> dict[K, float]:
+    """:func:`split` with every claimant's Envoys counted as one: the rate is divided among
+    the claimants by their Envoys' summed demand (no more than the rate), then each
+    claimant's share among its own Envoys by their demand. Opening more streams, or
+    claiming more than the whole rate, buys a claimant no larger share."""
+    members: dict[str, dict[K, float | None]] = {}
+    for k, demand in demands.items():
+        members.setdefault(claimants[k], {})[k] = demand
+    if len(members) == len(demands):
+        return split(kind, per_second, demands)
+    wants: dict[str, float | None] = {}
+    for claimant, own in members.items():
+        known = [d for d in own.values() if d is not None]
+        wants[claimant] = None if len(known) < len(own) else min(per_second, sum(known))
+    shares: dict[K, float] = {}
+    for claimant, share in split(kind, per_second, wants).items():
+        shares.update(split(kind, share, members[claimant]))
     return shares
 
 

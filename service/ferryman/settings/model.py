@@ -992,6 +992,19 @@ class Settings:
         Integer(1),
         "distinct buckets held at once",
     )
+    rlqs_max_streams_per_caller: int = RLQS.setting(
+        "RLQS_MAX_STREAMS_PER_CALLER",
+        0,
+        _COUNT,
+        "quota streams one caller (an identity, or an address without one) may hold "
+        "(0: only `RLQS_MAX_STREAMS`)",
+    )
+    rlqs_max_pairs_per_caller: int = RLQS.setting(
+        "RLQS_MAX_PAIRS_PER_CALLER",
+        0,
+        _COUNT,
+        "(Envoy, bucket) pairs one caller's streams may hold (0: only `RLQS_MAX_PAIRS`)",
+    )
     rlqs_tick: float = RLQS.setting(
         "RLQS_TICK",
         1.0,
