@@ -119,13 +119,14 @@ POOL = 16_384  # distinct pre-serialized requests per run
 START_TIMEOUT = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 REFERENCE = "ceiling@asyncio"  # --reference-ceiling: the do-nothing servicer on asyncio's loop
-# The targets, as shares of the ceiling's req/s: (1 descriptor, 3 or more) for fixed windows;
-# burst tiers and held copies on Redis (any other scenario) one figure.
+# The floors, as shares of the ceiling's req/s: (1 descriptor, 3 or more) for fixed windows;
+# burst tiers and held copies on Redis (any other scenario) one figure. Set just under what
+# the release measured, so that a change that costs request-path CPU shows as NOT met.
 SHARE_TARGETS: dict[str, Any] = {
-    "memory": (0.95, 0.90),
-    "redis": (0.80, 0.78),
-    "synced": (0.90, 0.85),
-    "other": 0.65,
+    "memory": (0.80, 0.75),
+    "redis": (0.65, 0.62),
+    "synced": (0.75, 0.75),
+    "other": 0.58,
 }
 P99_GAP_MS = 2.0  # p99 at half the ceiling's rate, over the ceiling's p99 at that rate
 WORKER_CPU_MARGIN = 0.10  # --workers 2's CPU per request over one worker's
