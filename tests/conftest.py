@@ -191,6 +191,8 @@ def make_server(
             debug_host="127.0.0.1",
             debug_port=0,
             config_dir=config_dir.path,
+            # A test's server is new to every Envoy: nothing held before to learn.
+            rlqs_learning=0.0,
         ).with_overrides(**overrides)
         server = Server(
             settings, clock, backend, telemetry(settings) if telemetry else None, real_clock

@@ -112,6 +112,9 @@ class Limits:
     pairs_per_caller: int = 0
     #: Seconds between two divisions of a bucket whose demand, Envoys, config or lease changed.
     tick_seconds: float = 1.0
+    #: Seconds after the start during which an Envoy is assigned no more than it reports it
+    #: was allowed (0: none): Envoys that held shares before a restart still enforce them.
+    learning_seconds: float = 0.0
     id_entries: int = 16
     id_chars: int = 256
     requests_per_report: int = 1_000_000_000
@@ -131,6 +134,7 @@ def rlqs_limits(settings: Settings) -> Limits:
         streams_per_caller=settings.rlqs_max_streams_per_caller,
         pairs_per_caller=settings.rlqs_max_pairs_per_caller,
         tick_seconds=settings.rlqs_tick,
+        learning_seconds=settings.rlqs_learning,
     )
 
 
@@ -278,6 +282,8 @@ class _Usage:
     share: float | None = None
     sent: Bucket | str | None = None
     sent_at: float = 0.0
+    # Requests per second its last report that covered time says it let through.
+    held: float | None = None
     # Who the Envoy is (its caller's key): one claimant however many streams it opens.
     claimant: str = ""
     # The BucketAction of ``sent``: a report renewing the same assignment reuses it.
@@ -413,6 +419,9 @@ class QuotaShares:
         # Streams and pairs held by each caller, for the caps per caller.
         self._streams_of: dict[str, int] = {}
         self._pairs_of: dict[str, int] = {}
+        # Learning: until then an Envoy gets no more than it was allowed before (see tick).
+        self._learning_until = clock.now() + limits.learning_seconds
+        self.learning = limits.learning_seconds > 0
 
     def open(self, envoy: str, claimant: str | None = None) -> _Stream:
         """A new stream of the Envoy named ``envoy``, for the caller ``claimant`` (whose
@@ -478,6 +487,9 @@ class QuotaShares:
 
     def tick(self) -> None:
         """Divide every marked bucket again, once, and queue the assignments that changed."""
+        if self.learning and self._clock.now() >= self._learning_until:
+            self.learning = False
+            self._marked.update(self.buckets)
         self.refresh()
         self.expire()
         self.poll_leases()
@@ -509,7 +521,10 @@ class QuotaShares:
                 self.pairs += 1
                 self._pairs_of[stream.claimant] = self._pairs_of.get(stream.claimant, 0) + 1
             hits = usage.num_requests_allowed + usage.num_requests_denied
-            user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
+            seconds = usage.time_elapsed.seconds
+            user.meter = observe(user.meter, hits, seconds)
+            if seconds > 0:
+                user.held = usage.num_requests_allowed / seconds
             user.allowed += usage.num_requests_allowed
             user.denied += usage.num_requests_denied
             user.reports += 1
@@ -519,7 +534,7 @@ class QuotaShares:
             elif user.sent is not None:
                 self._queue(stream, bucket, user, user.sent)
                 self._mark(bucket)
-            elif len(bucket.users) == 1:
+            elif len(bucket.users) == 1 and not self.learning:
                 self._reshare(bucket)
             else:
                 self._mark(bucket)
@@ -606,6 +621,8 @@ class QuotaShares:
                 {sid: u.meter.rate for sid, u in live.items()},
                 {sid: u.claimant for sid, u in live.items()},
             )
+            if self.learning:
+                shares = _learned(shares, live)
         burst_ratio = rate.burst / rate.per_second if rate and rate.per_second > 0 else None
         buckets = buckets_of(shares, burst_ratio)
         for sid, user in list(bucket.users.items()):
@@ -613,6 +630,8 @@ class QuotaShares:
             if stream is None:
                 continue
             new: Bucket | str
+            if self.learning and resolved.answer == "share" and sid not in shares:
+                continue  # nothing learnt of it yet: it keeps what it holds, if anything
             if sid in shares and rate is not None:
                 user.share, new = shares[sid], buckets[sid]
             elif resolved.answer == "deny":
@@ -775,6 +794,16 @@ class QuotaShares:
             callbacks=[sizes],
             description="Envoy quota streams open and buckets held, by what.",
         )
+
+
+def _learned(shares: dict[int, float], users: Mapping[int, _Usage]) -> dict[int, float]:
+    """While learning: each Envoy's share no more than it says it was allowed; none for an
+    Envoy that has not said yet."""
+    return {
+        sid: min(share, held)
+        for sid, share in shares.items()
+        if (held := users[sid].held) is not None
+    }
 
 
 def _forget(counts: dict[str, int], key: str) -> None:

@@ -1005,6 +1005,13 @@ class Settings:
         _COUNT,
         "(Envoy, bucket) pairs one caller's streams may hold (0: only `RLQS_MAX_PAIRS`)",
     )
+    rlqs_learning: float = RLQS.setting(
+        "RLQS_LEARNING",
+        10.0,
+        _DURATION,
+        "after the start, how long an Envoy is assigned no more than it reports it was "
+        "allowed (Envoys still enforce what they held before a restart; 0: off)",
+    )
     rlqs_tick: float = RLQS.setting(
         "RLQS_TICK",
         1.0,
