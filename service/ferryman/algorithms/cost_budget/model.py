@@ -1,19 +1,27 @@
 """The cost budget's decision, pure and clock-free (times in whole milliseconds).
 
 A tenant's budget keeps what was charged in the current window, its open reservations
-(request id -> estimate and expiry) and the request ids settled lately. One call applies a
-request's operations together:
+(request id -> estimate, expiry and the identity that made it) and the request ids
+settled lately. One call applies a request's operations together:
 
 1. each tenant's state is brought to ``now``: a new window starts at zero charged; an open
    reservation whose time has passed is charged its estimate (to the current window when
    it expired in it; a window that has ended is not charged again); settled ids are
    forgotten after the reservation time;
-2. settlements are applied, never refused: the reservation of their request id (if any)
-   is released and the actual cost charged; a request id already settled changes nothing;
-   ``cancel`` releases a reservation without charging (a refusal elsewhere undoing it);
+2. settlements are applied, never refused for the budget: the reservation of their
+   request id (if any) is released and the actual cost charged; a request id already
+   settled changes nothing; a reservation another identity made is settled only by one
+   allowed to settle for it (``delegate``), and then charged at least its estimate (a
+   refund comes only from the reserving identity), otherwise the settlement changes
+   nothing (``foreign``); an id never reserved is charged in full and remembered as
+   settled; ``cancel`` releases a reservation without charging (a refusal elsewhere
+   undoing it);
 3. reservations are tried: each is admitted when charged + reserved + its estimate stays
    within the cap (the budget plus the allowed debt); if all are, each estimate is
-   reserved under its request id, otherwise none is.
+   reserved under its request id, otherwise none is. An id already open under the same
+   identity holds nothing more; one open under another identity is refused; an id
+   settled lately is decided afresh (checked and reserved as a new one, its settled mark
+   dropped), so that a settlement sent first cannot make its request free.
 
 ``memory.py`` runs this; ``cost_budget.lua`` is its Redis twin, step for step, so that
 both stores give the same answers on the same trace.
@@ -47,14 +55,14 @@ CANCEL = "x"
 @dataclass(slots=True)
 class BudgetState:
     """One tenant's budget: the window charged in, what it was charged, the open
-    reservations (id -> (estimate, expires at)), their sum, and the ids settled lately
+    reservations (id -> (estimate, expires at, owner)), their sum, and the ids settled lately
     (id -> forgotten at); each time-ordered too (a heap of (time, id), stale entries
     dropped as they surface), so that a call touches only what is due."""
 
     window: str = ""
     charged: int = 0
     reserved: int = 0
-    open: dict[str, tuple[int, int]] = field(default_factory=dict)
+    open: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     settled: dict[str, int] = field(default_factory=dict)
     end_ms: int = 0  # the end of the window charged in, for dropping idle states
     open_by: list[tuple[int, str]] = field(default_factory=list)
@@ -81,8 +89,8 @@ class BudgetState:
         found = self.open.get(rid)
         return None if found is None else found[1]
 
-    def add_open(self, rid: str, estimate: int, at: int) -> None:
-        self.open[rid] = (estimate, at)
+    def add_open(self, rid: str, estimate: int, at: int, owner: str) -> None:
+        self.open[rid] = (estimate, at, owner)
         _push(self.open_by, len(self.open), at, rid, self.open_at)
 
     def add_settled(self, rid: str, at: int) -> None:
@@ -114,7 +122,8 @@ def _first(heap: list[tuple[int, str]], at_of: Callable[[str], int | None]) -> t
 class BudgetOp:
     """One descriptor's operation on the tenant at ``key``: reserve ``amount`` (the
     estimate), settle it (``amount`` the actual cost) or cancel a reservation; the window
-    the call falls in (its key suffix, start and end) and the rule's numbers."""
+    the call falls in (its key suffix, start and end) and the rule's numbers; who asks
+    (``owner``, "" for nobody in particular) and whether it may settle for others."""
 
     key: str
     mode: str
@@ -126,6 +135,8 @@ class BudgetOp:
     end_ms: int
     ttl_ms: int
     max_open: int
+    owner: str = ""
+    delegate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +147,9 @@ class BudgetResult:
     ``applied``: reserved, settled or released (False for a duplicate settlement, an id
     already reserved, or a reservation refused with another of the call); ``expired``: the
     reservations of this tenant charged on expiry in this call (on its first operation
-    only); ``refund``: what a settlement gave back of its estimate."""
+    only); ``refund``: what a settlement gave back of its estimate; ``cost``: what a
+    settlement charged; ``foreign``: a settlement or reservation of an id another identity
+    holds open, refused."""
 
     admitted: bool
     applied: bool
@@ -145,6 +158,8 @@ class BudgetResult:
     open: int
     expired: int = 0
     refund: int = 0
+    cost: int = 0
+    foreign: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +179,7 @@ def bring_to(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     at, rid = _first(state.open_by, state.open_at)
     while at <= now_ms:
         heapq.heappop(state.open_by)
-        estimate, _ = state.open.pop(rid)
+        estimate = state.open.pop(rid)[0]
         state.reserved -= estimate
         if at >= op.start_ms:
             state.charged += estimate
@@ -178,39 +193,52 @@ def bring_to(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     return expired
 
 
-def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int]:
-    """(applied, refund) of a settlement or a cancel."""
+def _foreign(state: BudgetState, op: BudgetOp) -> bool:
+    """Whether ``op``'s id is open under another identity (an owner "" is anyone's)."""
+    found = state.open.get(op.request_id) if op.request_id else None
+    return found is not None and found[2] != "" and found[2] != op.owner
+
+
+def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int, int]:
+    """(applied, refund, cost charged) of a settlement or a cancel."""
     rid = op.request_id
     if op.mode == CANCEL:
         found = state.open.pop(rid, None)
         if found is not None:
             state.reserved -= found[0]
-        return found is not None, 0
+        return found is not None, 0, 0
     if rid in state.settled:
-        return False, 0
+        return False, 0, 0
+    cost = op.amount
+    if _foreign(state, op):
+        if not op.delegate:
+            return False, 0, 0
+        cost = max(cost, state.open[rid][0])
     found = state.open.pop(rid, None)
     refund = 0
     if found is not None:
         state.reserved -= found[0]
-        refund = max(0, found[0] - op.amount)
-    state.charged += op.amount
+        refund = max(0, found[0] - cost)
+    state.charged += cost
     state.add_settled(rid, now_ms + op.ttl_ms)
     if len(state.settled) > op.max_open:
         _, oldest = _first(state.settled_by, state.settled.get)
         heapq.heappop(state.settled_by)
         del state.settled[oldest]
-    return True, refund
+    return True, refund, cost
 
 
 def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
-    """Reserve ``op``'s estimate; how many older reservations it pushed out (charged)."""
-    state.add_open(op.request_id, op.amount, now_ms + op.ttl_ms)
+    """Reserve ``op``'s estimate (an id settled lately reserved afresh); how many older
+    reservations it pushed out (charged)."""
+    state.settled.pop(op.request_id, None)  # its heap entry is dropped as stale
+    state.add_open(op.request_id, op.amount, now_ms + op.ttl_ms, op.owner)
     state.reserved += op.amount
     pushed = 0
     while len(state.open) > op.max_open:
         _, oldest = _first(state.open_by, state.open_at)
         heapq.heappop(state.open_by)
-        estimate, _ = state.open.pop(oldest)
+        estimate = state.open.pop(oldest)[0]
         state.reserved -= estimate
         state.charged += estimate
         pushed += 1
@@ -218,9 +246,9 @@ def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
 
 
 def _repeat(state: BudgetState, op: BudgetOp) -> bool:
-    """A reservation for an id already open or settled: it holds and checks nothing more."""
+    """A reservation for an id this identity holds open: it holds and checks nothing more."""
     rid = op.request_id
-    return bool(rid) and (rid in state.open or rid in state.settled)
+    return bool(rid) and rid in state.open and not _foreign(state, op)
 
 
 def _takes(state: BudgetState, op: BudgetOp) -> bool:
@@ -237,15 +265,22 @@ def apply(
         if op.key not in expired:
             state = states.setdefault(op.key, BudgetState())
             expired[op.key] = bring_to(state, op, now_ms)
-    done: dict[int, tuple[bool, int]] = {}
+    done: dict[int, tuple[bool, int, int]] = {}
+    foreign: set[int] = set()
     for i, op in enumerate(ops):
         if op.mode != RESERVE:
+            if op.mode == SETTLE_OP and not op.delegate and _foreign(states[op.key], op):
+                foreign.add(i)
             done[i] = _settle(states[op.key], op, now_ms)
     admitted: dict[int, bool] = {}
     extra: dict[str, int] = {}
     for i, op in enumerate(ops):
         if op.mode == RESERVE:
             state = states[op.key]
+            if _foreign(state, op):
+                foreign.add(i)
+                admitted[i] = False
+                continue
             amount = 0 if _repeat(state, op) else op.amount
             seen = state.charged + state.reserved + extra.get(op.key, 0)
             admitted[i] = seen + amount <= op.cap
@@ -258,12 +293,12 @@ def apply(
             taken = _takes(state, op)
             if taken:
                 expired[op.key] += _reserve(state, op, now_ms)
-            done[i] = (taken, 0)
+            done[i] = (taken, 0, 0)
     out: list[BudgetResult] = []
     reported: set[str] = set()
     for i, op in enumerate(ops):
         state = states[op.key]
-        applied, refund = done.get(i, (False, 0))
+        applied, refund, cost = done.get(i, (False, 0, 0))
         count = 0 if op.key in reported else expired[op.key]
         reported.add(op.key)
         out.append(
@@ -275,6 +310,8 @@ def apply(
                 len(state.open),
                 count,
                 refund,
+                cost,
+                i in foreign,
             )
         )
     return out
