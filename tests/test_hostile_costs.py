@@ -18,8 +18,6 @@ from ferryman.clock import ManualClock
 from helpers.server import EPOCH, ConfigDir, Server, ServerFactory, codes, descriptor
 from helpers.stores import on_stores
 
-pytestmark = on_stores("memory", "redis")
-
 CONFIG = """
 domain: llm
 descriptors:
@@ -73,6 +71,7 @@ def served(config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
     return server
 
 
+@on_stores("memory", "redis")
 def test_a_neighbour_cannot_settle_another_callers_reservation(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
@@ -90,6 +89,7 @@ def test_a_neighbour_cannot_settle_another_callers_reservation(
     assert server.stat(f"{ROW}.user.duplicate_settlements") == 0
 
 
+@on_stores("memory", "redis")
 def test_a_settlement_sent_first_does_not_make_its_request_free(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
@@ -106,6 +106,7 @@ def test_a_settlement_sent_first_does_not_make_its_request_free(
     assert (found["charged"], found["reserved"]) == (507, 0)
 
 
+@on_stores("memory", "redis")
 def test_a_neighbour_cannot_take_a_request_id_another_caller_holds(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
 ) -> None:
@@ -119,6 +120,7 @@ def test_a_neighbour_cannot_take_a_request_id_another_caller_holds(
     assert budget(server, "user=bob")["charged"] == 40
 
 
+@on_stores("memory", "redis")
 def test_one_settlement_charges_at_most_max_cost_and_the_excess_is_counted_and_logged(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock, caplog: Any
 ) -> None:
@@ -139,6 +141,7 @@ def test_one_settlement_charges_at_most_max_cost_and_the_excess_is_counted_and_l
     assert len(lines) == 1, [r.getMessage() for r in caplog.records]
 
 
+@on_stores("memory", "redis")
 @pytest.mark.parametrize("granted", [True, False])
 def test_an_identity_the_policy_allows_settles_for_others_never_below_the_estimate(
     config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock, granted: bool
@@ -157,3 +160,25 @@ def test_an_identity_the_policy_allows_settles_for_others_never_below_the_estima
         assert (status, found["charged"], found["reserved"]) == (200, 900, 0)
     else:
         assert (status, found["charged"], found["reserved"]) == (429, 0, 900)
+
+
+@on_stores("memory")
+def test_a_flood_of_budget_tenants_stays_within_the_memory_cap(
+    config_dir: ConfigDir, make_server: ServerFactory, clock: ManualClock
+) -> None:
+    """1,200 settlements on distinct tenants, under MEMORY_MAX_KEYS=300: /status counts
+    the budgets' tenants and ids in the cap and shows their share, the total stays within
+    it, and Bob, who reserved his whole budget first, is still refused (his reservation was
+    charged, not forgotten)."""
+    config_dir.write("b.yaml", CONFIG)
+    server = make_server(memory_max_keys=300)
+    clock.set(EPOCH + 60)
+    assert envoy(server, [("user", "bob"), ("request_id", "all")], 1200) == "OK"
+    for i in range(1200):
+        envoy(server, [("user", f"u{i}"), ("request_id", "r"), ("settle", "1")], 1)
+    memory = json.loads(server.http("GET", "/status", debug=True)[1])["memory"]
+    assert memory["max_keys"] == 300 and memory["keys"] <= 300, memory
+    assert memory["kinds"]["cost_budget"] == memory["keys"] > 0, memory
+    assert memory["evicted"] >= 900, memory
+    assert envoy(server, [("user", "bob"), ("request_id", "one")], 1) == "OVER_LIMIT"
+    assert budget(server, "user=bob")["charged"] == 1200

@@ -84,7 +84,7 @@ class CostBudgetAlgorithm(AlgorithmBase):
     def memory_store(self, options: StoreOptions) -> BudgetStore:
         from ferryman.algorithms.cost_budget.memory import MemoryBudgets
 
-        return MemoryBudgets()
+        return MemoryBudgets(options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> BudgetStore:
         from ferryman.algorithms.cost_budget.redis import RedisBudgets

@@ -184,6 +184,8 @@ class BudgetLimiter:
             elif result.foreign:
                 stats.rule(key, "foreign_settlements", 1, path)
                 return True
+            elif result.full:  # counted by the memory cap (refused_keys)
+                return True
             else:
                 stats.rule(key, "duplicate_settlements", 1, path)
             return False

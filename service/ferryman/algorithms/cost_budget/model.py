@@ -67,6 +67,30 @@ class BudgetState:
     end_ms: int = 0  # the end of the window charged in, for dropping idle states
     open_by: list[tuple[int, str]] = field(default_factory=list)
     settled_by: list[tuple[int, str]] = field(default_factory=list)
+    cap: int = 0  # the rule's cap when last asked, for telling a spent tenant
+
+    @property
+    def size(self) -> int:
+        """Entries held: the tenant, its open reservations and its remembered ids."""
+        return 1 + len(self.open) + len(self.settled)
+
+    def spent(self, now_ms: int) -> bool:
+        """Charged and reserved up to its cap in a window still running: forgetting it
+        would let its caller in again."""
+        return self.end_ms > now_ms and self.charged + self.reserved >= self.cap
+
+    def shed(self) -> int:
+        """Charge every open reservation its estimate and drop it, and forget the settled
+        ids (a settlement that comes later charges in full); how many entries went."""
+        gone = len(self.open) + len(self.settled)
+        for estimate, _, _ in self.open.values():
+            self.charged += estimate
+        self.reserved = 0
+        self.open.clear()
+        self.open_by.clear()
+        self.settled.clear()
+        self.settled_by.clear()
+        return gone
 
     def idle(self, now_ms: int) -> bool:
         """Nothing left that a later call could need."""
@@ -83,6 +107,7 @@ class BudgetState:
             self.end_ms,
             list(self.open_by),
             list(self.settled_by),
+            self.cap,
         )
 
     def open_at(self, rid: str) -> int | None:
@@ -149,7 +174,8 @@ class BudgetResult:
     reservations of this tenant charged on expiry in this call (on its first operation
     only); ``refund``: what a settlement gave back of its estimate; ``cost``: what a
     settlement charged; ``foreign``: a settlement or reservation of an id another identity
-    holds open, refused."""
+    holds open, refused; ``full``: refused, the memory backend's cap reached with nothing
+    safe to forget (nothing applied)."""
 
     admitted: bool
     applied: bool
@@ -160,6 +186,7 @@ class BudgetResult:
     refund: int = 0
     cost: int = 0
     foreign: bool = False
+    full: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +200,7 @@ class BudgetView:
 
 def bring_to(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     """The state at ``now_ms`` in ``op``'s window; how many reservations it charged."""
+    state.cap = op.cap
     if state.window != op.window:
         state.window, state.charged, state.end_ms = op.window, 0, op.end_ms
     expired = 0
@@ -245,15 +273,30 @@ def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     return pushed
 
 
-def _repeat(state: BudgetState, op: BudgetOp) -> bool:
-    """A reservation for an id this identity holds open: it holds and checks nothing more."""
-    rid = op.request_id
-    return bool(rid) and rid in state.open and not _foreign(state, op)
-
-
-def _takes(state: BudgetState, op: BudgetOp) -> bool:
-    """Whether a reservation would hold an estimate (not a check alone, not a repeat)."""
-    return bool(op.request_id) and op.amount > 0 and not _repeat(state, op)
+def _admit(
+    states: dict[str, BudgetState], ops: Sequence[BudgetOp], foreign: set[int]
+) -> tuple[dict[int, bool], set[int]]:
+    """Whether each reservation fits, and which would hold an estimate (``foreign`` gets
+    those of an id another identity holds open)."""
+    admitted: dict[int, bool] = {}
+    takes: set[int] = set()
+    extra: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if op.mode == RESERVE:
+            state = states[op.key]
+            if _foreign(state, op):
+                foreign.add(i)
+                admitted[i] = False
+                continue
+            rid = op.request_id
+            # An id this identity holds open: it holds and checks nothing more.
+            amount = 0 if rid and rid in state.open else op.amount
+            seen = state.charged + state.reserved + extra.get(op.key, 0)
+            admitted[i] = seen + amount <= op.cap
+            if rid and amount > 0:
+                takes.add(i)
+                extra[op.key] = extra.get(op.key, 0) + amount
+    return admitted, takes
 
 
 def apply(
@@ -272,25 +315,13 @@ def apply(
             if op.mode == SETTLE_OP and not op.delegate and _foreign(states[op.key], op):
                 foreign.add(i)
             done[i] = _settle(states[op.key], op, now_ms)
-    admitted: dict[int, bool] = {}
-    extra: dict[str, int] = {}
-    for i, op in enumerate(ops):
-        if op.mode == RESERVE:
-            state = states[op.key]
-            if _foreign(state, op):
-                foreign.add(i)
-                admitted[i] = False
-                continue
-            amount = 0 if _repeat(state, op) else op.amount
-            seen = state.charged + state.reserved + extra.get(op.key, 0)
-            admitted[i] = seen + amount <= op.cap
-            if _takes(state, op):
-                extra[op.key] = extra.get(op.key, 0) + amount
+    admitted, takes = _admit(states, ops, foreign)
     every = all(admitted.values())
     for i, op in enumerate(ops):
         if op.mode == RESERVE and every:
             state = states[op.key]
-            taken = _takes(state, op)
+            # Not an id an earlier reservation of this call took.
+            taken = i in takes and op.request_id not in state.open
             if taken:
                 expired[op.key] += _reserve(state, op, now_ms)
             done[i] = (taken, 0, 0)
