@@ -87,8 +87,8 @@ local function release(op, t)
   return estimate
 end
 
--- Step 2: settlements (once per id; another identity's reservation only by a delegate,
--- charged at least its estimate) and cancels.
+-- Step 2: settlements (an open reservation first, else once per id; another identity's
+-- reservation only by a delegate, charged at least its estimate) and cancels.
 local done, strangers = {}, {}
 for i = 1, n do
   local op = ops[i]
@@ -97,13 +97,15 @@ for i = 1, n do
     done[i] = {release(op, t) and 1 or 0, 0, 0}
   elseif op.mode == 's' then
     local cost = op.amount
-    if redis.call('ZSCORE', op.s, op.rid) then
+    local open, owner = held(op, op.rid)
+    local other = open ~= nil and owner ~= '' and owner ~= op.owner
+    if open == nil and redis.call('ZSCORE', op.s, op.rid) then
       done[i] = {0, 0, 0}
-    elseif foreign(op) and not op.delegate then
+    elseif other and not op.delegate then
       strangers[i] = true
       done[i] = {0, 0, 0}
     else
-      if foreign(op) then cost = math.max(cost, (held(op, op.rid))) end
+      if other then cost = math.max(cost, open) end
       local estimate = release(op, t)
       local refund = 0
       if estimate and estimate > cost then refund = estimate - cost end
@@ -149,7 +151,6 @@ for i = 1, n do
     local taken = 0
     if every and op.rid ~= '' and op.amount > 0 and not is_repeat(op) then
       taken = 1
-      redis.call('ZREM', op.s, op.rid)
       redis.call('ZADD', op.o, now + op.ttl, op.rid)
       redis.call('HSET', op.e, op.rid, string.format('%d', op.amount) .. ':' .. op.owner)
       t.reserved = t.reserved + op.amount

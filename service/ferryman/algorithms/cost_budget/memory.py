@@ -86,8 +86,10 @@ class MemoryBudgets:
             rid = op.request_id
             if not rid or (op.mode == RESERVE and op.amount <= 0):
                 continue
-            if state is None or (rid not in state.open and rid not in state.settled):
+            if state is None:
                 need += 1
+            elif rid not in state.open:
+                need += op.mode == RESERVE or rid not in state.settled
         return need
 
     def _full(self, op: BudgetOp) -> BudgetResult:

@@ -20,8 +20,9 @@ settled lately. One call applies a request's operations together:
    within the cap (the budget plus the allowed debt); if all are, each estimate is
    reserved under its request id, otherwise none is. An id already open under the same
    identity holds nothing more; one open under another identity is refused; an id
-   settled lately is decided afresh (checked and reserved as a new one, its settled mark
-   dropped), so that a settlement sent first cannot make its request free.
+   settled lately is decided afresh (checked and reserved as a new one), so that a
+   settlement sent first cannot make its request free: a settlement finds an open
+   reservation before it looks at the settled ids.
 
 ``memory.py`` runs this; ``cost_budget.lua`` is its Redis twin, step for step, so that
 both stores give the same answers on the same trace.
@@ -235,16 +236,18 @@ def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int, i
         if found is not None:
             state.reserved -= found[0]
         return found is not None, 0, 0
-    if rid in state.settled:
-        return False, 0, 0
     cost = op.amount
-    if _foreign(state, op):
+    found = state.open.get(rid)
+    if found is None:
+        if rid in state.settled:
+            return False, 0, 0
+    elif found[2] and found[2] != op.owner:
         if not op.delegate:
             return False, 0, 0
-        cost = max(cost, state.open[rid][0])
-    found = state.open.pop(rid, None)
+        cost = max(cost, found[0])
     refund = 0
     if found is not None:
+        del state.open[rid]
         state.reserved -= found[0]
         refund = max(0, found[0] - cost)
     state.charged += cost
@@ -259,7 +262,6 @@ def _settle(state: BudgetState, op: BudgetOp, now_ms: int) -> tuple[bool, int, i
 def _reserve(state: BudgetState, op: BudgetOp, now_ms: int) -> int:
     """Reserve ``op``'s estimate (an id settled lately reserved afresh); how many older
     reservations it pushed out (charged)."""
-    state.settled.pop(op.request_id, None)  # its heap entry is dropped as stale
     state.add_open(op.request_id, op.amount, now_ms + op.ttl_ms, op.owner)
     state.reserved += op.amount
     pushed = 0
