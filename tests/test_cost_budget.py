@@ -9,6 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -40,9 +41,18 @@ TTL = 5.0
 T0 = round(EPOCH * 1000)  # the model counts in milliseconds
 
 
-def _op(key: str, mode: str, rid: str, amount: int, now: float, most: int = 10_000) -> BudgetOp:
+def _op(
+    key: str,
+    mode: str,
+    rid: str,
+    amount: int,
+    now: float,
+    most: int = 10_000,
+    owner: str = "",
+    delegate: bool = False,
+) -> BudgetOp:
     budget = CostBudget(200, Span(86400.0), 50, reservation_ttl=TTL, max_open=most)
-    return budget_op(key, budget, mode, rid, amount, now)
+    return budget_op(key, budget, mode, rid, amount, now, owner, delegate)
 
 
 def test_a_settlement_charges_the_actual_cost_once_and_releases_the_estimate() -> None:
@@ -90,82 +100,113 @@ def test_several_budgets_of_one_request_are_reserved_all_or_none() -> None:
     assert not org.admitted and org.reserved == 240
 
 
-# A trace: reserve (estimate, tenants), settle (which request id, cost), wait (ms).
+# A trace: reserve (estimate, tenants, an earlier id to reuse or -1 for a new one), settle
+# (which request id, cost, who settles: "e" the reserving identity, "n" a neighbour), wait.
 steps = st.lists(
     st.one_of(
-        st.tuples(st.just("reserve"), st.integers(0, 60), st.sampled_from(["a", "b", "ab"])),
-        st.tuples(st.just("settle"), st.integers(0, 40), st.integers(0, 90)),
-        st.tuples(st.just("wait"), st.integers(0, 4000), st.just("")),
+        st.tuples(
+            st.just("reserve"),
+            st.integers(0, 60),
+            st.sampled_from(["a", "b", "ab"]),
+            st.one_of(st.just(-1), st.integers(0, 90)),
+        ),
+        st.tuples(st.just("settle"), st.integers(0, 40), st.integers(0, 90), st.sampled_from("en")),
+        st.tuples(st.just("wait"), st.integers(0, 4000), st.just(""), st.just(0)),
     ),
     min_size=1,
     max_size=40,
 )
+Step = tuple[str, int, object, object]
 
 
 @dataclass
 class _Books:
     """What the trace did, kept apart from the stores: each reservation taken (tenant,
-    id -> estimate, expiry), each applied settlement's time, and the usage they add up to."""
+    id -> estimate, expiry, maker), each applied settlement's time, and the usage they add
+    up to."""
 
-    open: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    open: dict[tuple[str, str], tuple[int, float, str]] = field(default_factory=dict)
     settled: dict[tuple[str, str], float] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: {"a": 0, "b": 0})
     ids: list[tuple[str, str]] = field(default_factory=list)
 
     def expire(self, now: float) -> None:
-        for found, (estimate, at) in list(self.open.items()):
+        for found, (estimate, at, _) in list(self.open.items()):
             if at <= now:
                 self.usage[found[0]] += estimate
                 del self.open[found]
 
+    def settled_lately(self, found: tuple[str, str], now: float) -> bool:
+        last = self.settled.get(found)
+        return last is not None and last + TTL > now
+
+
+async def _trace_reserve(
+    budgets: Any, books: _Books, step: Step, n: int, prefix: str, now: float
+) -> list[BudgetResult]:
+    _, estimate, tenants, reuse = step
+    rid = books.ids[int(str(reuse)) % len(books.ids)][1] if books.ids and reuse != -1 else f"r{n}"
+    ops = [_op(prefix + f"{{{t}}}", RESERVE, rid, estimate, now, owner="e") for t in str(tenants)]
+    results: list[BudgetResult] = await budgets.apply(ops, now)
+    held = [(t, rid) in books.open for t in str(tenants)]
+    assert not any(r.applied for r, h in zip(results, held, strict=True) if h), "a repeat"
+    assert len({r.applied for r, h in zip(results, held, strict=True) if not h}) <= 1
+    for t, r in zip(str(tenants), results, strict=True):
+        if r.applied:  # new, or an id settled lately reserved afresh
+            books.open[(t, rid)] = (estimate, now + TTL, "e")
+            books.ids.append((t, rid))
+    return results
+
+
+async def _trace_settle(
+    budgets: Any, books: _Books, step: Step, n: int, prefix: str, now: float
+) -> list[BudgetResult]:
+    _, pick, cost, asker = step
+    t, rid = books.ids[pick % len(books.ids)] if books.ids else ("a", f"new{n}")
+    op = _op(prefix + f"{{{t}}}", SETTLE_OP, rid, int(str(cost)), now, owner=str(asker))
+    results: list[BudgetResult] = await budgets.apply([op], now)
+    found = books.open.get((t, rid))  # an open reservation first, then the settled ids
+    foreign = found is not None and found[2] != asker
+    fresh = found is not None or not books.settled_lately((t, rid), now)
+    assert results[0].foreign == foreign, "another identity's reservation is not settled"
+    assert results[0].applied == (fresh and not foreign), "a settlement applies once per id"
+    if results[0].applied:
+        books.settled[(t, rid)] = now
+        books.usage[t] += int(str(cost))
+        books.open.pop((t, rid), None)
+        books.ids.append((t, rid))
+    return results
+
 
 async def _replay(
-    store: Store, trace: list[tuple[str, int, object]], prefix: str
+    store: Store, trace: list[Step], prefix: str
 ) -> tuple[list[BudgetResult], _Books]:
     budgets = store.backend.store("cost_budget")
     books = _Books()
     out: list[BudgetResult] = []
     now = EPOCH + 0.25
-    for n, (what, number, other) in enumerate(trace):
-        if what == "wait":
-            now += number / 1000
+    for n, step in enumerate(trace):
+        if step[0] == "wait":
+            now += step[1] / 1000
             continue
         books.expire(now)
-        if what == "reserve":
-            tenants, rid = str(other), f"r{n}"
-            ops = [_op(prefix + f"{{{t}}}", RESERVE, rid, number, now) for t in tenants]
-            results = await budgets.apply(ops, now)
-            assert len({r.applied for r in results}) == 1, "all or none"
-            for t, r in zip(tenants, results, strict=True):
-                if r.applied:
-                    books.open[(t, rid)] = (number, now + TTL)
-                    books.ids.append((t, rid))
-        else:
-            t, rid = books.ids[number % len(books.ids)] if books.ids else ("a", f"new{n}")
-            results = await budgets.apply(
-                [_op(prefix + f"{{{t}}}", SETTLE_OP, rid, int(str(other)), now)], now
-            )
-            last = books.settled.get((t, rid))
-            fresh = last is None or last + TTL <= now
-            assert results[0].applied == fresh, "a settlement applies once per id"
-            if fresh:
-                books.settled[(t, rid)] = now
-                books.usage[t] += int(str(other))
-                books.open.pop((t, rid), None)
-        out.extend(results)
+        ask = _trace_reserve if step[0] == "reserve" else _trace_settle
+        out.extend(await ask(budgets, books, step, n, prefix, now))
     return out, books
 
 
 @on_stores()
-@settings(EXAMPLES, max_examples=60)
+@settings(EXAMPLES, max_examples=200)
 @given(trace=steps)
 def test_any_trace_leaves_usage_equal_to_settled_costs_plus_expired_estimates(
-    store: Store, trace: list[tuple[str, int, object]]
+    store: Store, trace: list[Step]
 ) -> None:
-    """Reservations, settlements, duplicates and expiries in any order: once every
-    reservation has expired, each tenant's usage is the sum of its applied settlements'
-    costs plus the estimates of its reservations never settled in time; a Redis store
-    answers every call as the memory store does."""
+    """Reservations (new ids and reused ones), settlements by the reserving identity and by
+    a neighbour, duplicates and expiries in any order: a neighbour never settles another's
+    reservation, an id settled lately is reserved afresh, and once every reservation has
+    expired each tenant's usage is the sum of its applied settlements' costs plus the
+    estimates of its reservations never settled in time; a Redis store answers every call
+    as the memory store does."""
     prefix = f"{store.prefix}{uuid.uuid4().hex[:8]}"
     results, books = store.run(_replay(store, trace, prefix))
     end = EPOCH + 10_000
@@ -282,11 +323,13 @@ def test_a_settlement_reaches_the_reservation_made_before_a_restart(
 
 
 def test_cost_budget_yaml_and_its_errors() -> None:
-    """A budget reads its window in the three forms of every window kind; a missing budget,
-    a settle key named ``settle`` and an unknown key are refused with file, line and path."""
+    """A budget reads its window in the three forms of every window kind, and its max_cost
+    is the budget unless given; a missing budget, a settle key named ``settle``, a max_cost
+    of 0 and an unknown key are refused with file, line and path."""
     config = load_sources([("b.yaml", CONFIG)])
     limit = config.domains["llm"].root.rules[0].limit
     assert isinstance(limit, CostBudget) and (limit.cap, limit.settle_key) == (1200, "request_id")
+    assert limit.most_cost == 1000
     for body, path, message in [
         ("    cost_budget: {unit: hour}\n", "", "needs 'budget'"),
         (
@@ -295,6 +338,7 @@ def test_cost_budget_yaml_and_its_errors() -> None:
             "other than",
         ),
         ("    cost_budget: {budget: 1, unit: hour, x: 1}\n", ".x", "unknown key"),
+        ("    cost_budget: {budget: 1, unit: hour, max_cost: 0}\n", ".max_cost", "out of range"),
         ("    cost_budget: {budget: 1}\n", "", "missing 'unit'"),
     ]:
         with pytest.raises(ConfigError) as err:

@@ -1,4 +1,5 @@
-"""What only the memory store does: sweeping what expired, thread safety, bounded burst state.
+"""What only the memory store does: sweeping what expired, thread safety, bounded burst state,
+one cap on every kind's state.
 
 What every store does is in the conformance suite, tests/test_store_*.py."""
 
@@ -7,9 +8,14 @@ from __future__ import annotations
 import threading
 
 from ferryman.algorithms.burst.model import BurstPolicy, BurstRequest, Tier
+from ferryman.algorithms.cost_budget import CostBudget
+from ferryman.algorithms.cost_budget.limiter import budget_op
+from ferryman.algorithms.cost_budget.model import RESERVE, SETTLE_OP, BudgetOp
 from ferryman.algorithms.fixed_window.model import CounterOp
+from ferryman.algorithms.gcra.model import GcraParams
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
+from ferryman.core.periods import Span
 
 
 def op(key: str, hits: int = 1, limit: int = 10, expires_at: int = 60) -> CounterOp:
@@ -90,3 +96,62 @@ def test_memory_keeps_one_expiry_entry_per_tenant_not_per_grant() -> None:
     backend.store("burst_tiers").decide_now(BurstRequest("node", "late", policy, 1, 1), 50 + 3601.0)
     assert backend.store("burst_tiers").tenants == 1
     assert len(backend.store("burst_tiers")._heap) == 1
+
+
+T0 = 1_700_000_000.0
+
+
+def _budget_op(key: str, mode: str, rid: str, amount: int) -> BudgetOp:
+    budget = CostBudget(100, Span(3600.0), 0, reservation_ttl=300.0)
+    return budget_op(key, budget, mode, rid, amount, T0)
+
+
+def test_every_kinds_state_counts_against_one_cap() -> None:
+    """GCRA tenants, fixed-window counters and cost budgets' tenants and remembered ids
+    share MEMORY_MAX_KEYS: each kind's shares add up to the total, which never passes the
+    cap; a kind makes room in its own state first, then in the others'."""
+    backend = MemoryBackend(ManualClock(T0), max_keys=64)
+    gcra, budgets = backend.store("gcra"), backend.store("cost_budget")
+    limit = GcraParams.of(10, 1_000_000, 10)
+    for i in range(40):
+        assert gcra.take_at(f"g{i}", limit, 1, 0, round(T0 * 1e6)).allowed
+    backend.store("fixed_window").apply_now([op(f"c{i}") for i in range(10)], stop_when_over=False)
+    for i in range(30):  # spent tenants: their ids may go, they may not
+        (r,) = budgets.apply_at([_budget_op(f"b{i}", SETTLE_OP, "s", 100)], round(T0 * 1000))
+        assert r.applied
+        assert backend.cap.held() <= 64
+    shares = backend.cap.shares()
+    assert sum(shares.values()) == backend.cap.held() <= 64
+    assert shares["cost_budget"] >= 30 and shares["gcra"] < 40
+    assert backend.cap.evicted >= 30 and backend.cap.refused == 0
+
+
+def test_an_open_reservation_made_room_for_is_charged_then_dropped() -> None:
+    """Over the cap, the least recently used budget goes first: its open reservation is
+    charged its estimate (never forgotten for free), so a tenant that reserved its whole
+    budget stays spent, while idle tenants are forgotten."""
+    backend = MemoryBackend(ManualClock(T0), max_keys=8)
+    budgets = backend.store("cost_budget")
+    now = round(T0 * 1000)
+    budgets.apply_at([_budget_op("bob", RESERVE, "r1", 100)], now)
+    for i in range(20):
+        budgets.apply_at([_budget_op(f"t{i}", SETTLE_OP, "s", 1)], now)
+        assert backend.cap.held() <= 8
+    view = backend.cap.shares()["cost_budget"]
+    assert view <= 8
+    (r,) = budgets.apply_at([_budget_op("bob", RESERVE, "r2", 1)], now)
+    assert not r.admitted and (r.charged, r.reserved, r.open) == (100, 0, 0)
+
+
+def test_a_full_cap_with_nothing_safe_to_forget_refuses_new_budget_state() -> None:
+    """Once every entry held is a spent tenant, a new tenant's settlement changes nothing
+    and is refused (full, counted), rather than passing the cap."""
+    backend = MemoryBackend(ManualClock(T0), max_keys=4)
+    budgets = backend.store("cost_budget")
+    now = round(T0 * 1000)
+    results = [
+        budgets.apply_at([_budget_op(f"t{i}", SETTLE_OP, "s", 100)], now)[0] for i in range(6)
+    ]
+    assert backend.cap.held() <= 4 and results[0].applied
+    assert results[-1].full and not results[-1].applied and backend.cap.refused >= 1
+    assert budgets.tenants <= 4

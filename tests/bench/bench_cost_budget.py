@@ -3,7 +3,7 @@
 Usage::
 
     python tests/bench/bench_cost_budget.py [--tenants 1000] [--requests 20000]
-                                            [--backend memory,redis] [--json]
+                                            [--backend memory,redis] [--max-keys N] [--json]
 
 Through ferryman's own engine (``RateLimitEngine.should_rate_limit``), over a
 ``MemoryBackend`` or a ``RedisBackend(server_time=False)`` on a throwaway redis-server:
@@ -12,6 +12,8 @@ user's and its organisation's, reserved all or none) followed by its settlement,
 request in ten never settled (its reservation expires into a charge). Time is a fake clock
 advancing 10 ms a request, so expiries happen as they would. Printed: decisions (calls) per
 second, Redis's EVALSHA usec_per_call, and ``MEMORY USAGE`` of one tenant's four keys.
+``--max-keys`` caps the memory backend's state (MEMORY_MAX_KEYS; 0, the default here: no
+cap), to measure what making room costs when the budgets pass it.
 
 This is a benchmark, not a test: pytest does not collect this directory.
 """
@@ -83,9 +85,11 @@ async def run(backend: Backend, tenants: int, requests: int) -> dict[str, Any]:
     return {"calls": calls, "calls_per_second": round(calls / elapsed)}
 
 
-async def _measure(name: str, tenants: int, requests: int, tmp: Path) -> dict[str, Any]:
+async def _measure(
+    name: str, tenants: int, requests: int, tmp: Path, max_keys: int = 0
+) -> dict[str, Any]:
     if name == "memory":
-        backend: Backend = MemoryBackend(ManualClock(0.0))
+        backend: Backend = MemoryBackend(ManualClock(0.0), max_keys)
         await backend.start()
         out = await run(backend, tenants, requests)
         await backend.close()
@@ -113,12 +117,15 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--backend", default="memory,redis")
+    parser.add_argument("--max-keys", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory(prefix="ferryman-budget-") as tmp:
         for name in args.backend.split(","):
-            results[name] = asyncio.run(_measure(name, args.tenants, args.requests, Path(tmp)))
+            results[name] = asyncio.run(
+                _measure(name, args.tenants, args.requests, Path(tmp), args.max_keys)
+            )
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -24,6 +24,7 @@ from ferryman.access.buckets import MAX_BUCKET_NAME, BucketCaps
 from ferryman.access.leases import LeaseLimits, Owners, cap_wants, check_ids
 from ferryman.access.policy import ANONYMOUS, PERMISSIONS, Policy
 from ferryman.algorithms.leases.model import ResourceTemplate
+from ferryman.core.answers import ASKER
 from ferryman.core.rules import Domain
 from ferryman.core.wire import negative_hits
 from ferryman.errors import AccessDeniedError, CapExceededError
@@ -112,6 +113,33 @@ def http_caller(peercert: Any, peer: str) -> Caller:
 def _who(context: Any) -> Caller:
     """The caller of a gRPC call's ``context``, or ``context`` itself when it is one."""
     return context if isinstance(context, Caller) else caller_of(context)
+
+
+class _Asking:
+    """The asker of an Envoy request (``core.answers.Asker``): its caller is worked out
+    when a kind first asks for it, so that requests no kind asks about pay nothing."""
+
+    __slots__ = ("_access", "_caller", "_context")
+
+    def __init__(self, access: Access, context: Any) -> None:
+        self._access = access
+        self._context = context
+        self._caller: Caller | None = context if isinstance(context, Caller) else None
+
+    @property
+    def caller(self) -> Caller:
+        if self._caller is None:
+            self._caller = caller_of(self._context)
+        return self._caller
+
+    @property
+    def key(self) -> str:
+        return self.caller.key
+
+    def settles_for(self, domain: str) -> bool:
+        # Only a policy's grant: without a policy a reservation is settled by its maker.
+        policy = self._access.policy
+        return policy is not None and policy.allows(self.caller.names, "settle_for", domain)
 
 
 class Configured(Protocol):
@@ -271,7 +299,10 @@ class Access:
         the Caller of an HTTP request): the domain may be asked, and its
         descriptors' negative hits and own limits are allowed (by the policy, and by the
         domain's ``allow_negative_hits`` and ``allow_overrides``). A limit the domain does
-        not allow is dropped from the request; anything else not allowed is refused."""
+        not allow is dropped from the request; anything else not allowed is refused. The
+        caller becomes the request's asker (``core.answers.ASKER``) for the engine."""
+        asking = _Asking(self, context)
+        ASKER.set(asking)
         config = self._config()
         if config is None:
             return
@@ -279,7 +310,7 @@ class Access:
         strict = domain is not None and not (domain.allow_overrides and domain.allow_negative_hits)
         if policy is None and not strict:
             return
-        caller = _who(context)
+        caller = asking.caller
         self.check(caller, policy, "rls", request.domain)
         for d in request.descriptors:
             if negative_hits(d):

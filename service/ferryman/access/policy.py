@@ -46,6 +46,10 @@ PERMISSIONS: Mapping[str, str] = MappingProxyType(
         "rls": "domains asked through Envoy's ShouldRateLimit (and POST /json)",
         "negative_hits": "domains a caller may send negative hits to",
         "overrides": "domains a caller may send its own limit (descriptor.limit) to",
+        "settle_for": (
+            "domains whose cost-budget reservations a caller may settle for the identity "
+            "that made them (never below their estimate)"
+        ),
         "rlqs": "domains asked through Envoy's rate limit quota service",
         "request": "domains asked through ferryman.v1 Request",
         "holds": "domains whose copies a caller may reserve, release, transfer and seize",

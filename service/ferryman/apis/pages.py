@@ -251,10 +251,11 @@ class Pages:
             "memory": None
             if not isinstance(self.service.backend, MemoryBackend)
             else {
-                "keys": len(self.service.backend.counters),
-                "max_keys": self.service.backend.counters.max_keys,
-                "evicted": self.service.backend.counters.evicted,
-                "refused": self.service.backend.counters.refused,
+                "keys": self.service.backend.cap.held(),
+                "max_keys": self.service.backend.cap.max_keys,
+                "kinds": self.service.backend.cap.shares(),
+                "evicted": self.service.backend.cap.evicted,
+                "refused": self.service.backend.cap.refused,
             },
             "holds": self.service.holds.status(),
             "decision_log": None

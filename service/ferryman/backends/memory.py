@@ -9,16 +9,19 @@ from ferryman.algorithms.token_bucket.memory import MemoryTokenBucketStore
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.clock import Clock, SystemClock
 from ferryman.core.algorithm import StoreOptions
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["InProcessStores", "MemoryBackend"]
 
 
 class InProcessStores:
     """Every rule kind's store in this process, each built by its kind; a backend built on
-    it may keep the counters elsewhere (memcache)."""
+    it may keep the counters elsewhere (memcache). ``max_keys`` caps the entries of every
+    kind together (``cap``: each kind's share, evictions and refusals)."""
 
     def __init__(self, clock: Clock, max_keys: int = 0) -> None:
-        options = StoreOptions(clock, max_keys=max_keys)
+        self.cap = MemoryCap(max_keys)
+        options = StoreOptions(clock, max_keys=max_keys, cap=self.cap)
         self._stores: dict[str, Any] = {a.name: a.memory_store(options) for a in ALGORITHMS}
 
     def store(self, name: str) -> Any:
@@ -46,7 +49,7 @@ class MemoryBackend(InProcessStores):
 
     @property
     def counters(self) -> Any:
-        """The fixed windows' counters (the store MEMORY_MAX_KEYS caps)."""
+        """The fixed windows' counters."""
         return self._stores[COUNTERS.name]
 
     async def start(self) -> None:

@@ -21,6 +21,7 @@ from yaml.nodes import Node
 
 from ferryman.clock import Clock
 from ferryman.core.answers import EngineOptions, Status, Tally
+from ferryman.core.memory_cap import MemoryCap
 from ferryman.core.nodes import Ctx
 from ferryman.core.rules import Limit, Rule, UnitLimit
 from ferryman.stats import Stats
@@ -48,12 +49,14 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class StoreOptions:
     """What building a store may need: the clock of in-process stores, the memory
-    backend's key cap, a Redis store's expiry jitter and whether it takes Redis's time."""
+    backend's key cap (``cap``, shared by every kind; else one of ``max_keys`` per store),
+    a Redis store's expiry jitter and whether it takes Redis's time."""
 
     clock: Clock
     max_keys: int = 0
     jitter_max: int = 0
     server_time: bool = True
+    cap: MemoryCap | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ferryman.core.rules import UNIT_SECONDS, Unit, UnitLimit
 
 __all__ = [
+    "ASKER",
     "MAX_REMAINING",
+    "Asker",
     "Code",
     "Decision",
     "DescriptorRequest",
@@ -107,6 +110,25 @@ class Tally:
         if self.over_hard or (self.quota_total and self.quota_over == self.quota_total):
             return Code.OVER_LIMIT
         return Code.OK
+
+
+class Asker(Protocol):
+    """Who asks for the request being decided, for state a kind ties to its caller (a cost
+    budget's reservation is settled by whoever made it)."""
+
+    @property
+    def key(self) -> str:
+        """The caller's identity, or its address when it shows none."""
+        ...
+
+    def settles_for(self, domain: str) -> bool:
+        """Whether it may settle reservations others made in ``domain``."""
+        ...
+
+
+#: The asker of the request being decided, set by the API it came through before the
+#: engine is called (None: nobody in particular, as in replay and the simulators).
+ASKER: ContextVar[Asker | None] = ContextVar("ferryman_asker", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -619,9 +619,14 @@ class Settings:
         "answer OK (counted as degraded) when the backend fails",
         flag=Flag("--fail-open"),
     )
-    # Fixed-window counters the memory backend keeps at most (0: no cap); see its store.
+    # Entries of every kind's state the memory backend keeps at most (0: no cap); see
+    # core/memory_cap.py.
     memory_max_keys: int = BACKEND.setting(
-        "MEMORY_MAX_KEYS", 100_000, _COUNT, "counters the memory backend keeps at most (0: no cap)"
+        "MEMORY_MAX_KEYS",
+        100_000,
+        _COUNT,
+        "entries the memory backend keeps at most, every rule kind's state together "
+        "(counters, tenants, reservations; 0: no cap)",
     )
     # Health fails while the backend is down (by default it stays SERVING: the service
     # still answers, with its failure policy).

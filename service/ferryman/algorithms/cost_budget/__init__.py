@@ -36,6 +36,15 @@ class CostBudgetAlgorithm(AlgorithmBase):
             "settlements": "Settlements applied (the actual cost charged at stream end).",
             "settled_cost": "Cost units charged by settlements.",
             "duplicate_settlements": "Settlements of a request already settled (ignored).",
+            "foreign_settlements": (
+                "Settlements of a reservation another identity made, by one not allowed to "
+                "settle for it (ignored, answered OVER_LIMIT)."
+            ),
+            "foreign_reservations": (
+                "Reservations of a request id another identity holds open (refused)."
+            ),
+            "capped_settlements": "Settlements whose cost passed max_cost (charged max_cost).",
+            "excess_cost": "Cost units above max_cost, counted and not charged.",
             "refunds": "Settlements that cost less than their reservation.",
             "refunded_cost": "Cost units reserved and given back by settlements.",
             "expired_reservations": (
@@ -57,6 +66,7 @@ class CostBudgetAlgorithm(AlgorithmBase):
             "settle_key": limit.settle_key,
             "reservation_ttl": limit.reservation_ttl,
             "max_open": limit.max_open,
+            "max_cost": limit.most_cost,
         }
 
     def text(self, described: Mapping[str, Any]) -> str:
@@ -74,7 +84,7 @@ class CostBudgetAlgorithm(AlgorithmBase):
     def memory_store(self, options: StoreOptions) -> BudgetStore:
         from ferryman.algorithms.cost_budget.memory import MemoryBudgets
 
-        return MemoryBudgets()
+        return MemoryBudgets(options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> BudgetStore:
         from ferryman.algorithms.cost_budget.redis import RedisBudgets

@@ -5,6 +5,8 @@ the store in one call, admitted all or none."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,12 +21,17 @@ from ferryman.algorithms.cost_budget.model import (
 from ferryman.algorithms.cost_budget.spec import CostBudget
 from ferryman.core import keys
 from ferryman.core.algorithm import Algorithm, Call
-from ferryman.core.answers import Code, EngineOptions, Status, Tally
+from ferryman.core.answers import ASKER, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key
 from ferryman.core.rules import Rule, UnitLimit
 from ferryman.stats import Stats
 
 __all__ = ["BudgetItem", "BudgetLimiter", "BudgetRule", "budget_op", "tenant_key"]
+
+log = logging.getLogger("ferryman.cost_budget")
+
+#: Settlements past max_cost are logged at most once per this many seconds, with a count.
+CAPPED_LOG_INTERVAL = 10.0
 
 # A shadow-mode budget never refuses in the store (its refusal would undo the request's
 # other reservations); whether it would have is worked out from its answer.
@@ -37,9 +44,16 @@ def tenant_key(prefix: str, rule: Rule, entries: Sequence[tuple[str, str]]) -> s
 
 
 def budget_op(
-    key: str, budget: CostBudget, mode: str, request_id: str, amount: int, now: float
+    key: str,
+    budget: CostBudget,
+    mode: str,
+    request_id: str,
+    amount: int,
+    now: float,
+    owner: str = "",
+    delegate: bool = False,
 ) -> BudgetOp:
-    """The store's operation on the tenant at ``key`` at ``now``."""
+    """The store's operation on the tenant at ``key`` at ``now``, asked by ``owner``."""
     suffix, start, end = budget.period.window(now)
     return BudgetOp(
         key,
@@ -52,6 +66,8 @@ def budget_op(
         round(end * 1000),
         round(budget.reservation_ttl * 1000),
         budget.max_open,
+        owner,
+        delegate,
     )
 
 
@@ -73,6 +89,7 @@ class BudgetItem:
     op: BudgetOp
     stats_key: str
     stats_path: tuple[str, ...]
+    excess: int  # a settlement's cost above max_cost, not charged
 
 
 class BudgetLimiter:
@@ -82,6 +99,8 @@ class BudgetLimiter:
         self.algorithm = algorithm
         self.opts = opts
         self.stats = stats
+        self._capped_at = -CAPPED_LOG_INTERVAL  # when a capped settlement was last logged
+        self._capped_since = 0  # capped settlements since that line
 
     def prepare(self, domain: str, path: tuple[Rule, ...], quota: bool) -> BudgetRule:
         rule = path[-1]
@@ -105,17 +124,29 @@ class BudgetLimiter:
         own, tail = entries[:depth], entries[depth:]
         key, parts = stats_key(domain, own, prepared.path)
         mode = SETTLE_OP if len(tail) > 1 else RESERVE
+        rid = tail[0][1] if tail else ""
+        amount, excess = max(hits, 0), 0
+        most = prepared.budget.most_cost
+        if mode == SETTLE_OP and amount > most:
+            amount, excess = most, amount - most
+        owner, delegate = "", False
+        asker = ASKER.get() if rid else None
+        if asker is not None:
+            owner = asker.key
+            delegate = mode == SETTLE_OP and asker.settles_for(domain)
         op = budget_op(
             tenant_key(self.opts.cache_key_prefix, prepared.rule, own),
             prepared.budget,
             mode,
-            tail[0][1] if tail else "",
-            max(hits, 0),
+            rid,
+            amount,
             now,
+            owner,
+            delegate,
         )
         if mode == RESERVE and prepared.rule.shadow_mode:
             op = replace(op, cap=_NO_CAP)
-        return BudgetItem(index, prepared.rule, prepared, op, key, parts)
+        return BudgetItem(index, prepared.rule, prepared, op, key, parts, excess)
 
     def calls(self, store: BudgetStore, items: Sequence[BudgetItem], now: float) -> list[Call]:
         return [(len(items), store.apply([item.op for item in items], now))]
@@ -143,14 +174,23 @@ class BudgetLimiter:
         stats.rule(key, "expired_reservations", result.expired, path)
         op = item.op
         if op.mode == SETTLE_OP:
+            if item.excess:
+                self._capped(item)
             if result.applied:
                 stats.rule(key, "settlements", 1, path)
-                stats.rule(key, "settled_cost", op.amount, path)
+                stats.rule(key, "settled_cost", result.cost, path)
                 stats.rule(key, "refunds", 1 if result.refund else 0, path)
                 stats.rule(key, "refunded_cost", result.refund, path)
+            elif result.foreign:
+                stats.rule(key, "foreign_settlements", 1, path)
+                return True
+            elif result.full:  # counted by the memory cap (refused_keys)
+                return True
             else:
                 stats.rule(key, "duplicate_settlements", 1, path)
             return False
+        if result.foreign:
+            stats.rule(key, "foreign_reservations", 1, path)
         over = not result.admitted
         if item.rule.shadow_mode:
             over = result.charged + result.reserved > item.prepared.budget.cap
@@ -160,6 +200,28 @@ class BudgetLimiter:
             stats.rule(key, "shadow_mode", 1, path)
         stats.rule(key, "reserved_cost", op.amount if result.applied else 0, path)
         return over
+
+    def _capped(self, item: BudgetItem) -> None:
+        """Count a settlement cut to max_cost, and log it at a bounded rate."""
+        key, path = item.stats_key, item.stats_path
+        self.stats.rule(key, "capped_settlements", 1, path)
+        self.stats.rule(key, "excess_cost", item.excess, path)
+        self._capped_since += 1
+        now = time.monotonic()
+        if now - self._capped_at < CAPPED_LOG_INTERVAL:
+            return
+        count, self._capped_since, self._capped_at = self._capped_since, 0, now
+        log.warning(
+            "%s: a settlement of %d passed max_cost %d; charged %d "
+            "(%d such since the last report; logged at most every %gs)",
+            key,
+            item.op.amount + item.excess,
+            item.prepared.budget.most_cost,
+            item.op.amount,
+            count,
+            CAPPED_LOG_INTERVAL,
+            extra={"fields": {"rule": key, "excess": item.excess, "count": count}},
+        )
 
     def status(self, item: BudgetItem, result: BudgetResult, over: bool, now: float) -> Status:
         prepared = item.prepared

@@ -27,7 +27,7 @@ from ferryman.errors import BackendError
 
 __all__ = ["RedisBudgets", "tenant_keys"]
 
-_FIELDS = 7
+_FIELDS = 9
 
 
 def tenant_keys(key: str) -> list[str]:
@@ -46,6 +46,8 @@ def _args(op: BudgetOp) -> list[Any]:
         op.end_ms,
         op.ttl_ms,
         op.max_open,
+        op.owner,
+        1 if op.delegate else 0,
     ]
 
 
@@ -74,7 +76,7 @@ class RedisBudgets:
         try:
             values = [int(v) for v in reply]
             return [
-                BudgetResult(bool(v[0]), bool(v[1]), v[2], v[3], v[4], v[5], v[6])
+                BudgetResult(bool(v[0]), bool(v[1]), v[2], v[3], v[4], v[5], v[6], v[7], bool(v[8]))
                 for v in (values[i : i + _FIELDS] for i in range(0, len(values), _FIELDS))
             ]
         except (TypeError, ValueError, IndexError) as exc:

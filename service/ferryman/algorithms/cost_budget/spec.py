@@ -10,6 +10,7 @@ each response really cost when its stream ends.
     settle_key: request_id  # the entry that pairs a request with its settlement
     reservation_ttl: 5m     # an estimate never settled is charged when this has passed
     max_open: 10000         # open reservations kept per tenant (the oldest is charged first)
+    max_cost: 100000        # what one settlement charges at most (default: the budget)
 ```
 """
 
@@ -40,6 +41,7 @@ _KEYS = frozenset(
         "settle_key",
         "reservation_ttl",
         "max_open",
+        "max_cost",
     }
 )
 # Lua numbers are doubles: sums stay exact below 2^53.
@@ -58,6 +60,7 @@ class CostBudget(Unnamed):
     settle_key: str = "request_id"
     reservation_ttl: float = 300.0
     max_open: int = 10000
+    max_cost: int = 0  # 0: the budget
     kind: ClassVar[str] = KIND
 
     @property
@@ -67,6 +70,11 @@ class CostBudget(Unnamed):
         return (self.settle_key, SETTLE)
 
     @property
+    def most_cost(self) -> int:
+        """What one settlement charges at most: past it the excess is counted, not charged."""
+        return self.max_cost or self.budget
+
+    @property
     def cap(self) -> int:
         """What charged and reserved cost together may reach before requests are refused."""
         return self.budget + self.max_debt
@@ -74,7 +82,7 @@ class CostBudget(Unnamed):
 
 def read_cost_budget(ctx: Ctx, fields: Mapping[str, Node], path: str) -> CostBudget | None:
     """``cost_budget: {budget, unit | window | calendar, max_debt, settle_key,
-    reservation_ttl, max_open}``."""
+    reservation_ttl, max_open, max_cost}``."""
     node = fields.get(KIND)
     if node is None:
         return None
@@ -94,6 +102,7 @@ def read_cost_budget(ctx: Ctx, fields: Mapping[str, Node], path: str) -> CostBud
         message = "reservation_ttl is from 1ms to 7 days"
         ctx.error(own["reservation_ttl"], join(path, "reservation_ttl"), message)
     max_open = whole(ctx, own.get("max_open"), join(path, "max_open"), 1, 1_000_000)
+    max_cost = whole(ctx, own.get("max_cost"), join(path, "max_cost"), 1, _MAX_COST)
     if len(ctx.problems) > before or budget is None or period is None:
         return None
     return CostBudget(
@@ -103,6 +112,7 @@ def read_cost_budget(ctx: Ctx, fields: Mapping[str, Node], path: str) -> CostBud
         settle_key,
         300.0 if ttl is None else ttl,
         10000 if max_open is None else max_open,
+        max_cost or 0,
     )
 
 

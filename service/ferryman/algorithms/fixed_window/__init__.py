@@ -92,7 +92,7 @@ class FixedWindowAlgorithm(AlgorithmBase):
     def memory_store(self, options: StoreOptions) -> FixedWindowStore:
         from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
 
-        return MemoryFixedWindows(options.clock, options.max_keys)
+        return MemoryFixedWindows(options.clock, options.max_keys, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> FixedWindowStore:
         from ferryman.algorithms.fixed_window.redis import RedisFixedWindows

@@ -1,7 +1,8 @@
 """Fixed-window counters in this process, dropped when their window ends, and capped.
 
-With ``max_keys`` set (``MEMORY_MAX_KEYS``), a new counter that would pass the cap first
-makes room: counters whose windows end soonest go first (they are forgotten soonest
+Counters count against the memory backend's cap (``MEMORY_MAX_KEYS``, shared with every
+kind: ``core.memory_cap``); a new counter that would pass it first makes room: counters
+whose windows end soonest go first (they are forgotten soonest
 anyway), but a counter that has reached its limit is never evicted, since forgetting it
 would let its caller in again (a client could reset its own limit by sending many distinct
 values). If only such counters are left, the new counter is not stored and its request is
@@ -16,13 +17,9 @@ from collections.abc import Callable, Sequence
 
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult, over_limit
 from ferryman.clock import Clock
+from ferryman.core.memory_cap import EVICTED, REFUSED, MemoryCap
 
 __all__ = ["EVICTED", "REFUSED", "MemoryFixedWindows"]
-
-EVICTED = "ratelimit.service.memory.evicted_keys"
-REFUSED = "ratelimit.service.memory.refused_keys"
-# Room made at once when the cap is reached, so that one scan serves many new counters.
-_EVICT_FRACTION = 64
 
 
 class MemoryFixedWindows:
@@ -32,17 +29,36 @@ class MemoryFixedWindows:
     requests whether they come from one event loop or several threads.
     """
 
-    def __init__(self, clock: Clock, max_keys: int = 0) -> None:
+    def __init__(self, clock: Clock, max_keys: int = 0, cap: MemoryCap | None = None) -> None:
         self._clock = clock
-        self.max_keys = max_keys  # 0: no cap
+        self.cap = MemoryCap(max_keys) if cap is None else cap
+        self.cap.join("fixed_window", self)
         self._counts: dict[str, tuple[int, int, int]] = {}  # key -> (count, expires_at, limit)
         self._buckets: dict[int, list[str]] = {}
         self._heap: list[int] = []
         self._lock = threading.Lock()
-        self.evicted = 0
-        self.refused = 0
-        # Where evictions and refusals are counted (the service's Stats.inc).
-        self.report: Callable[[str, int], None] | None = None
+
+    @property
+    def max_keys(self) -> int:
+        """The cap's (0: none)."""
+        return self.cap.max_keys
+
+    @property
+    def evicted(self) -> int:
+        return self.cap.evicted
+
+    @property
+    def refused(self) -> int:
+        return self.cap.refused
+
+    @property
+    def report(self) -> Callable[[str, int], None] | None:
+        """Where the cap's evictions and refusals are counted (the service's Stats.inc)."""
+        return self.cap.report
+
+    @report.setter
+    def report(self, report: Callable[[str, int], None] | None) -> None:
+        self.cap.report = report
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -62,9 +78,12 @@ class MemoryFixedWindows:
             return 0
         return entry[0]
 
-    def _make_room(self) -> bool:
-        """Evict counters below their limit, soonest window end first; False if none is."""
-        want = max(1, self.max_keys // _EVICT_FRACTION)
+    def make_room(self, want: int) -> int:
+        with self._lock:
+            return self._make_room(want)
+
+    def _make_room(self, want: int) -> int:
+        """Evict up to ``want`` counters below their limit, soonest window end first."""
         counts, evicted = self._counts, 0
         for at in sorted(self._heap):
             bucket = self._buckets.get(at)
@@ -83,20 +102,12 @@ class MemoryFixedWindows:
             self._buckets[at] = kept
             if evicted >= want:
                 break
-        if evicted:
-            self.evicted += evicted
-            if self.report is not None:
-                self.report(EVICTED, evicted)
-        return evicted > 0
+        return evicted
 
     def _admit(self, op: CounterOp) -> bool:
         """Whether a new counter may be stored (making room if the cap is reached)."""
-        if not self.max_keys or len(self._counts) < self.max_keys or self._make_room():
-            return True
-        self.refused += 1
-        if self.report is not None:
-            self.report(REFUSED, 1)
-        return False
+        cap = self.cap
+        return not cap.max_keys or cap.admit(self, 1, self._make_room)
 
     def _file(self, key: str, expires_at: int) -> None:
         """Note a new counter under the end of its window, for the sweep."""

@@ -67,7 +67,7 @@ class GcraAlgorithm(TenantKeyed):
     def memory_store(self, options: StoreOptions) -> GcraStore:
         from ferryman.algorithms.gcra.memory import MemoryGcra
 
-        return MemoryGcra(options.max_keys)
+        return MemoryGcra(options.max_keys, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> GcraStore:
         from ferryman.algorithms.gcra.redis import RedisGcra

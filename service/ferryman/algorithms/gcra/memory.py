@@ -1,9 +1,10 @@
 """GCRA in process memory: the embedded store, and the reference for the Redis one.
 
 A tenant is one TAT. One whose bucket is full again is as good as none, so it is dropped
-when found at the front of the least recently used order. With ``max_keys`` set
-(``MEMORY_MAX_KEYS``), a new tenant that would pass the cap first makes room: tenants with
-room for one more request go, least recently used first (forgetting one gives it at most its
+when found at the front of the least recently used order. Tenants count against the memory
+backend's cap (``MEMORY_MAX_KEYS``, shared with every kind: ``core.memory_cap``); a new
+tenant that would pass it first makes room: tenants with room for one more request go,
+least recently used first (forgetting one gives it at most its
 burst back); a tenant with no room left is never forgotten, since that would let it in
 again. If only such tenants are left, the new one is not stored and its request is refused.
 """
@@ -13,11 +14,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ferryman.algorithms.gcra.model import GcraParams, GcraResult, Tat, debt, decide, look
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["MemoryGcra"]
-
-# Room made at once when the cap is reached, so that one scan serves many new tenants.
-_EVICT_FRACTION = 64
 
 
 class MemoryGcra:
@@ -26,11 +25,19 @@ class MemoryGcra:
 
     name = "memory"
 
-    def __init__(self, max_keys: int = 0) -> None:
-        self.max_keys = max_keys  # 0: no cap
+    def __init__(self, max_keys: int = 0, cap: MemoryCap | None = None) -> None:
+        self.cap = MemoryCap(max_keys) if cap is None else cap
+        self.cap.join("gcra", self)
         self._tats: OrderedDict[str, tuple[GcraParams, Tat]] = OrderedDict()
-        self.evicted = 0
-        self.refused = 0
+        self._now_us = 0  # the last call's time, for making room between calls
+
+    @property
+    def evicted(self) -> int:
+        return self.cap.evicted
+
+    @property
+    def refused(self) -> int:
+        return self.cap.refused
 
     def __len__(self) -> int:
         return len(self._tats)
@@ -45,6 +52,7 @@ class MemoryGcra:
     ) -> GcraResult:
         """``take`` at ``now_us`` (microseconds since the epoch)."""
         tats = self._tats
+        self._now_us = now_us
         for _ in range(2):  # a little sweeping per call, never a large one
             if not tats:
                 break
@@ -59,17 +67,16 @@ class MemoryGcra:
         )
         if after is None:
             return result
-        if found is None and not self._admit(now_us):
+        if found is None and self.cap.max_keys and not self.cap.admit(self):
             return GcraResult(False, 0, 0, 0, -1)  # no room, and nothing safe to forget
         tats[key] = (params, after)
         tats.move_to_end(key)
         return result
 
-    def _admit(self, now_us: int) -> bool:
-        """Whether a new tenant may be stored (making room if the cap is reached)."""
-        if not self.max_keys or len(self._tats) < self.max_keys:
-            return True
-        want = max(1, self.max_keys // _EVICT_FRACTION)
+    def make_room(self, want: int) -> int:
+        """Forget up to ``want`` tenants with room for one more request, least recently
+        used first."""
+        now_us = self._now_us
         gone = []
         for key, (params, tat) in self._tats.items():
             if debt(tat, params, now_us) + params.step <= params.span:
@@ -78,10 +85,7 @@ class MemoryGcra:
                     break
         for key in gone:
             del self._tats[key]
-        self.evicted += len(gone)
-        if not gone:
-            self.refused += 1
-        return bool(gone)
+        return len(gone)
 
     async def peek(self, key: str, params: GcraParams, now: float) -> GcraResult:
         found = self._tats.get(key)

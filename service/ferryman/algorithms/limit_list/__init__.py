@@ -73,7 +73,7 @@ class LimitListAlgorithm(TenantKeyed):
     def memory_store(self, options: StoreOptions) -> ListStore:
         from ferryman.algorithms.limit_list.memory import MemoryLimits
 
-        return MemoryLimits(options.max_keys)
+        return MemoryLimits(options.max_keys, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> ListStore:
         from ferryman.algorithms.limit_list.redis import RedisLimits

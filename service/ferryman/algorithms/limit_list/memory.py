@@ -6,19 +6,29 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ferryman.algorithms.limit_list.model import Checked, Part, decide_all
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["MemoryLimits"]
 
 
 class MemoryLimits:
-    """Keys in least recently used order, at most ``max_keys`` (0: no cap; the oldest goes
-    first); a key whose states no longer matter at the front is dropped as calls come."""
+    """Keys in least recently used order, counted against the memory backend's cap (the
+    oldest goes first to make room); a key whose states no longer matter at the front is
+    dropped as calls come."""
 
     name = "memory"
 
-    def __init__(self, max_keys: int = 0) -> None:
+    def __init__(self, max_keys: int = 0, cap: MemoryCap | None = None) -> None:
         self._keys: OrderedDict[str, tuple[float, dict[str, tuple[float, ...]]]] = OrderedDict()
-        self._max = max_keys
+        self.cap = MemoryCap(max_keys) if cap is None else cap
+        self.cap.join("limit_list", self)
+
+    def make_room(self, want: int) -> int:
+        keys, gone = self._keys, 0
+        while keys and gone < want:
+            keys.popitem(last=False)
+            gone += 1
+        return gone
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -37,10 +47,10 @@ class MemoryLimits:
         saved = {} if found is None or found[0] <= now_us else found[1]
         checked, kept, keep_us = decide_all(saved, parts, cost, now_us)
         if kept is not None:
+            if found is None and self.cap.max_keys:
+                self.cap.admit(self)  # the oldest goes first: the new key is always kept
             keys[key] = (now_us + keep_us, {**saved, **kept})
             keys.move_to_end(key)
-            if self._max and len(keys) > self._max:
-                keys.popitem(last=False)
         return checked
 
     async def reset(self, key: str) -> int:

@@ -61,7 +61,7 @@ class SlidingWindowAlgorithm(TenantKeyed):
     def memory_store(self, options: StoreOptions) -> SlidingStore:
         from ferryman.algorithms.sliding_window.memory import MemorySlidingWindows
 
-        return MemorySlidingWindows()
+        return MemorySlidingWindows(options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> SlidingStore:
         from ferryman.algorithms.sliding_window.redis import RedisSlidingWindows

@@ -6,18 +6,30 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ferryman.algorithms.sliding_window.model import SlidingResult, SlidingState, decide
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["MemorySlidingWindows"]
 
 
 class MemorySlidingWindows:
     """Keys in least recently used order; a key two windows old at the front is dropped
-    (its counts no longer matter). Every call runs without awaiting, hence atomically."""
+    (its counts no longer matter). Keys count against the memory backend's cap: to make
+    room the least recently used go first. Every call runs without awaiting, hence
+    atomically."""
 
     name = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, cap: MemoryCap | None = None) -> None:
         self._keys: OrderedDict[str, tuple[int, SlidingState]] = OrderedDict()
+        self.cap = MemoryCap() if cap is None else cap
+        self.cap.join("sliding_window", self)
+
+    def make_room(self, want: int) -> int:
+        keys, gone = self._keys, 0
+        while keys and gone < want:
+            keys.popitem(last=False)
+            gone += 1
+        return gone
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -40,6 +52,8 @@ class MemorySlidingWindows:
         found = keys.get(key)
         result, state = decide(None if found is None else found[1], limit, window_us, hits, now_us)
         if state.previous or state.current:
+            if found is None and self.cap.max_keys and not self.cap.admit(self):
+                return SlidingResult(False, float(limit), result.left_us)  # no room
             keys[key] = (window_us, state)
             keys.move_to_end(key)
         else:

@@ -95,7 +95,7 @@ class TokenBucketAlgorithm(TenantKeyed):
     def memory_store(self, options: StoreOptions) -> NodeBucketStore:
         from ferryman.algorithms.token_bucket.memory import MemoryNodeBuckets
 
-        return MemoryNodeBuckets(options.clock)
+        return MemoryNodeBuckets(options.clock, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> NodeBucketStore:
         from ferryman.algorithms.token_bucket.redis import RedisNodeBuckets

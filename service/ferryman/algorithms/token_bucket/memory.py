@@ -18,6 +18,7 @@ from ferryman.algorithms.token_bucket.model import (
     refilled,
 )
 from ferryman.clock import Clock
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["SWEEP_LIMIT", "MemoryNodeBuckets", "MemoryTokenBucketStore", "now_micros"]
 
@@ -138,14 +139,31 @@ class MemoryTokenBucketStore:
 
 class MemoryNodeBuckets:
     """Descriptor nodes' token buckets in process memory, by key, least recently used
-    first; a bucket found full again at the front is dropped (it is as good as new)."""
+    first; a bucket found full again at the front is dropped (it is as good as new).
+    Buckets count against the memory backend's cap: to make room, buckets with a token
+    left go, least recently used first (an empty one is kept: forgetting it would let its
+    caller in again); with none, a new bucket is refused."""
 
     name = "memory"
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, cap: MemoryCap | None = None) -> None:
         self._clock = clock
         self._buckets: OrderedDict[str, tuple[BucketSpec, BucketState]] = OrderedDict()
         self.recent: Recent[str] = Recent()
+        self.cap = MemoryCap() if cap is None else cap
+        self.cap.join("token_bucket", self)
+        self._now_us = 0  # the last call's time, for making room between calls
+
+    def make_room(self, want: int) -> int:
+        now_us, gone = self._now_us, []
+        for key, (spec, state) in self._buckets.items():
+            if refilled(state, spec, now_us).stored >= 1:
+                gone.append(key)
+                if len(gone) >= want:
+                    break
+        for key in gone:
+            del self._buckets[key]
+        return len(gone)
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -160,6 +178,7 @@ class MemoryNodeBuckets:
     ) -> NodeTake:
         self.recent.add(key, spec)
         buckets = self._buckets
+        self._now_us = now_us
         for _ in range(2):  # a little sweeping per call, never a large one
             if not buckets:
                 break
@@ -175,6 +194,9 @@ class MemoryNodeBuckets:
             None if found is None else found[1], spec, tokens, now_us, max_wait_millis
         )
         if after is not None:
+            if found is None and self.cap.max_keys and not self.cap.admit(self):
+                # No room, and nothing safe to forget: refused, as a bucket with no token.
+                return NodeTake(TakeStatus.REJECTED_TOO_MANY_BUCKETS, 0, 0.0, 0.0)
             buckets[key] = (spec, after)
             buckets.move_to_end(key)
         return result
