@@ -46,15 +46,15 @@ def _page(ferryman: FerrymanProcess, path: str) -> Any:
 
 
 def _shares(ferryman: FerrymanProcess) -> dict[str, float] | None:
-    """Each Envoy's share of the acme bucket, once both have reported a demand and b's
-    (10/s) is known to be below a's."""
+    """Each Envoy's share of the acme bucket, once both have reported a demand, a tick has
+    divided it, and b's (10/s) is known to be below a's."""
     buckets = _page(ferryman, "/rlqs")["buckets"]
     acme = [b for b in buckets if b["bucket_id"] == {"tenant": "acme"}]
     if not acme or len(acme[0]["envoys"]) != 2:
         return None
     envoys = acme[0]["envoys"]
-    if any(e["demand_per_second"] is None for e in envoys):
-        return None
+    if any(e["demand_per_second"] is None or e["share_per_second"] is None for e in envoys):
+        return None  # a demand is divided at the next tick
     shares = {e["envoy"]: e["share_per_second"] for e in envoys}
     return shares if shares["envoy-b"] < 12 else None
 
