@@ -51,8 +51,8 @@ def test_a_gateway_and_a_sidecar_envoyfilter_each_add_the_cluster_their_filter_c
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The gateway's EnvoyFilter selects the ingress gateway in istio-system; the sidecars'
-    adds the cluster outbound and the filter inbound; both call ferryman's address over
-    HTTP/2 through the one cluster they add."""
+    selects the pods labelled with the domain and adds the cluster outbound and the filter
+    inbound; both call ferryman's address over HTTP/2 through the one cluster they add."""
     gateway, sidecar = istio(capsys, "edge-proxy", "--ferryman", SERVICE)
     assert gateway["metadata"] == {
         "name": "ferryman-quota-edge-proxy-gateway",
@@ -60,7 +60,7 @@ def test_a_gateway_and_a_sidecar_envoyfilter_each_add_the_cluster_their_filter_c
     }
     assert gateway["spec"]["workloadSelector"] == {"labels": {"istio": "ingressgateway"}}
     assert sidecar["metadata"] == {"name": "ferryman-quota-edge-proxy-sidecar"}
-    assert "workloadSelector" not in sidecar["spec"]
+    assert sidecar["spec"]["workloadSelector"] == {"labels": {"ferryman/quota": "edge-proxy"}}
     contexts = {
         doc["metadata"]["name"].rsplit("-", 1)[1]: {
             p["applyTo"]: p["match"]["context"] for p in doc["spec"]["configPatches"]
@@ -146,11 +146,14 @@ def test_envoy_check_reaches_every_shared_rule_through_the_envoyfilters(
 def test_a_name_that_is_no_object_name_is_made_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A domain with capitals or underscores gives EnvoyFilter names Kubernetes accepts."""
+    """A domain with capitals or underscores gives EnvoyFilter names and a label value
+    Kubernetes accepts."""
     (tmp_path / "d.yaml").write_text(
         "domain: Shop_Front\ndescriptors:\n"
         "  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
     )
     text = generate(capsys, tmp_path, "--domain", "Shop_Front", "--format", "istio", "--quota")
-    names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(text) if doc]
+    docs = [doc for doc in yaml.safe_load_all(text) if doc]
+    names = [doc["metadata"]["name"] for doc in docs]
     assert names == ["ferryman-quota-shop-front-gateway", "ferryman-quota-shop-front-sidecar"]
+    assert docs[1]["spec"]["workloadSelector"]["labels"] == {"ferryman/quota": "shop-front"}

@@ -153,6 +153,17 @@ def test_each_envoyfilter_applied_to_a_proxy_passes_envoy_validate(
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_istio_quota_overlays_envoyfilters_pass_envoy_validate(tmp_path: Path) -> None:
+    """k8s/overlays/istio-quota's EnvoyFilters (headers mapped, the Service's address),
+    each applied to a proxy bootstrap, pass `envoy --mode validate`."""
+    path = ROOT / "k8s" / "overlays" / "istio-quota" / "envoyfilters.yaml"
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert len(docs) == 2
+    for doc in docs:
+        result = envoy_validate(apply(doc), tmp_path / doc["metadata"]["name"])
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_envoy_validate_refuses_a_misspelt_field_of_the_patch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

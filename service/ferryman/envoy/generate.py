@@ -370,19 +370,49 @@ def _quota(
     return head + left + yaml.safe_dump(tree, sort_keys=False)
 
 
-def _object_name(text: str) -> str:
-    """``text`` as a Kubernetes object name (lower case letters, digits and dashes)."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:200] or "domain"
+def _object_name(text: str, most: int = 200) -> str:
+    """``text`` as a Kubernetes name or label value (lower case letters, digits, dashes)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower())[:most].strip("-") or "domain"
 
 
-# Where each EnvoyFilter of the quota filter goes: the ingress gateway (in istio-system,
-# by its label) and the sidecars of the namespace it is applied in. A sidecar's inserted
-# clusters are read in both its inbound and outbound contexts: one of them adds it once.
-_QUOTA_PROXIES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
-    ("gateway", "GATEWAY", "GATEWAY", {"namespace": "istio-system"}),
-    ("sidecar", "SIDECAR_OUTBOUND", "SIDECAR_INBOUND", {}),
-)
+#: The pod label that puts a domain's quota filter on a pod's sidecar: sidecars opt in, so
+#: that no request is counted twice unawares (at the gateway, then at its sidecar).
+QUOTA_LABEL = "ferryman/quota"
 _QUOTA_CLUSTER = "ferryman_quota"
+
+
+def _envoyfilter(
+    name: str,
+    meta: dict[str, str],
+    labels: dict[str, str],
+    contexts: tuple[str, str],
+    cluster: dict[str, Any],
+    http_filter: dict[str, Any],
+) -> dict[str, Any]:
+    """An EnvoyFilter adding ``cluster`` (in ``contexts[0]``) and ``http_filter`` before the
+    router of every HTTP connection manager (in ``contexts[1]``) of the selected proxies."""
+    manager = {
+        "name": "envoy.filters.network.http_connection_manager",
+        "subFilter": {"name": "envoy.filters.http.router"},
+    }
+    patches = [
+        {
+            "applyTo": "CLUSTER",
+            "match": {"context": contexts[0]},
+            "patch": {"operation": "ADD", "value": copy.deepcopy(cluster)},
+        },
+        {
+            "applyTo": "HTTP_FILTER",
+            "match": {"context": contexts[1], "listener": {"filterChain": {"filter": manager}}},
+            "patch": {"operation": "INSERT_BEFORE", "value": copy.deepcopy(http_filter)},
+        },
+    ]
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {"name": name, **meta},
+        "spec": {"workloadSelector": {"labels": labels}, "configPatches": patches},
+    }
 
 
 def _quota_istio(
@@ -392,6 +422,9 @@ def _quota_istio(
     ferryman: str,
     envoy: str | None,
 ) -> str:
+    """The gateway's EnvoyFilter (in istio-system) and the sidecars' (in the namespace it is
+    applied in, on pods labelled ``ferryman/quota: DOMAIN``). A sidecar reads inserted
+    clusters in its inbound and its outbound contexts: the outbound one adds it once."""
     from ferryman.envoy.quota import quota_filter
 
     shared, left = _shared(paths)
@@ -400,48 +433,32 @@ def _quota_istio(
         domain, shared, headers, envoy, cluster=_QUOTA_CLUSTER, authority=host
     )
     cluster = _cluster(_QUOTA_CLUSTER, ferryman, http2=True)
-    docs = []
-    for proxy, cluster_context, filter_context, meta in _QUOTA_PROXIES:
-        router = {"name": "envoy.filters.http.router"}
-        listener = {
-            "filterChain": {
-                "filter": {
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "subFilter": router,
-                }
-            }
-        }
-        spec: dict[str, Any] = {}
-        if proxy == "gateway":
-            spec["workloadSelector"] = {"labels": {"istio": "ingressgateway"}}
-        spec["configPatches"] = [
-            {
-                "applyTo": "CLUSTER",
-                "match": {"context": cluster_context},
-                "patch": {"operation": "ADD", "value": copy.deepcopy(cluster)},
-            },
-            {
-                "applyTo": "HTTP_FILTER",
-                "match": {"context": filter_context, "listener": listener},
-                "patch": {"operation": "INSERT_BEFORE", "value": copy.deepcopy(http_filter)},
-            },
-        ]
-        name = f"ferryman-quota-{_object_name(domain)}-{proxy}"
-        docs.append(
-            {
-                "apiVersion": "networking.istio.io/v1alpha3",
-                "kind": "EnvoyFilter",
-                "metadata": {"name": name, **meta},
-                "spec": spec,
-            }
-        )
+    name = f"ferryman-quota-{_object_name(domain)}"
+    label = _object_name(domain, 63)
+    docs = [
+        _envoyfilter(
+            f"{name}-gateway",
+            {"namespace": "istio-system"},
+            {"istio": "ingressgateway"},
+            ("GATEWAY", "GATEWAY"),
+            cluster,
+            http_filter,
+        ),
+        _envoyfilter(
+            f"{name}-sidecar",
+            {},
+            {QUOTA_LABEL: label},
+            ("SIDECAR_OUTBOUND", "SIDECAR_INBOUND"),
+            cluster,
+            http_filter,
+        ),
+    ]
     head = (
         f"# Generated by ferryman envoy generate --quota --format istio --domain {domain}: the "
         "rate limit quota filter, one bucket matcher per rule,\n# on the ingress gateway "
-        "(istio-system) and on every sidecar of the namespace the second EnvoyFilter is "
-        "applied in (inbound);\n# each EnvoyFilter adds the HTTP/2 cluster it calls. A "
-        "request through both is counted by both: keep one where the same requests cross "
-        "both.\n"
+        "(istio-system) and on the sidecars (inbound) of the pods labelled "
+        f"{QUOTA_LABEL}: {label} in the namespace the second EnvoyFilter is applied in.\n"
+        "# A request through the gateway and a labelled pod is counted by both.\n"
     )
     return head + left + yaml.safe_dump_all(docs, sort_keys=False)
 
