@@ -112,15 +112,7 @@ def test_envoys_are_unnamed_unless_a_name_is_given(capsys: pytest.CaptureFixture
         assert metadata == [{"key": "ferryman-envoy", "value": "edge"}]
 
 
-# envoy check's reader looks a type up by its proto name, and envoy-data-plane spells
-# SourceIPInput (the remote_address entries' input) SourceIpInput: unknown type, exit 2.
-SOURCE_IP_UNREAD = pytest.mark.xfail(
-    raises=AssertionError, reason="envoy check does not read SourceIPInput", strict=True
-)
-CHECKED = [pytest.param(d, marks=SOURCE_IP_UNREAD) if d == "edge-proxy" else d for d in DOMAINS]
-
-
-@pytest.mark.parametrize("domain", CHECKED)
+@pytest.mark.parametrize("domain", DOMAINS)
 def test_envoy_check_reaches_every_shared_rule_through_the_envoyfilters(
     domain: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
