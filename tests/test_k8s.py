@@ -31,6 +31,7 @@ import yaml
 from envoy.service.ratelimit.v3 import rls_pb2
 
 from helpers.configmap import configmap_volume
+from helpers.envoy_cli import envoy_cli
 from helpers.needs import missing
 from helpers.redis_procs import RedisProcess
 from helpers.server import descriptor, rls_stub
@@ -112,10 +113,11 @@ def check_schema(doc: Doc, version: str) -> None:
 
 
 def test_the_expected_kustomizations_exist() -> None:
-    """A base, the standalone and sidecar layouts, and the Istio overlay."""
+    """A base, the standalone and sidecar layouts, and the Istio overlays."""
     assert KUSTOMIZATIONS == [
         "base",
         "overlays/istio",
+        "overlays/istio-quota",
         "overlays/leased",
         "overlays/sidecar",
         "overlays/standalone",
@@ -216,7 +218,15 @@ def _env(container: Doc) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", [])}
 
 
-@pytest.mark.parametrize("name", ["overlays/standalone", "overlays/sidecar", "overlays/istio"])
+FERRYMAN_LAYOUTS = [
+    "overlays/standalone",
+    "overlays/sidecar",
+    "overlays/istio",
+    "overlays/istio-quota",
+]
+
+
+@pytest.mark.parametrize("name", FERRYMAN_LAYOUTS)
 def test_ferryman_pods_mount_descriptors_probe_healthcheck_and_use_redis(name: str) -> None:
     """ferryman mounts the descriptors as a directory, probes /healthcheck, uses Redis."""
     docs = build(name)
@@ -245,7 +255,7 @@ def test_ferryman_pods_mount_descriptors_probe_healthcheck_and_use_redis(name: s
     assert ferrymen == 1
 
 
-@pytest.mark.parametrize("name", ["overlays/standalone", "overlays/sidecar", "overlays/istio"])
+@pytest.mark.parametrize("name", FERRYMAN_LAYOUTS)
 def test_disruption_budget_covers_the_pods(name: str) -> None:
     """The layout's PodDisruptionBudget selects the pods of its replicated Deployment."""
     docs = build(name)
@@ -280,6 +290,76 @@ def test_istio_overlay_adds_the_envoyfilter_pair_outside_the_mesh() -> None:
     assert {d["metadata"]["namespace"] for d in filters} == {"istio-system"}
     applied = {p["applyTo"] for d in filters for p in d["spec"]["configPatches"]}
     assert applied == {"HTTP_FILTER", "VIRTUAL_HOST", "CLUSTER"}
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["sidecar.istio.io/inject"] == "false"
+
+
+ISTIO_QUOTA = K8S / "overlays" / "istio-quota"
+
+
+def _generate_command(kustomization: Path) -> list[str]:
+    """The `ferryman envoy generate` arguments a kustomization's comment gives."""
+    lines = kustomization.read_text().splitlines()
+    start = next(
+        i for i, line in enumerate(lines) if line.lstrip("# ").startswith("ferryman envoy ")
+    )
+    words: list[str] = []
+    for line in lines[start:]:
+        words += line.lstrip("# ").rstrip("\\").split()
+        if not line.rstrip().endswith("\\"):
+            break
+    assert words[:3] == ["ferryman", "envoy", "generate"], words
+    return words[3:]
+
+
+def test_istio_quota_envoyfilters_are_the_generators_output_unchanged(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The overlay's EnvoyFilters are what the command in its kustomization prints, from the
+    descriptors the overlay's ConfigMap ships."""
+    args = _generate_command(ISTIO_QUOTA / "kustomization.yaml")
+    assert args[args.index("--config") + 1] == "k8s/base/descriptors"
+    args[args.index("--config") + 1] = str(K8S / "base" / "descriptors")
+    run = envoy_cli(capsys, "generate", *args)
+    assert run.code == 0, run.err
+    assert (ISTIO_QUOTA / "envoyfilters.yaml").read_text() == run.out, (
+        "k8s/overlays/istio-quota/envoyfilters.yaml is stale: run the command in its "
+        "kustomization.yaml again"
+    )
+
+
+def test_istio_quota_overlay_points_both_envoyfilters_at_the_headless_grpc_service() -> None:
+    """The gateway's and the labelled sidecars' quota filters call ferryman's headless
+    Service on its gRPC port, for a domain the ConfigMap holds; ferryman stays un-injected."""
+    docs = build("overlays/istio-quota")
+    filters = {d["metadata"]["name"]: d for d in docs if d["kind"] == "EnvoyFilter"}
+    assert set(filters) == {
+        "ferryman-quota-edge-proxy-gateway",
+        "ferryman-quota-edge-proxy-sidecar",
+    }
+    gateway = filters["ferryman-quota-edge-proxy-gateway"]
+    assert gateway["metadata"]["namespace"] == "istio-system"
+    assert gateway["spec"]["workloadSelector"]["labels"] == {"istio": "ingressgateway"}
+    sidecar = filters["ferryman-quota-edge-proxy-sidecar"]
+    assert "namespace" not in sidecar["metadata"]  # the namespace kubectl apply -n gives
+    assert sidecar["spec"]["workloadSelector"]["labels"] == {"ferryman/quota": "edge-proxy"}
+    service = find(docs, "Service", "ferryman")
+    assert service["spec"]["clusterIP"] == "None"
+    [grpc_port] = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    configmap = find(docs, "ConfigMap", "ferryman-descriptors")
+    domains = {yaml.safe_load(text)["domain"] for text in configmap["data"].values()}
+    for doc in filters.values():
+        patches = {p["applyTo"]: p["patch"]["value"] for p in doc["spec"]["configPatches"]}
+        cluster, quota = patches["CLUSTER"], patches["HTTP_FILTER"]["typed_config"]
+        assert quota["rlqs_server"]["envoy_grpc"]["cluster_name"] == cluster["name"]
+        assert quota["domain"] in domains
+        [[endpoint]] = [e["lb_endpoints"] for e in cluster["load_assignment"]["endpoints"]]
+        address = endpoint["endpoint"]["address"]["socket_address"]
+        assert address == {
+            "address": "ferryman.default.svc.cluster.local",
+            "port_value": grpc_port["port"],
+        }
     for deployment in (d for d in docs if d["kind"] == "Deployment"):
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert labels["sidecar.istio.io/inject"] == "false"

@@ -22,7 +22,9 @@ EXAMPLES = """examples:
   ferryman envoy check k8s/overlays/istio/*.yaml --config k8s/base/descriptors --format json
   ferryman envoy generate --domain messaging --config descriptors > envoy.yaml
   ferryman envoy generate --domain messaging --quota envoy-a > envoy-quota.yaml
-  ferryman envoy generate --domain edge-proxy --format istio --header plan=x-plan"""
+  ferryman envoy generate --domain edge-proxy --format istio --header plan=x-plan
+  ferryman envoy generate --domain edge-proxy --quota --format istio \
+      --ferryman ferryman.default.svc.cluster.local:8081 > envoyfilters-quota.yaml"""
 
 
 def add_parser(sub: Subcommands, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -97,11 +99,12 @@ def _add_generate(actions: Subcommands, parents: list[argparse.ArgumentParser]) 
     generate.add_argument(
         "--quota",
         nargs="?",
-        const="envoy",
+        const="",
         default=None,
         metavar="NAME",
         help="the rate limit quota filter instead (Envoy enforces the shares ferryman "
-        "assigns); NAME names this Envoy on ferryman's pages (default envoy)",
+        "assigns); NAME names this Envoy on ferryman's pages (default envoy; with --format "
+        "istio, none: each Envoy shows as its address, and a NAME would be every Envoy's)",
     )
 
 

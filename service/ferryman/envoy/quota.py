@@ -120,19 +120,29 @@ def bucket_matchers(
 
 
 def quota_filter(
-    domain: str, paths: Sequence[tuple[Rule, ...]], headers: Mapping[str, str], envoy: str
+    domain: str,
+    paths: Sequence[tuple[Rule, ...]],
+    headers: Mapping[str, str],
+    envoy: str | None,
+    *,
+    cluster: str = "ferryman",
+    authority: str | None = None,
 ) -> dict[str, Any]:
-    """The http filter: ferryman as the quota server over the ``ferryman`` cluster, the
-    Envoy named ``envoy`` on ferryman's pages."""
+    """The http filter: ferryman as the quota server over ``cluster``, the Envoy named
+    ``envoy`` on ferryman's pages (None: no name is sent, and the pages show the Envoy's
+    address; Envoy sends ``initial_metadata`` as written, with no substitution)."""
+    grpc: dict[str, Any] = {"cluster_name": cluster}
+    if authority is not None:
+        grpc["authority"] = authority
+    server: dict[str, Any] = {"envoy_grpc": grpc}
+    if envoy is not None:
+        server["initial_metadata"] = [{"key": ENVOY_HEADER, "value": envoy}]
     return {
         "name": QUOTA_FILTER,
         "typed_config": {
             "@type": _CONFIG,
             "domain": domain,
-            "rlqs_server": {
-                "envoy_grpc": {"cluster_name": "ferryman"},
-                "initial_metadata": [{"key": ENVOY_HEADER, "value": envoy}],
-            },
+            "rlqs_server": server,
             "bucket_matchers": bucket_matchers(paths, headers),
         },
     }

@@ -41,7 +41,17 @@ def _module(package: str) -> Any:
 
 
 def message_class(package: str, name: str) -> Any:
-    return getattr(_module(package), name)
+    """The generated class of the message ``package.name``. envoy-data-plane names a class
+    by its proto name with acronyms in CamelCase (``SourceIPInput`` is ``SourceIpInput``),
+    so a name missing as written is looked up without regard to case."""
+    module = _module(package)
+    found = getattr(module, name, None)
+    if found is None:
+        folded = name.casefold()
+        found = next((v for k, v in vars(module).items() if k.casefold() == folded), None)
+    if found is None:
+        raise AttributeError(f"{package}.{name}")
+    return found
 
 
 # What a whole file or an EnvoyFilter patch holds, by its applyTo.
@@ -81,8 +91,8 @@ def _import_types(file: str, node: object, path: str) -> None:
                 raise EnvoyFileError(file, where, f"{type_url!r} is not type.googleapis.com/...")
             package, _, name = type_url[len(_PREFIX) :].rpartition(".")
             try:
-                found = hasattr(_module(package), name)
-            except ImportError:
+                found = message_class(package, name) is not None
+            except (ImportError, AttributeError):
                 found = False
             if not found:
                 raise EnvoyFileError(file, where, f"unknown type {type_url}")
