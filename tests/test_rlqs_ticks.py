@@ -282,21 +282,23 @@ def test_streams_and_pairs_are_capped_per_caller() -> None:
     assert shares.open("a3", "a").claimant == "a"
 
 
-def test_after_a_restart_envoys_get_no_more_than_they_were_allowed_until_learning_ends() -> None:
+def test_after_a_start_demand_is_learnt_and_nothing_assigned_until_learning_ends() -> None:
     """Learning for 10 s after the start: the first Envoy back is not handed the whole
-    limit but what its report says it let through (10/s of 100/s), an Envoy that has not
-    reported time yet is assigned nothing; at the end, the usual division."""
+    limit (nor anything: it still enforces what it held), its report answered with nothing;
+    at the end, every bucket is divided among every Envoy heard from."""
     clock = ManualClock()
     limits = Limits(learning_seconds=10)
     shares = QuotaShares(holder_of(CONFIG.replace("1000}", "100}")), clock, Stats(), limits=limits)
     route = {"route": "r"}
     first, fresh = shares.open("first"), shares.open("fresh")
-    shares.report(first, report("mesh", (route, 50, 30, 5)))  # 10/s allowed, 16/s wanted
-    shares.report(fresh, report("mesh", (route, 0, 0, 0)))
+    shares.report(first, report("mesh", (route, 50, 30, 5)))  # 16/s wanted
     shares.tick()
-    assert assigned(shares, first) == {"route=r": (10, 10, 1)}
-    assert assigned(shares, fresh) == {}
-    clock.advance(10)
+    shares.report(fresh, report("mesh", (route, 0, 0, 0)))
+    clock.advance(9.9)
+    shares.tick()
+    assert assigned(shares, first) == assigned(shares, fresh) == {}
+    assert shares.learning
+    clock.advance(0.1)
     shares.tick()
     assert not shares.learning
     assert assigned(shares, first) == {"route=r": (16, 16, 1)}  # its demand

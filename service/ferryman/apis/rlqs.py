@@ -112,8 +112,8 @@ class Limits:
     pairs_per_caller: int = 0
     #: Seconds between two divisions of a bucket whose demand, Envoys, config or lease changed.
     tick_seconds: float = 1.0
-    #: Seconds after the start during which an Envoy is assigned no more than it reports it
-    #: was allowed (0: none): Envoys that held shares before a restart still enforce them.
+    #: Seconds after the start during which demand is learnt and nothing is assigned (0:
+    #: none): Envoys that held shares before a restart still enforce them meanwhile.
     learning_seconds: float = 0.0
     id_entries: int = 16
     id_chars: int = 256
@@ -282,8 +282,6 @@ class _Usage:
     share: float | None = None
     sent: Bucket | str | None = None
     sent_at: float = 0.0
-    # Requests per second its last report that covered time says it let through.
-    held: float | None = None
     # Who the Envoy is (its caller's key): one claimant however many streams it opens.
     claimant: str = ""
     # The BucketAction of ``sent``: a report renewing the same assignment reuses it.
@@ -419,7 +417,7 @@ class QuotaShares:
         # Streams and pairs held by each caller, for the caps per caller.
         self._streams_of: dict[str, int] = {}
         self._pairs_of: dict[str, int] = {}
-        # Learning: until then an Envoy gets no more than it was allowed before (see tick).
+        # Learning: until then demand is recorded and nothing is divided (see tick).
         self._learning_until = clock.now() + limits.learning_seconds
         self.learning = limits.learning_seconds > 0
 
@@ -521,10 +519,7 @@ class QuotaShares:
                 self.pairs += 1
                 self._pairs_of[stream.claimant] = self._pairs_of.get(stream.claimant, 0) + 1
             hits = usage.num_requests_allowed + usage.num_requests_denied
-            seconds = usage.time_elapsed.seconds
-            user.meter = observe(user.meter, hits, seconds)
-            if seconds > 0:
-                user.held = usage.num_requests_allowed / seconds
+            user.meter = observe(user.meter, hits, usage.time_elapsed.seconds)
             user.allowed += usage.num_requests_allowed
             user.denied += usage.num_requests_denied
             user.reports += 1
@@ -602,7 +597,9 @@ class QuotaShares:
 
     def _reshare(self, bucket: _Bucket) -> None:
         """Divide ``bucket`` again; queue each stream's changed assignment (and a first one
-        to an Envoy that has none yet)."""
+        to an Envoy that has none yet); nothing while learning."""
+        if self.learning:
+            return
         resolved = bucket.resolved
         rate = resolved.rate
         shares: dict[int, float] = {}
@@ -621,8 +618,6 @@ class QuotaShares:
                 {sid: u.meter.rate for sid, u in live.items()},
                 {sid: u.claimant for sid, u in live.items()},
             )
-            if self.learning:
-                shares = _learned(shares, live)
         burst_ratio = rate.burst / rate.per_second if rate and rate.per_second > 0 else None
         buckets = buckets_of(shares, burst_ratio)
         for sid, user in list(bucket.users.items()):
@@ -630,8 +625,6 @@ class QuotaShares:
             if stream is None:
                 continue
             new: Bucket | str
-            if self.learning and resolved.answer == "share" and sid not in shares:
-                continue  # nothing learnt of it yet: it keeps what it holds, if anything
             if sid in shares and rate is not None:
                 user.share, new = shares[sid], buckets[sid]
             elif resolved.answer == "deny":
@@ -794,16 +787,6 @@ class QuotaShares:
             callbacks=[sizes],
             description="Envoy quota streams open and buckets held, by what.",
         )
-
-
-def _learned(shares: dict[int, float], users: Mapping[int, _Usage]) -> dict[int, float]:
-    """While learning: each Envoy's share no more than it says it was allowed; none for an
-    Envoy that has not said yet."""
-    return {
-        sid: min(share, held)
-        for sid, share in shares.items()
-        if (held := users[sid].held) is not None
-    }
 
 
 def _forget(counts: dict[str, int], key: str) -> None:

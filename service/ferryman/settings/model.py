@@ -1014,8 +1014,8 @@ class Settings:
         "RLQS_LEARNING",
         10.0,
         _DURATION,
-        "after the start, how long an Envoy is assigned no more than it reports it was "
-        "allowed (Envoys still enforce what they held before a restart; 0: off)",
+        "after the start, how long demand is learnt before anything is assigned (Envoys "
+        "still enforce what they held before a restart, until its TTL; 0: off)",
     )
     rlqs_tick: float = RLQS.setting(
         "RLQS_TICK",
