@@ -24,10 +24,14 @@ import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from ferryman.backends.base import Watched
+from ferryman.clock import ManualClock
 from ferryman.connections import redis_auth
 from ferryman.connections.redis import RedisConnection
 from ferryman.connections.redis_target import RedisTarget, parse_backend_url
 from ferryman.errors import BackendError, SettingsError
+from ferryman.server.app import make_backend
+from ferryman.settings import Settings
 
 from helpers.pacing import paced
 from helpers.redis_procs import RedisCluster, RedisFactory, RedisProcess, SentinelProcess
@@ -243,6 +247,86 @@ def test_a_secret_volume_swap_is_used_by_new_connections_while_open_ones_go_on(
             await connection.close()
 
     asyncio.run(scenario())
+
+
+def test_the_sentinels_own_password_file_rotates_too(
+    tmp_path: Path, make_redis: RedisFactory
+) -> None:
+    """REDIS_SENTINEL_AUTH_FILE: the sentinels authenticate with their own file, the master
+    with REDIS_AUTH_FILE's user; the sentinels' password changes, then their file: once
+    every connection is cut, the master is found again through the sentinels with the new
+    password."""
+    master = make_redis().start()
+    _acl(master, "server")
+    watcher = SentinelProcess(tmp_path / "sentinel", master.port, password="watch-1").start()
+    auth, sentinel_auth = tmp_path / "auth", tmp_path / "sentinel-auth"
+    auth.write_text(f"{USER}:server\n")
+    sentinel_auth.write_text("watch-1\n")
+    target = replace(
+        parse_backend_url(f"redis+sentinel://127.0.0.1:{watcher.port}/mymaster", timeout=5),
+        auth_file=str(auth),
+        sentinel_auth_file=str(sentinel_auth),
+    )
+    key = unique_prefix("cred") + "k"
+
+    async def scenario() -> None:
+        connection = RedisConnection(target)
+        await connection.start()
+        try:
+            await _use(connection, key)
+            with watcher.client() as client:
+                client.execute_command("ACL", "SETUSER", "default", "resetpass", ">watch-2")
+            watcher.password = "watch-2"
+            sentinel_auth.write_text("watch-2\n")
+            with watcher.client() as client:
+                assert int(client.execute_command("CLIENT", "KILL", "SKIPME", "yes")) >= 1
+            _kill(master, "USER", USER)
+            await _until("the master through the sentinel", lambda: _use(connection, key))
+            sentinels = [c for c in connection.rotating if c.variable.startswith("REDIS_SENT")]
+            assert [c.reloads for c in sentinels] == [1]
+        finally:
+            await connection.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        watcher.stop()
+
+
+def test_the_per_second_redis_reads_its_own_files(tmp_path: Path) -> None:
+    """REDIS_PERSECOND_AUTH_FILE and REDIS_PERSECOND_SENTINEL_AUTH_FILE reach the per-second
+    Redis (named so in errors and /status), REDIS_AUTH_FILE the main one."""
+    main, second, watch = (tmp_path / name for name in ("main", "second", "watch"))
+    main.write_text("ferryman:one")
+    second.write_text("two")
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": "127.0.0.1:1",
+        "REDIS_AUTH_FILE": str(main),
+        "REDIS_PERSECOND": "true",
+        "REDIS_PERSECOND_TYPE": "sentinel",
+        "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+        "REDIS_PERSECOND_URL": "mymaster,127.0.0.1:2",
+        "REDIS_PERSECOND_AUTH_FILE": str(second),
+        "REDIS_PERSECOND_SENTINEL_AUTH_FILE": str(watch),
+    }
+    with pytest.raises(SettingsError, match=r"^REDIS_PERSECOND_SENTINEL_AUTH_FILE=.*No such"):
+        make_backend(Settings.from_env(env), ManualClock(0))
+    watch.write_text("three\n")
+    backend = make_backend(Settings.from_env(env), ManualClock(0))
+    assert isinstance(backend, Watched)
+    described = [_described(connection) for connection in backend.connections()]
+    assert described[0] == [("REDIS_AUTH_FILE", "ferryman")]
+    assert described[1] == [
+        ("REDIS_PERSECOND_AUTH_FILE", "default"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH_FILE", "default"),
+    ]
+
+
+def _described(connection: Any) -> list[tuple[str, str]]:
+    """The variable and user of each credentials file of a connection, from its /status."""
+    return [(c["variable"], c["user"]) for c in connection.describe_state()["credentials"]]
 
 
 def test_an_unreadable_file_keeps_the_last_credentials_counted_and_logged_once(
