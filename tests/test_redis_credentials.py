@@ -145,6 +145,22 @@ def test_a_file_that_cannot_be_read_at_start_is_refused_naming_it(
     assert problem in str(caught.value)
 
 
+def test_the_file_reads_as_redis_auth_and_its_user_comes_before_redis_username(
+    tmp_path: Path,
+) -> None:
+    """A password alone authenticates as REDIS_USERNAME (else the default user); a user in
+    the file comes first; the first colon splits, so a password may hold colons; a final
+    CRLF is dropped."""
+    path = tmp_path / "auth"
+    path.write_text("pw\n")
+    assert redis_auth.FileCredentials(str(path), "V").get_credentials() == ("pw",)
+    named = redis_auth.FileCredentials(str(path), "V", username="ferryman")
+    assert named.get_credentials() == ("ferryman", "pw")
+    path.write_bytes(b"rotated:pa:ss\r\n")
+    assert named.get_credentials() == ("rotated", "pa:ss")
+    assert named.reloads == 1
+
+
 def test_a_file_and_a_password_together_are_refused(tmp_path: Path) -> None:
     """REDIS_AUTH (or a URL's password) with REDIS_AUTH_FILE, REDIS_SENTINEL_AUTH with its
     file, or a Sentinel password file without Sentinel: the start stops saying which."""
