@@ -198,11 +198,13 @@ class RedisCluster:
 
 
 class SentinelProcess:
-    """One redis sentinel watching ``mymaster``, its config in a writable file."""
+    """One redis sentinel watching ``mymaster``, its config in a writable file; with
+    ``password``, the sentinel's own (its clients must give it)."""
 
-    def __init__(self, workdir: Path, master_port: int) -> None:
+    def __init__(self, workdir: Path, master_port: int, password: str = "") -> None:
         self.binary = require_binary("redis-server")
         self.port = free_port()
+        self.password = password
         workdir.mkdir(parents=True, exist_ok=True)
         self.conf = workdir / "sentinel.conf"
         self.conf.write_text(
@@ -210,8 +212,12 @@ class SentinelProcess:
             "bind 127.0.0.1\n"
             f"sentinel monitor mymaster 127.0.0.1 {master_port} 1\n"
             "sentinel down-after-milliseconds mymaster 1000\n"
+            + (f"requirepass {password}\n" if password else "")
         )
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, password=self.password or None, socket_timeout=2)
 
     def start(self) -> SentinelProcess:
         self.proc = subprocess.Popen(
@@ -220,7 +226,7 @@ class SentinelProcess:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        with redis.Redis(port=self.port, socket_timeout=2) as client:
+        with self.client() as client:
             while time.monotonic() < deadline:
                 with contextlib.suppress(redis.RedisError):
                     if client.sentinel_get_master_addr_by_name("mymaster"):

@@ -42,8 +42,10 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 from redis.crc import key_slot
+from redis.credentials import CredentialProvider, UsernamePasswordCredentialProvider
 
 from ferryman.connections.deadline import ANSWER_BY
+from ferryman.connections.redis_auth import FileCredentials, PasswordOf
 from ferryman.connections.redis_pipe import DeadlineError, PipelinedRedis, retrieve
 from ferryman.connections.redis_target import RedisTarget, address
 from ferryman.errors import BackendError, BackendTimeoutError
@@ -128,6 +130,17 @@ class LuaScript:
 _DELETE = LuaScript.of(__package__ or "", "delete.lua")
 
 
+# What Redis says when it refuses credentials (a connect that is not tried again yet
+# repeats the last refusal's text).
+_AUTH_WORDS = (
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "INVALID PASSWORD",
+    "INVALID USERNAME-PASSWORD",
+)
+
+
 def reason_of(exc: BaseException) -> tuple[str, str]:
     """The kind of a failure (timeout, refused, READONLY, CLUSTERDOWN, LOADING, auth, late,
     closed, error) and its text, never blank."""
@@ -136,7 +149,7 @@ def reason_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, TimeoutError | rex.TimeoutError):
         kind = "timeout"
     elif isinstance(exc, rex.AuthenticationError | rex.AuthorizationError) or any(
-        word in upper for word in ("NOAUTH", "WRONGPASS", "NOPERM", "INVALID PASSWORD")
+        word in upper for word in _AUTH_WORDS
     ):
         kind = "auth"
     elif isinstance(exc, rex.ReadOnlyError) or "READONLY" in upper:
@@ -156,6 +169,32 @@ def reason_of(exc: BaseException) -> tuple[str, str]:
     else:
         kind = "error"
     return kind, text
+
+
+def credentials_of(
+    target: RedisTarget,
+) -> tuple[CredentialProvider | None, CredentialProvider | None]:
+    """What the servers and the sentinels authenticate with (None: nothing): a file kept
+    current, or the fixed user and password. The sentinels share the servers' password
+    unless they have their own. SettingsError when a file cannot be read."""
+    v = target.variables
+    server: CredentialProvider | None = None
+    if target.auth_file:
+        server = FileCredentials(target.auth_file, f"{v}_AUTH_FILE", target.username)
+    elif target.username or target.password:
+        server = UsernamePasswordCredentialProvider(target.username, target.password)
+    if target.kind != "sentinel":
+        return server, None
+    sentinel: CredentialProvider | None = None
+    if target.sentinel_auth_file:
+        sentinel = FileCredentials(target.sentinel_auth_file, f"{v}_SENTINEL_AUTH_FILE")
+    elif target.sentinel_password is not None:
+        sentinel = UsernamePasswordCredentialProvider(None, target.sentinel_password)
+    elif isinstance(server, FileCredentials):
+        sentinel = PasswordOf(server)
+    elif target.password:
+        sentinel = UsernamePasswordCredentialProvider(None, target.password)
+    return server, sentinel
 
 
 def _tcp(tls: bool) -> type[AbstractConnection]:
@@ -203,6 +242,14 @@ class RedisConnection:
         # The single Redis (or Sentinel's master) when it is reached through one pipelined
         # connection; None on a Cluster.
         self.single: PipelinedRedis | None = None
+        # What every connection (the sentinels' too) authenticates with when it connects;
+        # the files among them (REDIS_AUTH_FILE...) are read again when they change.
+        self.credentials, self.sentinel_credentials = credentials_of(target)
+        self.rotating = [
+            c
+            for c in (self.credentials, self.sentinel_credentials)
+            if isinstance(c, FileCredentials)
+        ]
 
     # -- connecting -------------------------------------------------------------------------
 
@@ -210,8 +257,7 @@ class RedisConnection:
         t = self.target
         timeout = t.timeout
         common: dict[str, Any] = {
-            "username": t.username,
-            "password": t.password,
+            "credential_provider": self.credentials,
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             "health_check_interval": 0,
@@ -230,7 +276,7 @@ class RedisConnection:
                 list(t.addresses),
                 sentinel_kwargs={
                     "socket_timeout": timeout,
-                    "password": t.password if t.sentinel_password is None else t.sentinel_password,
+                    "credential_provider": self.sentinel_credentials,
                 },
                 ssl=t.tls,
                 **common,
@@ -257,8 +303,7 @@ class RedisConnection:
             window=t.pipeline_window,
             limit=t.pipeline_limit,
             connection_class=connection_class,
-            username=t.username,
-            password=t.password,
+            credential_provider=self.credentials,
             db=t.db,
             socket_timeout=None,
             socket_connect_timeout=t.timeout,
@@ -333,6 +378,8 @@ class RedisConnection:
         or a script error does not count towards the breaker). Returns the kind."""
         kind, text = reason_of(exc)
         self._last_failure = time.monotonic()
+        if kind == "auth":
+            self.credentials_refused()
         if counts:
             self._scripts_loaded = False  # Redis may have restarted empty
         if self.breaker_open:
@@ -362,6 +409,12 @@ class RedisConnection:
         if self.state == DOWN and not self.breaker_open:
             # Not yet connected when the call left (an open breaker waits for its probe).
             self._move(UP, "answered", "redis answered a call")
+
+    def credentials_refused(self) -> None:
+        """Redis refused the credentials: read their files again (the next connection
+        uses what they say now)."""
+        for credentials in self.rotating:
+            credentials.refused()
 
     def refuse(self) -> BackendError:
         """The error of a call refused by the open breaker (Redis is not asked)."""
@@ -404,6 +457,9 @@ class RedisConnection:
                 attempt = 0
                 if self.state == DEGRADED and time.monotonic() - self._last_failure > QUIET_FOR_UP:
                     self._move(UP, "quiet", f"no failure for {QUIET_FOR_UP:g}s")
+                # Notice a rotation (and log it) while every connection stays open.
+                for credentials in self.rotating:
+                    credentials.refresh()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(PROBE_EVERY):
                         await self._wake.wait()
@@ -421,6 +477,8 @@ class RedisConnection:
             raise
         except Exception as exc:
             kind, text = reason_of(exc)
+            if kind == "auth":
+                self.credentials_refused()
             if kind == "timeout" and not str(exc):
                 limit = min(self.target.timeout, PROBE_TIMEOUT)
                 text = f"no answer to the health probe within {limit:g}s"
@@ -471,6 +529,7 @@ class RedisConnection:
             "clock_offset_error_ms": round(self._offset_error * 1000, 3)
             if self.offset_measured
             else None,
+            "credentials": [c.describe() for c in self.rotating],
         }
 
     def answer_by(self) -> float:
@@ -780,8 +839,7 @@ class RedisConnection:
             )
         t = self.target
         common: dict[str, Any] = {
-            "username": t.username,
-            "password": t.password,
+            "credential_provider": self.credentials,
             "db": t.db,
             "socket_connect_timeout": t.timeout,
         }

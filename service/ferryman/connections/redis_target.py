@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ferryman.connections.redis_auth import split_auth
 from ferryman.errors import SettingsError
 
 __all__ = ["RedisTarget", "address", "parse_backend_url", "target_from_env_style"]
@@ -38,6 +39,26 @@ class RedisTarget:
     tls_check_hostname: bool = True
     # REDIS_SENTINEL_AUTH: the sentinels' own password (None: the servers' password).
     sentinel_password: str | None = None
+    # REDIS_AUTH_FILE and REDIS_SENTINEL_AUTH_FILE: credentials read from files and kept
+    # current (see redis_auth), in place of the password and sentinel_password; their
+    # variables start with ``variables`` (REDIS or REDIS_PERSECOND).
+    auth_file: str = ""
+    sentinel_auth_file: str = ""
+    variables: str = "REDIS"
+
+    def __post_init__(self) -> None:
+        v = self.variables
+        if self.auth_file and self.password is not None:
+            raise SettingsError(
+                f"{v}_AUTH_FILE is set and so is a password ({v}_AUTH or the --backend "
+                "URL's): give one of them"
+            )
+        if self.sentinel_auth_file and self.sentinel_password is not None:
+            raise SettingsError(
+                f"{v}_SENTINEL_AUTH_FILE and {v}_SENTINEL_AUTH are both set: give one of them"
+            )
+        if self.sentinel_auth_file and self.kind != "sentinel":
+            raise SettingsError(f"{v}_SENTINEL_AUTH_FILE is set but {v}_TYPE is not sentinel")
 
     def ssl_options(self) -> dict[str, Any]:
         """redis-py's keyword arguments for this target's TLS (empty without TLS)."""
@@ -77,13 +98,6 @@ def address(text: str, what: str) -> tuple[str, int]:
         return host.strip("[]"), int(port)
     except ValueError:
         raise SettingsError(f"{what}: {text!r} has no numeric port") from None
-
-
-def _auth(auth: str) -> tuple[str | None, str | None]:
-    if not auth:
-        return None, None
-    user, sep, password = auth.partition(":")
-    return (user, password) if sep else (None, auth)
 
 
 def parse_backend_url(url: str, pool_size: int = 10, timeout: float = 10.0) -> RedisTarget:
@@ -126,7 +140,7 @@ def target_from_env_style(
     kind: str, url: str, socket_type: str, auth: str, tls: bool, pool_size: int, timeout: float
 ) -> RedisTarget:
     """A target from the reference's REDIS_TYPE / REDIS_URL / REDIS_SOCKET_TYPE / REDIS_AUTH."""
-    user, password = _auth(auth)
+    user, password = split_auth(auth)
     common: dict[str, Any] = {
         "username": user,
         "password": password,

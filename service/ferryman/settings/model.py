@@ -758,6 +758,29 @@ class Settings:
         "REDIS_PERSECOND_PIPELINE_LIMIT", 0, _COUNT, "as `REDIS_PIPELINE_LIMIT`"
     )
 
+    # Credentials that rotate without a restart: files read at each connect when they
+    # changed, and after Redis refuses them (connections/redis_auth.py). Each takes the
+    # place of its variable without _FILE; both set is refused.
+    redis_auth_file: str = REDIS.setting(
+        "REDIS_AUTH_FILE",
+        "",
+        _TEXT,
+        "file holding what `REDIS_AUTH` holds (password, or `user:password`), read again "
+        "when it changes: new connections use it, open ones go on (see Rotating credentials)",
+    )
+    redis_sentinel_auth_file: str = REDIS.setting(
+        "REDIS_SENTINEL_AUTH_FILE",
+        "",
+        _TEXT,
+        "file holding the Sentinels' password, read again when it changes",
+    )
+    redis_persecond_auth_file: str = PERSECOND.setting(
+        "REDIS_PERSECOND_AUTH_FILE", "", _TEXT, "as `REDIS_AUTH_FILE`"
+    )
+    redis_persecond_sentinel_auth_file: str = PERSECOND.setting(
+        "REDIS_PERSECOND_SENTINEL_AUTH_FILE", "", _TEXT, "as `REDIS_SENTINEL_AUTH_FILE`"
+    )
+
     # TLS on every port (the reference's names); mutual TLS when a client CA is given.
     grpc_server_use_tls: bool = TLS.setting(
         "GRPC_SERVER_USE_TLS",
