@@ -227,6 +227,16 @@ def test_max_wait_where_it_cannot_be_honoured_is_an_error(body: str, message: st
     assert message in shown, shown
 
 
+def test_a_broken_limit_beside_max_wait_is_reported_once() -> None:
+    """A limit that does not load is the problem told: max_wait beside it is not also
+    said to lack a limit."""
+    text = "domain: d\ndescriptors:\n  - key: k\n    gcra: {rate: 0, per: 1s}\n    max_wait: 1s\n"
+    with pytest.raises(ConfigError) as err:
+        load_sources([("b.yaml", text)])
+    problems = [p.message for p in err.value.problems]
+    assert len(problems) == 1 and problems[0].startswith("rate must be positive"), problems
+
+
 def test_ferryman_check_lists_max_wait_and_refuses_it_on_a_fixed_window(tmp_path: Path) -> None:
     """``ferryman check`` shows each node's max_wait (text and JSON) and refuses one on a
     fixed window, naming the file and line."""

@@ -215,7 +215,8 @@ def _max_wait(ctx: Ctx, fields: dict[str, Node], path: str, limit: Limit | None)
     if seconds <= 0:
         ctx.error(node, join(path, "max_wait"), "max_wait must be positive")
     elif limit is None:
-        ctx.error(node, join(path, "max_wait"), f"max_wait needs a limit beside it ({wanted})")
+        if not any(mark in fields for mark in _MARKS):  # else its limit's problems are told
+            ctx.error(node, join(path, "max_wait"), f"max_wait needs a limit beside it ({wanted})")
     else:
         algorithm = algorithm_of(limit.kind)
         why = algorithm.cannot_hold(limit)
