@@ -258,9 +258,8 @@ class Pages:
                 "refused": self.service.backend.cap.refused,
             },
             "holds": self.service.holds.status(),
-            "decision_log": None
-            if self.service.decision_log is None
-            else self.service.decision_log.status(),
+            "shaping": self.service.engine.waits.status(),
+            "decision_log": None if (log := self.service.decision_log) is None else log.status(),
             "local_cache": None
             if cache is None
             else {"entries": len(cache), "bytes": cache.size_bytes, "max_bytes": cache.max_bytes},

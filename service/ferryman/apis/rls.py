@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +13,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ferryman.access import ANONYMOUS, Access, Caller
 from ferryman.apis import api
 from ferryman.apis.convert import decision_to_proto, encode_decision, request_from_proto
+from ferryman.connections.deadline import ANSWER_BY
 from ferryman.edge.decoding import answers_encoded
 from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
@@ -52,6 +55,13 @@ METHODS = {
 }
 
 
+def _may_wait() -> float:
+    """Seconds the answer may be held: until the call's deadline (less the margin the edge
+    keeps for the answer to travel), or without bound when the caller set none."""
+    by = ANSWER_BY.get()
+    return math.inf if by is None else max(0.0, by - time.monotonic())
+
+
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     """Answers ShouldRateLimit (errors become statuses at the edge)."""
 
@@ -63,15 +73,23 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> bytes:
-        """The serialized RateLimitResponse (sent as it is)."""
+        """The serialized RateLimitResponse (sent as it is), held until the turn its hits
+        were booked for on a node with max_wait (never past the call's deadline)."""
         self._access.envoy(context, request)
         key = request.SerializeToString()
         engine = self._engine
+        may_wait = _may_wait()
         if len(key) > SEEN_BYTES:  # a rare large request: converted and matched afresh
-            decision = await engine.should_rate_limit(*request_from_proto(request))
+            decision = await engine.should_rate_limit(
+                *request_from_proto(request), may_wait=may_wait
+            )
         else:
             # Most requests repeat one seen shortly before: the engine keeps its conversion.
-            decision = await engine.should_rate_limit_kept(key, lambda: request_from_proto(request))
+            decision = await engine.should_rate_limit_kept(
+                key, lambda: request_from_proto(request), may_wait=may_wait
+            )
+        if decision.wait > 0:
+            await engine.waits.hold(decision.wait)
         return encode_decision(decision)
 
     async def respond(

@@ -126,6 +126,7 @@ def _domains(config: Config) -> list[dict[str, Any]]:
                     "name": label,
                     "shadow_mode": rule.shadow_mode,
                     "quota_mode": rule.quota_mode,
+                    "max_wait": rule.max_wait or None,
                 }
             )
         found = config.domains[name]
@@ -176,6 +177,8 @@ def _print_text(config: Config, domains: list[dict[str, Any]]) -> None:
         print(f"domain {domain['name']} ({', '.join(domain['files'])}){on}")
         for entry in domain["limits"]:
             flags = [f for f in ("shadow_mode", "quota_mode") if entry[f]]
+            if entry["max_wait"]:
+                flags.insert(0, f"max_wait {entry['max_wait']:g}s")
             suffix = f" [{', '.join(flags)}]" if flags else ""
             named = f" name={entry['name']}" if entry["name"] else ""
             print(f"  {entry['key']}: {entry['limit']}{named}{suffix}")

@@ -19,7 +19,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ferryman.access.policy import Policy, is_access_file, read_access
-from ferryman.algorithms import ALGORITHMS
+from ferryman.algorithms import ALGORITHMS, algorithm_of
 from ferryman.algorithms.leases.model import ResourceTemplate
 from ferryman.config.model import Config
 from ferryman.config.quota import QuotaConfig, is_quota_file, read_quota
@@ -30,6 +30,7 @@ from ferryman.core.nodes import (
     Ctx,
     boolean,
     compose,
+    duration,
     join,
     kind,
     mapping,
@@ -59,6 +60,7 @@ _NODE_KEYS = frozenset(
         "share_threshold",
         "metadata",
         "descriptors",
+        "max_wait",
     }
 )
 #: Every key a descriptor node may have: its own, and those its kinds read.
@@ -181,6 +183,7 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         name: boolean(ctx, fields.get(name), join(path, name))
         for name in ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric")
     }
+    max_wait = _max_wait(ctx, fields, path, limit)
     if not key:
         return None
     return Rule(
@@ -197,7 +200,30 @@ def _rule(ctx: Ctx, node: MappingNode, path: str, stats_parent: tuple[str, ...])
         stats_path=stats_path,
         children=children,
         source=f"{ctx.file}:{node.start_mark.line + 1}",
+        max_wait=max_wait,
     )
+
+
+def _max_wait(ctx: Ctx, fields: dict[str, Node], path: str, limit: Limit | None) -> float:
+    """``max_wait`` beside the node's limit: a positive duration, on a kind that can hold a
+    request until its hits fit."""
+    node = fields.get("max_wait")
+    seconds = duration(ctx, node, join(path, "max_wait"))
+    if node is None or seconds is None:
+        return 0.0
+    wanted = " or ".join(a.keys[0] for a in ALGORITHMS if a.shapes)
+    if seconds <= 0:
+        ctx.error(node, join(path, "max_wait"), "max_wait must be positive")
+    elif limit is None:
+        if not any(mark in fields for mark in _MARKS):  # else its limit's problems are told
+            ctx.error(node, join(path, "max_wait"), f"max_wait needs a limit beside it ({wanted})")
+    else:
+        algorithm = algorithm_of(limit.kind)
+        why = algorithm.cannot_hold(limit)
+        if why:
+            hint = "" if algorithm.shapes else f" ({wanted} can)"
+            ctx.error(node, join(path, "max_wait"), f"max_wait is refused: {why}{hint}")
+    return seconds
 
 
 @dataclass

@@ -290,6 +290,12 @@ class Algorithm(Protocol):
         ...
 
     @property
+    def shapes(self) -> bool:
+        """Whether the kind tells when hits will fit and books them ahead, so that a
+        ShouldRateLimit may be held until then (a node's ``max_wait``)."""
+        ...
+
+    @property
     def keys(self) -> tuple[str, ...]:
         """The keys of a descriptor node this kind reads; the first one marks a node of the
         kind (a node has one kind at most)."""
@@ -352,6 +358,11 @@ class Algorithm(Protocol):
         """The limit as an item of a ``rate_limits`` list (None: the kind cannot be one)."""
         ...
 
+    def cannot_hold(self, limit: Any) -> str:
+        """Why a ShouldRateLimit on ``limit`` cannot be held until its hits fit (a node's
+        ``max_wait``), or "" when it can: the kind tells when hits will fit and books them."""
+        ...
+
     @property
     def step_lua(self) -> tuple[str, ...] | None:
         """The package and files (shared functions first) of the Lua twin of the kind's
@@ -364,11 +375,12 @@ class Algorithm(Protocol):
 
 
 class AlgorithmBase:
-    """What a kind is unless it says otherwise: it counts hits (holds none), names no stats
-    of its own, has no rate, burst or single figure for Envoy, and keeps no state an
-    operator can read or clear."""
+    """What a kind is unless it says otherwise: it counts hits (holds none), cannot hold a
+    request until its hits fit, names no stats of its own, has no rate, burst or single
+    figure for Envoy, and keeps no state an operator can read or clear."""
 
     held = False
+    shapes = False
     stats: Mapping[str, str] = MappingProxyType({})
     step_lua: tuple[str, ...] | None = None
 
@@ -380,6 +392,11 @@ class AlgorithmBase:
 
     def stepper(self, limit: Any) -> Stepper | None:
         return None
+
+    def cannot_hold(self, limit: Any) -> str:
+        if self.shapes:
+            return ""
+        return f"a {limit.kind.replace('_', ' ')} node cannot tell when its hits will fit"
 
     def target(
         self,

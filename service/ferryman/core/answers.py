@@ -13,6 +13,7 @@ from ferryman.core.rules import UNIT_SECONDS, Unit, UnitLimit
 __all__ = [
     "ASKER",
     "MAX_REMAINING",
+    "MAY_WAIT",
     "Asker",
     "Code",
     "Decision",
@@ -68,6 +69,9 @@ class Decision:
     statuses: tuple[Status, ...]
     headers: tuple[tuple[str, str], ...] = ()
     metadata: Mapping[str, Any] | None = None
+    # Seconds to hold the answer before sending it: the turn its hits were booked for on
+    # a node with max_wait (0 unless the caller may wait, and always 0 when OVER_LIMIT).
+    wait: float = 0.0
 
 
 @dataclass(slots=True)
@@ -79,6 +83,7 @@ class Tally:
     quota_over: int = 0
     over_hard: bool = False
     passed: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
+    wait: float = 0.0  # the longest wait a descriptor's hits were booked with, seconds
 
     def add(
         self,
@@ -125,6 +130,11 @@ class Asker(Protocol):
         """Whether it may settle reservations others made in ``domain``."""
         ...
 
+
+#: Seconds the request being decided may be held before its answer (a node's max_wait
+#: bounds it further), set by the engine for a caller that waits on the server; 0: the
+#: answer goes at once, and a hit that does not fit now is over the limit.
+MAY_WAIT: ContextVar[float] = ContextVar("ferryman_may_wait", default=0.0)
 
 #: The asker of the request being decided, set by the API it came through before the
 #: engine is called (None: nobody in particular, as in replay and the simulators).

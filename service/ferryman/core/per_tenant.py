@@ -7,12 +7,13 @@ it makes, whether an answer fits and what status it gives; the rest is written h
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ferryman.core.algorithm import Algorithm, AlgorithmBase, Ask, Call, Target
-from ferryman.core.answers import Code, EngineOptions, Status, Tally
+from ferryman.core.answers import MAY_WAIT, Code, EngineOptions, Status, Tally
 from ferryman.core.keys import stats_key, tenant_key
 from ferryman.core.rules import Rule
 from ferryman.errors import BackendError
@@ -22,6 +23,16 @@ __all__ = ["TenantItem", "TenantKeyed", "TenantLimiter", "TenantRule", "first_gr
 
 L = TypeVar("L")  # what a kind keeps of a node's limit
 R = TypeVar("R")  # the store's answer for one item
+
+#: The per-rule stats of a kind whose hits may wait for their turn (ferryman.v1's
+#: ``Request`` with ``max_wait``, ShouldRateLimit on a node with ``max_wait``).
+WAIT_STATS: Mapping[str, str] = MappingProxyType(
+    {
+        "served_with_wait": "Hits granted on a GCRA or token-bucket node after a wait.",
+        "waited_ms": "Milliseconds waited by the hits granted after a wait, in all "
+        "(over served_with_wait: the mean wait).",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,10 @@ class TenantLimiter(Generic[L, R]):
         """The Envoy view of the decision, its stats counted."""
         raise NotImplementedError
 
+    def waited(self, reply: R) -> float:
+        """The seconds a fitting reply's hits were booked to wait (0: they pass now)."""
+        return 0.0
+
     # -- written once ----------------------------------------------------------------------
 
     def key(self, rule: Rule, entries: Sequence[tuple[str, str]]) -> str:
@@ -114,6 +129,13 @@ class TenantLimiter(Generic[L, R]):
     def calls(self, store: Any, items: Sequence[TenantItem[L]], now: float) -> list[Call]:
         return [(1, self.call(store, item, now)) for item in items]
 
+    def may_wait(self, rule: Rule) -> float:
+        """Seconds a ShouldRateLimit's hits on ``rule`` may be booked to wait: the node's
+        ``max_wait``, within what the caller may wait (``MAY_WAIT``); 0 for the others."""
+        if not rule.max_wait:
+            return 0.0
+        return min(rule.max_wait, MAY_WAIT.get())
+
     def answer(
         self,
         items: Sequence[TenantItem[L]],
@@ -125,13 +147,20 @@ class TenantLimiter(Generic[L, R]):
         for item, reply in zip(items, replies, strict=True):
             status = self.status(item, reply)
             statuses[item.index] = status
-            metadata = item.rule.metadata if self.fits(reply) else None
+            fits = self.fits(reply)
+            metadata = item.rule.metadata if fits else None
             tally.add(status.code is Code.OVER_LIMIT, item.quota, metadata)
+            if fits and item.rule.max_wait:
+                tally.wait = max(tally.wait, self.waited(reply))
 
-    def count(self, item: TenantItem[L], granted: bool, waited: bool = False) -> None:
-        """The node's outcome stats for ``item``."""
+    def count(self, item: TenantItem[L], granted: bool, wait: float = 0.0) -> None:
+        """The node's outcome stats for ``item``; ``wait``: the seconds its hits wait."""
         shadow = item.rule.shadow_mode
+        waited = granted and wait > 0
         self.stats.outcome(item.stats_key, item.stats_path, item.hits, granted, shadow, waited)
+        if waited:
+            ms = max(1, round(wait * 1000)) * item.hits
+            self.stats.rule(item.stats_key, "waited_ms", ms, item.stats_path)
 
 
 async def first_granted(

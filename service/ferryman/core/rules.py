@@ -146,6 +146,9 @@ class Rule:
     stats_path: tuple[str, ...] = ()
     children: Level = field(default_factory=lambda: Level())
     source: str = ""
+    # Seconds a ShouldRateLimit may be held until its hits fit (``max_wait``; 0: answered
+    # at once), on a kind that can tell when they will.
+    max_wait: float = 0.0
 
     @property
     def name(self) -> str:

@@ -21,6 +21,7 @@ from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.core.algorithm import Ask, Counters, Granted, Limiter, Requests
 from ferryman.core.answers import (
+    MAY_WAIT,
     Code,
     Decision,
     DescriptorRequest,
@@ -32,6 +33,7 @@ from ferryman.core.keys import walk
 from ferryman.core.rules import Domain, Level, Rule
 from ferryman.engine import response
 from ferryman.engine.observe import DecisionWatcher, Requested, Seen, Unconfigured
+from ferryman.engine.shaping import Waits
 from ferryman.engine.validate import check_descriptor, check_request
 from ferryman.errors import BackendError, NotFoundError, RequestError
 from ferryman.stats import CALL, GLOBAL_SHADOW_MODE, Stats
@@ -162,6 +164,8 @@ class RateLimitEngine:
         # allow_unconfigured's tables, and whoever is told every decision (the decision log).
         self.unconfigured = Unconfigured(stats)
         self.watchers: list[DecisionWatcher] = []
+        # The answers held until their turn on a node with max_wait (apis/rls holds them).
+        self.waits = Waits()
 
     @property
     def local_cache(self) -> Any:
@@ -190,9 +194,17 @@ class RateLimitEngine:
     # -- ShouldRateLimit --------------------------------------------------------------------
 
     async def should_rate_limit(
-        self, domain: str, descriptors: Sequence[DescriptorRequest], hits_addend: int = 0
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorRequest],
+        hits_addend: int = 0,
+        *,
+        may_wait: float = 0.0,
     ) -> Decision:
-        """The decision on one request; RequestError names a malformed field."""
+        """The decision on one request; RequestError names a malformed field. ``may_wait``:
+        the seconds the caller can hold the answer; a descriptor on a node with max_wait
+        whose hits fit within both is booked its turn, and ``Decision.wait`` says how long
+        to hold the answer (0: a hit that does not fit now is over the limit)."""
         config = self._config()
         check_request(domain, descriptors)
         dom = config.domains.get(domain)
@@ -200,7 +212,7 @@ class RateLimitEngine:
             return self._not_found(domain, descriptors, hits_addend)
         matches = self._match(dom, descriptors)
         now = self._clock.now()
-        decision = await self._decide(domain, descriptors, hits_addend, matches, now)
+        decision = await self._decide(domain, descriptors, hits_addend, matches, now, may_wait)
         if dom.allow_unconfigured:
             unmatched = _unmatched(descriptors, matches)
             if unmatched:
@@ -210,14 +222,15 @@ class RateLimitEngine:
         return decision
 
     async def should_rate_limit_kept(
-        self, key: Hashable, convert: Callable[[], Request]
+        self, key: Hashable, convert: Callable[[], Request], *, may_wait: float = 0.0
     ) -> Decision:
         """The decision on the request ``convert()`` gives (domain, descriptors, hits_addend),
         as :meth:`should_rate_limit` makes it, for a request that ``key`` stands for (its
         serialized bytes): the request's conversion, validation and matches, and for a
         request of plain fixed windows its counters, are kept under ``key`` (the last
         ``PLANS`` keys, all dropped when the config changes) and reused for the next
-        request with the same key."""
+        request with the same key. ``may_wait`` as for :meth:`should_rate_limit` (plain
+        fixed windows never wait)."""
         config = self._config()
         kept = self._prepared
         prepared = kept.get(key)
@@ -237,7 +250,12 @@ class RateLimitEngine:
             decision = await self._compiled(prepared, now)
         else:
             decision = await self._decide(
-                prepared.domain, prepared.descriptors, prepared.hits_addend, prepared.matches, now
+                prepared.domain,
+                prepared.descriptors,
+                prepared.hits_addend,
+                prepared.matches,
+                now,
+                may_wait,
             )
         if prepared.unmatched:
             self.unconfigured.record(
@@ -300,16 +318,22 @@ class RateLimitEngine:
         hits_addend: int,
         matches: Sequence[Match],
         now: float,
+        may_wait: float = 0.0,
     ) -> Decision:
-        """The decision on a matched request at ``now``: planned, one backend call, answered."""
+        """The decision on a matched request at ``now``: planned, one backend call, answered.
+        The kinds read ``may_wait`` from ``MAY_WAIT`` (no limiter takes it as an argument)."""
         plan = self._plan(domain, matches, descriptors, hits_addend or 1, now)
         if plan.replaced:
             plan.drop_replaced()
         tally = Tally()
+        token = MAY_WAIT.set(may_wait) if may_wait > 0 else None
         try:
             await self._ask_backend(plan, now, tally)
         except BackendError as error:
             return self._degraded(error, descriptors)
+        finally:
+            if token is not None:
+                MAY_WAIT.reset(token)
         return self._decision(domain, descriptors, hits_addend, plan.statuses, tally)
 
     async def _compiled(self, request: _Prepared, now: float) -> Decision:
@@ -463,6 +487,9 @@ class RateLimitEngine:
         opts = self.options
         final = tuple([s if s is not None else Status(Code.OK) for s in statuses])
         code = tally.code
+        # A refused request is answered at once: its other descriptors' booked turns stay
+        # booked, as every descriptor's hits of a refused request stay counted.
+        wait = tally.wait if code is Code.OK else 0.0
         if code is Code.OVER_LIMIT and opts.shadow_mode:
             self._stats.inc(GLOBAL_SHADOW_MODE)
             code = Code.OK
@@ -470,7 +497,7 @@ class RateLimitEngine:
         meta = None
         if opts.dynamic_metadata:
             meta = response.metadata(domain, descriptors, hits_addend, tally.metadata)
-        return Decision(code, final, headers, meta)
+        return Decision(code, final, headers, meta, wait)
 
     # -- ferryman.v1 ------------------------------------------------------------------------
 

@@ -87,6 +87,8 @@ def describe_rule(rule: Rule) -> dict[str, Any]:
         out["kind"] = "none"
     else:
         out.update(algorithm_of(rule.limit.kind).describe(rule.limit))
+    if rule.max_wait:
+        out["max_wait"] = rule.max_wait
     return out
 
 
@@ -264,6 +266,8 @@ def rule_text(rule: dict[str, Any]) -> str:
         text += f" (name {rule['name']})"
     if rule.get("replaces"):
         text += f", replaces {', '.join(rule['replaces'])}"
+    if rule.get("max_wait"):
+        text += f", Envoy's requests held up to {rule['max_wait']:g}s for their turn (max_wait)"
     modes = [m for m in ("shadow_mode", "quota_mode") if rule.get(m)]
     if modes:
         text += f", {' and '.join(modes)}"

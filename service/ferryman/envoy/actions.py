@@ -46,6 +46,8 @@ class Filter:
     failure_mode_deny: bool
     timeout: str
     cluster: str
+    # The filter's timeout in seconds (Envoy's default: 20 ms).
+    timeout_seconds: float = 0.02
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -279,7 +281,8 @@ def _filter(file: str, where: str, http_filter: Any) -> Filter | None:
     if not http_filter.typed_config.type_url.endswith(_RATELIMIT_TYPE):
         return None
     rl = http_filter.typed_config.unpack()
-    timeout = f"{rl.timeout.total_seconds():g}s" if rl.timeout is not None else "default 20ms"
+    seconds = rl.timeout.total_seconds() if rl.timeout is not None else 0.02
+    timeout = f"{seconds:g}s" if rl.timeout is not None else "default 20ms"
     cluster = ""
     service = rl.rate_limit_service
     if service is not None and service.grpc_service is not None:
@@ -288,9 +291,8 @@ def _filter(file: str, where: str, http_filter: Any) -> Filter | None:
             cluster = grpc.envoy_grpc.cluster_name
         elif grpc.google_grpc is not None:
             cluster = grpc.google_grpc.target_uri
-    return Filter(
-        file, where, rl.domain, int(rl.stage or 0), bool(rl.failure_mode_deny), timeout, cluster
-    )
+    deny = bool(rl.failure_mode_deny)
+    return Filter(file, where, rl.domain, int(rl.stage or 0), deny, timeout, cluster, seconds)
 
 
 def _route_config(

@@ -16,7 +16,7 @@ from ferryman.core.answers import EngineOptions
 from ferryman.core.keys import ends_at
 from ferryman.core.rules import Level, Rule
 from ferryman.engine.explain import describe_rule
-from ferryman.envoy.actions import Entry, Inventory, Part
+from ferryman.envoy.actions import Entry, Filter, Inventory, Part
 
 __all__ = ["Report", "check", "render", "sequences", "short", "walk"]
 
@@ -275,6 +275,44 @@ def _never(domain: str, entry: Entry, stops: list[dict[str, Any]]) -> str:
     return f"[{entry.shown()}] never matches in domain {domain}: {why}"
 
 
+def _sent(
+    report: Report,
+    entry: Entry,
+    domains: list[str],
+    staged: list[Filter],
+    config: Config,
+    reached: set[Rule],
+) -> None:
+    """An entry the ``staged`` filters send, walked in ``domains``; its rules' max_wait
+    against the filters' timeouts."""
+    mine: set[Rule] = set()
+    _entry(report, entry, domains, config, mine)
+    reached |= mine
+    _timeouts(report, entry, staged, mine)
+
+
+def _timeouts(report: Report, entry: Entry, staged: list[Filter], rules: set[Rule]) -> None:
+    """A rule with max_wait that an entry reaches through a filter whose timeout is shorter:
+    Envoy gives up on a held answer before its turn comes."""
+    for rule in sorted(rules, key=lambda r: r.stats_key):
+        if not rule.max_wait:
+            continue
+        domain = rule.stats_path[0] if rule.stats_path else ""
+        for f in staged:
+            if (entry.domain or f.domain) != domain or f.timeout_seconds >= rule.max_wait:
+                continue
+            then = "refuses the request" if f.failure_mode_deny else "lets it through"
+            report.add(
+                "warning",
+                entry.file,
+                entry.where,
+                f"{rule.stats_key} ({rule.source}) holds a request up to {rule.max_wait:g}s "
+                f"(max_wait), longer than the filter's timeout ({f.timeout}, {f.where}): "
+                f"Envoy gives up first and {then} (failure_mode_deny); raise the timeout "
+                "above max_wait",
+            )
+
+
 def _rules(level: Level) -> list[Rule]:
     out = []
     for rule in level.rules:
@@ -367,7 +405,7 @@ def check(inventory: Inventory, config: Config, options: EngineOptions) -> Repor
             used.add(entry.domain)
         else:
             domains = sorted({f.domain for f in staged})
-        _entry(report, entry, domains, config, reached)
+        _sent(report, entry, domains, staged, config, reached)
     if inventory.entries or quota:
         for name in sorted(used):
             domain = config.domains.get(name)

@@ -9,7 +9,6 @@ tenant, exact, one atomic decision per request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -21,7 +20,7 @@ from ferryman.algorithms.gcra.spec import KIND, Gcra, read_gcra
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.per_tenant import WAIT_STATS, TenantKeyed
 from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
@@ -34,8 +33,9 @@ class GcraAlgorithm(TenantKeyed):
     name = KIND
     tag = TAG
     keys = (KIND,)
+    shapes = True
     step_lua = (__name__, "gcra_core.lua", "item.lua")
-    stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
+    stats = WAIT_STATS
 
     def parse(self, ctx: Ctx, fields: Mapping[str, Node], path: str) -> Gcra | None:
         return read_gcra(ctx, fields, path)
@@ -77,14 +77,27 @@ class GcraAlgorithm(TenantKeyed):
     async def peek(self, store: GcraStore, target: Target, now: float) -> dict[str, Any]:
         limit: Gcra = target.state
         result = await store.peek(target.key, limit.params, now)
-        return {"remaining": result.remaining, "full_in": round(result.full_us / 1e6, 3)}
+        # A hit now fits once the debt is down to the burst less one hit.
+        step_us = limit.params.step / limit.params.den
+        wait_us = max(0.0, result.full_us - (limit.burst - 1) * step_us)
+        return {
+            "remaining": result.remaining,
+            "full_in": round(result.full_us / 1e6, 3),
+            "wait": round(wait_us / 1e6, 3) if not result.remaining else 0.0,
+        }
 
     def now_text(self, fields: Mapping[str, Any]) -> str:
         if "full_in" not in fields:
             return ""
         if not fields["full_in"]:
-            return f"bucket full, {fields['remaining']} left"
-        return f"{fields['remaining']} left, bucket full again in {fields['full_in']:g}s"
+            text = f"bucket full, {fields['remaining']} left"
+        else:
+            text = f"{fields['remaining']} left, bucket full again in {fields['full_in']:g}s"
+        max_wait = fields.get("rule", {}).get("max_wait")
+        if max_wait and fields.get("wait"):
+            verdict = "held" if fields["wait"] <= max_wait else "refused"
+            text += f"; a hit now waits {fields['wait']:g}s: {verdict} (max_wait {max_wait:g}s)"
+        return text
 
 
 GCRA = GcraAlgorithm()

@@ -2,7 +2,8 @@
 from the store's answer: ``rate`` per the smallest unit not shorter than ``per`` as the
 limit (the burst over the time a full burst takes to come back in the headers), the burst
 left as the remaining, the time until the bucket is full again as the reset; and
-ferryman.v1's ``Request``, which may wait (a shaper)."""
+ferryman.v1's ``Request``, which may wait (a shaper). A node with ``max_wait`` books a
+ShouldRateLimit's hits the same way, for a caller that waits on the server."""
 
 from __future__ import annotations
 
@@ -40,13 +41,19 @@ class GcraLimiter(TenantLimiter[tuple[Gcra, UnitLimit], GcraResult]):
     def call(
         self, store: GcraStore, item: TenantItem[tuple[Gcra, UnitLimit]], now: float
     ) -> Awaitable[GcraResult]:
-        return store.take(item.key, item.limit[0].params, item.hits, 0, now)
+        # A node with max_wait books a hit that fits within the wait (a later arrival
+        # waits behind it); the answer is then held until its turn.
+        wait_us = math.floor(self.may_wait(item.rule) * 1e6) if item.rule.max_wait else 0
+        return store.take(item.key, item.limit[0].params, item.hits, wait_us, now)
 
     def fits(self, reply: GcraResult) -> bool:
         return reply.allowed
 
+    def waited(self, reply: GcraResult) -> float:
+        return reply.wait_us / 1e6
+
     def status(self, item: TenantItem[tuple[Gcra, UnitLimit]], reply: GcraResult) -> Status:
-        self.count(item, reply.allowed)
+        self.count(item, reply.allowed, reply.wait_us / 1e6)
         limit, shown_limit = item.limit
         code = Code.OK if reply.allowed or item.rule.shadow_mode else Code.OVER_LIMIT
         shown = reply.remaining if reply.allowed else 0
@@ -65,6 +72,8 @@ class GcraLimiter(TenantLimiter[tuple[Gcra, UnitLimit], GcraResult]):
         assert isinstance(limit, Gcra)
         key = self.key(rule, ask.entries)
         wait_us = max(0, ask.max_wait_millis) * 1000
+        if rule.max_wait:  # the node's own bound on every wait it gives
+            wait_us = min(wait_us, math.floor(rule.max_wait * 1e6))
 
         def take(n: int) -> Awaitable[GcraResult]:
             return timed(1, store.take(key, limit.params, n, wait_us, now()))
@@ -73,7 +82,7 @@ class GcraLimiter(TenantLimiter[tuple[Gcra, UnitLimit], GcraResult]):
         if decided is None:
             return Granted(ask.copies, {"tokens_remaining": limit.burst}, {})
         granted, result = decided
-        self.count(self.asked(ask, key), granted > 0, result.wait_us > 0)
+        self.count(self.asked(ask, key), granted > 0, result.wait_us / 1e6)
         return _granted(granted, result)
 
 

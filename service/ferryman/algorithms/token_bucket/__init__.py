@@ -9,7 +9,6 @@ making one atomic decision per request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from yaml.nodes import Node
@@ -30,7 +29,7 @@ from ferryman.algorithms.token_bucket.spec import KIND, NodeBucket, read_node_bu
 from ferryman.core.algorithm import Rate, StoreOptions, Target
 from ferryman.core.answers import EngineOptions
 from ferryman.core.nodes import Ctx
-from ferryman.core.per_tenant import TenantKeyed
+from ferryman.core.per_tenant import WAIT_STATS, TenantKeyed
 from ferryman.core.rules import UnitLimit
 from ferryman.stats import Stats
 
@@ -54,8 +53,18 @@ class TokenBucketAlgorithm(TenantKeyed):
     name = KIND
     tag = TAG
     keys = (KIND,)
+    shapes = True
     step_lua = (__name__, "bucket.lua", "item.lua")
-    stats = MappingProxyType({"served_with_wait": "Hits granted on a bucket node after a wait."})
+    stats = WAIT_STATS
+
+    def cannot_hold(self, limit: NodeBucket) -> str:
+        if limit.spec.max_debt_millis > 0:
+            return ""
+        # A hit waits for the debt the hits before it left; with none allowed, none waits.
+        return (
+            "a token_bucket holds a hit only for the debt earlier hits left, and its "
+            "max_debt_millis is 0: set max_debt_millis (at least max_wait)"
+        )
 
     def state(self, limit: NodeBucket) -> BucketSpec:
         return limit.spec
@@ -118,6 +127,10 @@ class TokenBucketAlgorithm(TenantKeyed):
         text = f"{fields['tokens']:g} tokens, {fields['remaining']} left"
         if fields["debt_ms"]:
             text += f", in debt: {fields['debt_ms']}ms to wait"
+            max_wait = fields.get("rule", {}).get("max_wait")
+            if max_wait:
+                verdict = "held" if fields["debt_ms"] <= max_wait * 1000 else "refused"
+                text += f" ({verdict}: max_wait {max_wait:g}s)"
         return text
 
 

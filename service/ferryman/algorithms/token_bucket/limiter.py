@@ -32,9 +32,13 @@ def sustained(spec: BucketSpec, name: str = "") -> UnitLimit:
     return UnitLimit(1, units[-1], name=name)
 
 
-def wait_allowed(spec: BucketSpec, asked_millis: int) -> int:
-    """The wait a caller gets at most: what it asks, bounded by the node's timeout."""
-    return max(0, min(asked_millis, spec.wait_timeout_millis))
+def wait_allowed(spec: BucketSpec, asked_millis: int, max_wait: float = 0.0) -> int:
+    """The wait a ferryman.v1 caller gets at most: what it asks, bounded by the node's
+    wait_timeout_millis and by its max_wait (seconds; 0: none)."""
+    allowed = min(asked_millis, spec.wait_timeout_millis)
+    if max_wait:
+        allowed = min(allowed, math.floor(max_wait * 1000))
+    return max(0, allowed)
 
 
 class BucketLimiter(TenantLimiter[BucketSpec, NodeTake]):
@@ -49,15 +53,21 @@ class BucketLimiter(TenantLimiter[BucketSpec, NodeTake]):
     def call(
         self, store: NodeBucketStore, item: TenantItem[BucketSpec], now: float
     ) -> Awaitable[NodeTake]:
-        return store.take(item.key, item.limit, item.hits, 0, now)
+        # A node with max_wait lets a hit wait out the debt earlier hits left, up to it
+        # (the node's wait_timeout_millis bounds ferryman.v1's callers only).
+        wait_ms = math.floor(self.may_wait(item.rule) * 1000) if item.rule.max_wait else 0
+        return store.take(item.key, item.limit, item.hits, wait_ms, now)
 
     def fits(self, reply: NodeTake) -> bool:
         return reply.status is TakeStatus.OK
 
+    def waited(self, reply: NodeTake) -> float:
+        return reply.wait_millis / 1000
+
     def status(self, item: TenantItem[BucketSpec], reply: NodeTake) -> Status:
         """The Envoy view of a bucket decision (counted in stats)."""
         granted = reply.status is TakeStatus.OK
-        self.count(item, granted, reply.wait_millis > 0)
+        self.count(item, granted, reply.wait_millis / 1000)
         spec = item.limit
         window = spec.size / spec.fill_rate
         limit = sustained(spec, item.rule.name)
@@ -76,7 +86,7 @@ class BucketLimiter(TenantLimiter[BucketSpec, NodeTake]):
         rule = ask.path[-1]
         spec = self.keep(rule)
         key = self.key(rule, ask.entries)
-        wait = wait_allowed(spec, ask.max_wait_millis)
+        wait = wait_allowed(spec, ask.max_wait_millis, rule.max_wait)
 
         def take(n: int) -> Awaitable[NodeTake]:
             return timed(1, store.take(key, spec, n, wait, now()))
@@ -85,7 +95,7 @@ class BucketLimiter(TenantLimiter[BucketSpec, NodeTake]):
         if decided is None:
             return Granted(ask.copies, {"tokens_remaining": spec.size}, {})
         granted, reply = decided
-        self.count(self.asked(ask, key), granted > 0, reply.wait_millis > 0)
+        self.count(self.asked(ask, key), granted > 0, reply.wait_millis / 1000)
         return _granted(spec, ask, granted, reply)
 
 
