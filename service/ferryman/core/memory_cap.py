@@ -13,10 +13,11 @@ state held.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["EVICTED", "EVICT_FRACTION", "REFUSED", "Held", "MemoryCap"]
+__all__ = ["EVICTED", "EVICT_FRACTION", "REFUSED", "Held", "MemoryCap", "forget_oldest"]
 
 #: Counted per entry forgotten to make room, and per new entry refused for want of it.
 EVICTED = "ratelimit.service.memory.evicted_keys"
@@ -37,6 +38,16 @@ class Held(Protocol):
         """Forget up to ``want`` entries safe to forget, least recently used first; how
         many were forgotten."""
         ...
+
+
+def forget_oldest(entries: OrderedDict[Any, Any], want: int) -> int:
+    """``make_room`` for a store whose every entry is safe to forget: up to ``want`` of the
+    least recently used (first) entries dropped; how many were."""
+    gone = 0
+    while entries and gone < want:
+        entries.popitem(last=False)
+        gone += 1
+    return gone
 
 
 class MemoryCap:

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ferryman.algorithms.limit_list.model import Checked, Part, decide_all
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import MemoryCap, forget_oldest
 
 __all__ = ["MemoryLimits"]
 
@@ -24,11 +24,7 @@ class MemoryLimits:
         self.cap.join("limit_list", self)
 
     def make_room(self, want: int) -> int:
-        keys, gone = self._keys, 0
-        while keys and gone < want:
-            keys.popitem(last=False)
-            gone += 1
-        return gone
+        return forget_oldest(self._keys, want)
 
     def __len__(self) -> int:
         return len(self._keys)

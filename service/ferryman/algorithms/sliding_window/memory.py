@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ferryman.algorithms.sliding_window.model import SlidingResult, SlidingState, decide
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import MemoryCap, forget_oldest
 
 __all__ = ["MemorySlidingWindows"]
 
@@ -25,11 +25,7 @@ class MemorySlidingWindows:
         self.cap.join("sliding_window", self)
 
     def make_room(self, want: int) -> int:
-        keys, gone = self._keys, 0
-        while keys and gone < want:
-            keys.popitem(last=False)
-            gone += 1
-        return gone
+        return forget_oldest(self._keys, want)
 
     def __len__(self) -> int:
         return len(self._keys)
