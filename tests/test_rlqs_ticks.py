@@ -280,3 +280,31 @@ def test_streams_and_pairs_are_capped_per_caller() -> None:
     assert len(assigned(shares, b)) == 3
     shares.close(a1)
     assert shares.open("a3", "a").claimant == "a"
+
+
+def test_a_stream_whose_envoy_goes_away_while_an_answer_is_being_written_is_released() -> None:
+    """The Envoy ends its stream while ferryman is writing it an answer (the answers' side
+    never resumes, as when gRPC cancels the write): the stream and its pairs are released
+    as soon as the reports' side ends, not when the answers' side is collected."""
+    asyncio.run(_gone_while_written())
+
+
+async def _gone_while_written() -> None:
+    shares = QuotaShares(holder_of(CONFIG), ManualClock(), Stats())
+    servicer = RlqsServicer(shares, Access(lambda: None, Stats()))
+    gone = asyncio.Event()
+
+    async def reports() -> AsyncIterator[Any]:
+        yield report("mesh", ({"route": "r"}, 1, 0, 0))
+        await gone.wait()  # then the Envoy goes away: its side of the stream ends
+
+    context: Any = FakeContext()
+    answers: Any = servicer.StreamRateLimitQuotas(reports(), context)
+    first = await anext(answers)  # the answers' side stays suspended at this answer
+    assert [dict(a.bucket_id.bucket) for a in first.bucket_action] == [{"route": "r"}]
+    assert len(shares.streams) == 1 and shares.pairs == 1
+    gone.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not shares.streams
+    await answers.aclose()
