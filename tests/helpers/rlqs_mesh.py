@@ -178,7 +178,6 @@ class Mesh:
                 rlqs_pb2.RateLimitQuotaUsageReports.SerializeToString,
                 rlqs_pb2.RateLimitQuotaResponse.FromString,
             )(metadata=((ENVOY_HEADER, envoy.name),))
-            self._tasks.append(loop.create_task(self._read(envoy)))
         await asyncio.gather(*(self._open(e) for e in self.envoys))
         self._tasks.append(loop.create_task(self._report_forever()))
 
@@ -187,6 +186,7 @@ class Mesh:
         for key in self._buckets[envoy.index]:
             envoy._seen[key] = _Seen(self._demand, now)
         await self._send(envoy, [(key, 0) for key in envoy._seen], now)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._read(envoy)))
 
     @property
     def opened_seconds(self) -> float:
@@ -288,14 +288,14 @@ class Mesh:
         message = rlqs_pb2.RateLimitQuotaUsageReports(
             domain=self.domain, bucket_quota_usages=usages
         )
+        if envoy._asked is None:  # before the write: its answer may come before it returns
+            envoy._asked = time.monotonic()
         try:
             await envoy._call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return  # the stream ended: its reader records how
         envoy.reports += 1
         envoy.entries += len(usages)
-        if envoy._asked is None:
-            envoy._asked = time.monotonic()
 
     async def _read(self, envoy: Envoy) -> None:
         call = envoy._call
