@@ -241,17 +241,18 @@ async def step(mesh: Mesh, watch: Watch, limit: float, share: int, out: dict[str
     mesh.set_demand(lambda e, b: low)
     await asyncio.sleep(3 * mesh.interval + 2 * TICK)
     sharing: dict[BucketKey, list[int]] = {}
-    for e in mesh.envoys:
+    accepted = mesh.accepted  # a refused Envoy holds nothing, and is not divided for
+    for e in accepted:
         for b in e.buckets:
             sharing.setdefault(b, []).append(e.index)
     # Every other Envoy of each bucket steps up (a bucket of one Envoy: that one).
     ups = {(i, b) for b, own in sharing.items() for i in own[::2]}
     demands = {
-        (e.index, b): high if (e.index, b) in ups else low for e in mesh.envoys for b in e.buckets
+        (e.index, b): high if (e.index, b) in ups else low for e in accepted for b in e.buckets
     }
     watch.expect(mesh, demands)
     started = time.monotonic()
-    mesh.set_demand(lambda e, b: demands[(e.index, b)])
+    mesh.set_demand(lambda e, b: demands[(e.index, b)], accepted)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(3 * mesh.interval + 5 * TICK):
             await watch.converged.wait()

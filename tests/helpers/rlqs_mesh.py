@@ -10,7 +10,8 @@ What each simulated Envoy does, as Envoy 1.40 does it:
   the interval (as Envoys started at different times), not all in the same instant;
 - its requests per second on each bucket (its demand) are set by the caller, and split into
   allowed and denied by what it holds: a token bucket lets its rate through, DENY_ALL none,
-  ALLOW_ALL (and no assignment yet: the filter's fallback) all of them.
+  ALLOW_ALL (and no assignment yet: the filter's fallback) all of them;
+- a bucket it is told to abandon leaves its reports until :meth:`Mesh.see` brings it back.
 
 Streams are spread over several channels, each its own connection, so that no connection's
 HTTP/2 stream limit serializes them. Every assignment received is kept (the latest per
@@ -114,13 +115,17 @@ class Envoy:
     _settled: bool = False
     _seen: dict[BucketKey, _Seen] = field(default_factory=dict)
     _call: Any = None
+    # One write at a time on a stream: the cadence's and a new bucket's.
+    _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def buckets(self) -> list[BucketKey]:
         return list(self._seen)
 
     def demand(self, bucket: BucketKey) -> float:
-        return self._seen[bucket].demand
+        """Its requests per second on ``bucket`` (0 once it has dropped the bucket)."""
+        seen = self._seen.get(bucket)
+        return 0.0 if seen is None else seen.demand
 
 
 class Mesh:
@@ -291,7 +296,8 @@ class Mesh:
         if envoy._asked is None:  # before the write: its answer may come before it returns
             envoy._asked = time.monotonic()
         try:
-            await envoy._call.write(message)
+            async with envoy._writing:
+                await envoy._call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return  # the stream ended: its reader records how
         envoy.reports += 1
@@ -313,6 +319,9 @@ class Mesh:
                     new = _held(action, at)
                     old = envoy.held.get(key)
                     envoy.held[key] = new
+                    if new.blanket == "ABANDON":
+                        # Envoy drops the bucket, until a request brings it back (see()).
+                        envoy._seen.pop(key, None)
                     for listener in self.listeners:
                         listener(envoy, key, old, new)
             await self._ended(envoy, await call.code(), await call.details())
