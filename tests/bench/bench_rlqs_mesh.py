@@ -20,14 +20,19 @@ whatever K. It prints:
   1.5x from 1 to 1,000 Envoys per bucket; 1,000 Envoys x 100 buckets every 5 s under half
   a core); this process's own CPU beside it (it shares the machine);
 - memory: ferryman's RSS with the streams open minus its RSS before, per stream and per
-  (Envoy, bucket) pair; and again once every stream has closed and its TTL has run out;
+  (Envoy, bucket) pair; and again once every stream has closed and ferryman holds no
+  stream and no pair (the seconds that took: an ended stream's share is held for its TTL);
+- latency: from a report to the next message on its stream, and the share of the time
+  ferryman was runnable but waited for a CPU (from /proc/<pid>/task/*/schedstat: the
+  machine is shared);
 - share used: under saturating demand (each Envoy 2 x limit / K), the sum over a bucket's
   Envoys of min(assigned, demand) as a share of the limit (goal >= 97%);
 - convergence: every Envoy at limit / 2K, then half of each bucket's Envoys step up to
   twice the limit: the seconds until every Envoy holds its new max-min share (within 3%
   and half a token per second) (goal: within one report interval plus one tick);
 - the highest sum of the token bucket rates the Envoys of a bucket hold at one instant, as
-  a share of the limit, over the whole run (goal <= 102%).
+  a share of the limit (goal <= 102%), and the longest stretch above 102%: from the first
+  reports through the steady load, and through the step.
 
 A benchmark, not a test: pytest does not collect this directory.
 """
