@@ -9,10 +9,8 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
 import pytest
-from envoy.service.rate_limit_quota.v3 import rlqs_pb2
-from test_rlqs import STREAM, FakeContext, assigned, holder_of, report
+from test_rlqs import FakeContext, assigned, holder_of, report
 
 from ferryman.access import Access
 from ferryman.algorithms.leases.algorithms import allocate
@@ -24,8 +22,6 @@ from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources
 from ferryman.errors import AccessDeniedError, TooManyStreamsError
 from ferryman.stats import Stats
-
-from helpers.server import ConfigDir, ServerFactory
 
 LIMIT = 1000.0
 CONFIG = """
@@ -158,92 +154,6 @@ async def _one_place(access: Access) -> None:
     idle.cancel()
 
 
-MESH_ENVOYS = 300
-MESH_CONFIG = """
-domain: mesh
-descriptors:
-  - key: route
-    rate_limit: {unit: second, requests_per_unit: 600}
-"""
-
-
-def test_a_mesh_of_streams_over_grpc_each_holds_its_share(
-    config_dir: ConfigDir, make_server: ServerFactory
-) -> None:
-    """300 Envoys over real gRPC, each reporting two of three shared buckets: every stream
-    is accepted, every Envoy holds an assignment for each of its buckets, and the rates
-    assigned per bucket add up to 95-102% of its limit."""
-    config_dir.write("mesh.yaml", MESH_CONFIG)
-    server = make_server(rlqs_tick=0.1)
-    held = asyncio.run(_mesh(server.service.grpc_port))
-    assert len(held) == MESH_ENVOYS
-    per_bucket: dict[str, float] = {}
-    for i, buckets in enumerate(held):
-        assert sorted(buckets) == sorted(_routes_of(i))
-        for route, rate in buckets.items():
-            per_bucket[route] = per_bucket.get(route, 0.0) + rate
-    assert set(per_bucket) == {"r0", "r1", "r2"}
-    for route, total in per_bucket.items():
-        assert 0.95 * 600 <= total <= 1.02 * 600, (route, total)
-
-
-def _routes_of(i: int) -> list[str]:
-    return [f"r{i % 3}", f"r{(i + 1) % 3}"]
-
-
-async def _mesh(port: int) -> list[dict[str, float]]:
-    """Every simulated Envoy's assignments (route: rate per second), read as they come,
-    once each has reported twice (a 0 s first report, then 5 s of demand, twice) and the
-    server has ticked on the new demand."""
-    channels: list[Any] = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(10)]
-    envoys = [_Envoy(channels[i % len(channels)], i) for i in range(MESH_ENVOYS)]
-    try:
-        await asyncio.gather(*(e.send(0, 0) for e in envoys))
-        await asyncio.gather(*(e.holds_all.wait() for e in envoys))
-        for _ in range(2):
-            await asyncio.gather(*(e.send(10 + e.i % 5, 5) for e in envoys))
-            await asyncio.sleep(0.5)  # several ticks: every bucket divided on the new demand
-        return [dict(e.held) for e in envoys]
-    finally:
-        for e in envoys:
-            e.call.cancel()
-        await asyncio.gather(*(e.reader for e in envoys), return_exceptions=True)
-        for channel in channels:
-            await channel.close()
-
-
-class _Envoy:
-    """One simulated Envoy: a stream, its two routes and the latest assignment of each."""
-
-    def __init__(self, channel: Any, i: int) -> None:
-        self.i = i
-        self.routes = _routes_of(i)
-        self.held: dict[str, float] = {}
-        self.holds_all = asyncio.Event()
-        self.call: Any = channel.stream_stream(
-            STREAM,
-            rlqs_pb2.RateLimitQuotaUsageReports.SerializeToString,
-            rlqs_pb2.RateLimitQuotaResponse.FromString,
-        )(metadata=(("ferryman-envoy", f"envoy-{i}"),), timeout=60)
-        self.reader = asyncio.create_task(self._read())
-
-    async def send(self, hits: int, seconds: int) -> None:
-        await self.call.write(
-            report("mesh", *(({"route": r}, hits, 0, seconds) for r in self.routes))
-        )
-
-    async def _read(self) -> None:
-        eof: Any = grpc.aio.EOF  # type: ignore[attr-defined]
-        while (response := await self.call.read()) is not eof:
-            for action in response.bucket_action:
-                bucket = action.quota_assignment_action.rate_limit_strategy.token_bucket
-                self.held[action.bucket_id.bucket["route"]] = (
-                    bucket.tokens_per_fill.value / bucket.fill_interval.seconds
-                )
-            if set(self.held) == set(self.routes):
-                self.holds_all.set()
-
-
 def test_a_callers_streams_are_one_claimant_however_many_it_opens() -> None:
     """Against 100/s: one caller's 31 streams each claiming 10^9 requests are one claimant,
     so another caller's Envoy wanting 80/s keeps half the rate (not 100/32); the 31 split
@@ -303,3 +213,31 @@ def test_after_a_start_demand_is_learnt_and_nothing_assigned_until_learning_ends
     assert not shares.learning
     assert assigned(shares, first) == {"route=r": (16, 16, 1)}  # its demand
     assert assigned(shares, fresh) == {"route=r": (84, 84, 1)}  # not known: the rest
+
+
+def test_a_stream_whose_envoy_goes_away_while_an_answer_is_being_written_is_released() -> None:
+    """The Envoy ends its stream while ferryman is writing it an answer (the answers' side
+    never resumes, as when gRPC cancels the write): the stream and its pairs are released
+    as soon as the reports' side ends, not when the answers' side is collected."""
+    asyncio.run(_gone_while_written())
+
+
+async def _gone_while_written() -> None:
+    shares = QuotaShares(holder_of(CONFIG), ManualClock(), Stats())
+    servicer = RlqsServicer(shares, Access(lambda: None, Stats()))
+    gone = asyncio.Event()
+
+    async def reports() -> AsyncIterator[Any]:
+        yield report("mesh", ({"route": "r"}, 1, 0, 0))
+        await gone.wait()  # then the Envoy goes away: its side of the stream ends
+
+    context: Any = FakeContext()
+    answers: Any = servicer.StreamRateLimitQuotas(reports(), context)
+    first = await anext(answers)  # the answers' side stays suspended at this answer
+    assert [dict(a.bucket_id.bucket) for a in first.bucket_action] == [{"route": "r"}]
+    assert len(shares.streams) == 1 and shares.pairs == 1
+    gone.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not shares.streams
+    await answers.aclose()

@@ -867,8 +867,9 @@ class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the Envoy went away: the stream ends
         finally:
-            stream.closed = True
-            stream.wake.set()
+            # Released here, not only when the answers' side ends: cancelled while writing,
+            # that side stays suspended until the garbage collector finds it.
+            self._shares.close(stream)
 
     async def drain(self) -> None:
         """End every stream (at shutdown, so that none holds the server's grace period)."""
