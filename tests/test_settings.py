@@ -107,3 +107,11 @@ def test_grpc_keepalive_reaches_the_server_options() -> None:
     )
     defaults = Settings()
     assert (defaults.grpc_keepalive_time, defaults.grpc_keepalive_timeout) == (10.0, 5.0)
+
+
+def test_grpc_holds_as_many_pending_calls_as_quota_streams_may_open() -> None:
+    """A mesh's Envoys open their quota streams at once: gRPC holds RLQS_MAX_STREAMS calls
+    before the server takes them (twice that before refusing every one), not 1,000."""
+    options = dict(grpc_server_options(Settings.from_env({"RLQS_MAX_STREAMS": "20000"})))
+    assert options["grpc.server.max_pending_requests"] == 20_000
+    assert options["grpc.server.max_pending_requests_hard_limit"] == 40_000

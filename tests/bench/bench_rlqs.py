@@ -347,6 +347,10 @@ def mesh_cost(
             entries += buckets
         clock.advance(1)
         shares.tick()
+        for stream in streams:  # the falls written; then the rises that waited for them
+            response = shares.take(stream)
+            actions += 0 if response is None else len(response.bucket_action)
+        shares.raise_deferred()
         for stream in streams:
             response = shares.take(stream)
             actions += 0 if response is None else len(response.bucket_action)

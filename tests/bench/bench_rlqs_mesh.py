@@ -279,6 +279,8 @@ def run(args: argparse.Namespace, share: int) -> dict[str, Any]:
             DEBUG_HOST="127.0.0.1",
             USE_STATSD="false",
             BACKEND_TYPE="memory",
+            # A first start: no Envoy held anything before it, so there is nothing to learn.
+            RLQS_LEARNING="0",
         )
         ferryman = FerrymanProcess(
             workdir / "ferryman", ["--config", str(descriptors), *PORTS], env

@@ -91,6 +91,8 @@ _DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
 _NUDGE = 0.02
 #: The divisions a bucket may name: those whose shares add up to the rate at most.
 SHARING = frozenset({Kind.FAIR_SHARE, Kind.PROPORTIONAL_SHARE})
+#: Seconds after a tick at which the rises that waited for its falls are sent.
+RAISE_AFTER = 0.05
 #: Reports in a row with no request after which an Envoy's bucket is abandoned.
 IDLE_REPORTS = 12
 
@@ -411,6 +413,8 @@ class QuotaShares:
         self.leases: BucketLeases | None = None
         # Buckets to divide again at the next tick, in the order they were marked.
         self._marked: dict[BucketKey, _Bucket] = {}
+        # Buckets some of whose rises wait for the falls sent before them to be written.
+        self._deferred: dict[BucketKey, _Bucket] = {}
         # Ended streams' assignments, by when their time to live runs out.
         self._ending: list[tuple[float, int, BucketKey]] = []
         self.pairs = 0
@@ -618,9 +622,20 @@ class QuotaShares:
                 {sid: u.meter.rate for sid, u in live.items()},
                 {sid: u.claimant for sid, u in live.items()},
             )
+        self._push(bucket, shares)
+
+    def _push(self, bucket: _Bucket, shares: dict[int, float]) -> None:
+        """Queue each Envoy's changed assignment. A rise is sent only while what is in force
+        (the assignments sent, a fall counted at its old rate until it has been written)
+        leaves room for it under the capacity; the rest wait for :meth:`raise_deferred`,
+        so that the Envoys never hold more than the limit between two answers."""
+        resolved, rate = bucket.resolved, bucket.resolved.rate
         burst_ratio = rate.burst / rate.per_second if rate and rate.per_second > 0 else None
         buckets = buckets_of(shares, burst_ratio)
-        for sid, user in list(bucket.users.items()):
+        users = bucket.users
+        in_force = sum(u.sent.per_second for u in users.values() if isinstance(u.sent, Bucket))
+        room = (bucket.capacity or 0.0) - in_force
+        for sid, user in list(users.items()):
             stream = self.streams.get(sid)
             if stream is None:
                 continue
@@ -631,8 +646,26 @@ class QuotaShares:
                 user.share, new = 0.0, Bucket(0, 0, 1)
             else:
                 user.share, new = None, resolved.answer
-            if user.sent is None or _worth_sending(user.sent, new):
-                self._queue(stream, bucket, user, new)
+            if user.sent is not None and not _worth_sending(user.sent, new):
+                continue
+            if isinstance(new, Bucket) and sid in shares:
+                rise = new.per_second - (
+                    user.sent.per_second if isinstance(user.sent, Bucket) else 0.0
+                )
+                if rise > 0:
+                    if rise > room + 1e-9:
+                        self._deferred[bucket.key] = bucket
+                        continue
+                    room -= rise
+            self._queue(stream, bucket, user, new)
+
+    def raise_deferred(self) -> None:
+        """Divide again the buckets whose rises waited for room (run once the falls of the
+        last tick have been written), sending what now fits."""
+        deferred, self._deferred = self._deferred, {}
+        for key, bucket in deferred.items():
+            if self.buckets.get(key) is bucket:
+                self._reshare(bucket)
 
     def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
         if user.action is None or sent != user.sent:
@@ -654,6 +687,7 @@ class QuotaShares:
     def _drop(self, bucket: _Bucket) -> None:
         self.buckets.pop(bucket.key, None)
         self._marked.pop(bucket.key, None)
+        self._deferred.pop(bucket.key, None)
         if self.leases is not None:
             self.leases.forget(bucket.key)
 
@@ -882,6 +916,10 @@ async def _tick(shares: QuotaShares) -> None:
         await asyncio.sleep(shares.limits.tick_seconds)
         try:
             shares.tick()
+            # The falls are written by the streams' writers, woken by the tick: the rises
+            # that waited for them follow a moment later.
+            await asyncio.sleep(min(RAISE_AFTER, shares.limits.tick_seconds / 4))
+            shares.raise_deferred()
         except Exception:  # one bad pass must not end the pushes
             log.exception("re-dividing the quota buckets failed")
 

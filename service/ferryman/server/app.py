@@ -108,6 +108,10 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
         # Refused (RESOURCE_EXHAUSTED) before it is decoded; every limit is in engine/validate.
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_INTERVAL_MS),
+        # Calls gRPC holds before the server takes them (1,000 by default, all refused past
+        # 3,000): a mesh's Envoys open their quota streams at once after a restart.
+        ("grpc.server.max_pending_requests", max(1000, settings.rlqs_max_streams)),
+        ("grpc.server.max_pending_requests_hard_limit", max(3000, 2 * settings.rlqs_max_streams)),
     ]
     if settings.grpc_max_connection_age > 0:
         # As the reference: a connection is sent GOAWAY after this age (gRPC adds +/-10%
