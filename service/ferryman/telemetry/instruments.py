@@ -27,6 +27,9 @@ from ferryman.stats import (
     total_requests,
 )
 
+# What a scrape of the metrics port is answered with.
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
 
 class SizedCache(Protocol):
     """An in-process cache as its gauges read it (the counters' over-limit cache)."""
