@@ -14,7 +14,7 @@ import math
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -29,12 +29,14 @@ from ferryman.algorithms.leases.election import (
 from ferryman.algorithms.leases.model import Lease, ResourceTemplate, find_template
 from ferryman.algorithms.leases.state import Band, LeaseState, TemplateSource
 from ferryman.apis import api
-from ferryman.apis.capacity_parent import ParentClient, parent_credentials
 from ferryman.clock import Clock
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.rpc import Method
 from ferryman.settings import Settings
 from ferryman.tasks import cancel
+
+if TYPE_CHECKING:
+    from ferryman.apis.capacity_parent import ParentClient
 
 R = TypeVar("R", doorman_pb2.GetCapacityResponse, doorman_pb2.GetServerCapacityResponse)
 
@@ -102,6 +104,9 @@ class CapacityService:
             host = f"[{host}]"
         self.address = s.doorman_advertise_address or f"{host}:{grpc_port}"
         if s.doorman_parent:
+            # The parent client (and the Python client it is built on) only where one is set.
+            from ferryman.apis.capacity_parent import ParentClient, parent_credentials
+
             self.parent = ParentClient(
                 s.doorman_parent,
                 self.address,
