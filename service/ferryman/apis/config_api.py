@@ -27,6 +27,7 @@ from ferryman.access import http_caller
 from ferryman.access.scopes import ALL, document_scopes, require_scopes
 from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.apis.config_off import OFF, PREFIX
 from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
 from ferryman.clock import Clock
@@ -72,7 +73,6 @@ __all__ = ["ConfigApi", "TokenFile"]
 
 log = logging.getLogger("ferryman.config_api")
 
-PREFIX = "/api/v1"
 ROLES = ("read", "write")
 CERT = "cert:"  # a token file entry naming a client certificate's SAN
 WRITES = "ratelimit.service.config_api.writes"
@@ -455,9 +455,7 @@ class ConfigApi:
         async def guarded(request: HttpRequest) -> HttpResponse:
             tokens = self.tokens
             if tokens is None or not tokens.refresh() or self.versions is None:
-                return HttpResponse(
-                    404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
-                )
+                return HttpResponse(404, OFF)
             try:
                 if request.method not in ("GET", "HEAD"):
                     _same_site(request)

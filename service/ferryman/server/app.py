@@ -25,13 +25,12 @@ from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
 from ferryman.apis.capacity import CapacityService
-from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.config_off import ConfigApiOff, config_api_on
 from ferryman.apis.console import Console, LatencyRecorder
 from ferryman.apis.console.buckets import BucketTable
 from ferryman.apis.debug_door import DebugDoor
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
-from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages, domains_panel
 from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.quota_http import QuotaHttp
@@ -42,7 +41,6 @@ from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
-from ferryman.config.xds import XdsClient
 from ferryman.edge.decoding import GuardedServer
 from ferryman.edge.http import HttpLimits, HttpRequest, HttpResponse, HttpServer
 from ferryman.edge.ports import PORT_NAMES, bind_grpc, listen, probe_port
@@ -60,7 +58,10 @@ from ferryman.statsd import StatsdSink, mogrifiers_from_env
 from ferryman.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from ferryman.apis.config_api import ConfigApi
+    from ferryman.apis.leased import LeasedResources
     from ferryman.backends.redis import RedisBackend
+    from ferryman.config.xds import XdsClient
 
 __all__ = [
     "Service",
@@ -283,6 +284,8 @@ def _redis_per_second(s: Settings) -> RedisBackend:
 def config_source(settings: Settings, holder: ConfigHolder, stats: Stats) -> Reloader | XdsClient:
     """Where the configuration comes from: the directory, or an xDS management server."""
     if settings.config_type == "GRPC_XDS_SOTW":
+        from ferryman.config.xds import XdsClient
+
         return XdsClient(settings, holder, stats)
     return Reloader(
         settings.config_dir,
@@ -414,6 +417,8 @@ class Service:
             self.capacity.source = RlqsTemplates(self.capacity.source, self.rlqs.rate_of)
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
+            from ferryman.apis.leased import LeasedResources
+
             self.leased = LeasedResources(
                 settings.doorman_parent, self.holder, self.engine, self.clock
             )
@@ -460,17 +465,7 @@ class Service:
             "http",
             limits=limits,
         )
-        self.config_api = ConfigApi(
-            settings,
-            self.holder,
-            self.reloader if isinstance(self.reloader, Reloader) else None,
-            self.stats,
-            self.backend,
-            self.engine,
-            self.clock,
-            self.quota_store,
-            holds=self.holds,
-        )
+        self.config_api = self._make_config_api(settings)
         self._debug = HttpServer(
             {
                 **self.console.routes(),
@@ -502,6 +497,24 @@ class Service:
                 "prometheus",
                 limits=limits,
             )
+
+    def _make_config_api(self, settings: Settings) -> ConfigApi | ConfigApiOff:
+        """The config API, imported only when the settings turn it on."""
+        if not config_api_on(settings):
+            return ConfigApiOff()
+        from ferryman.apis.config_api import ConfigApi
+
+        return ConfigApi(
+            settings,
+            self.holder,
+            self.reloader if isinstance(self.reloader, Reloader) else None,
+            self.stats,
+            self.backend,
+            self.engine,
+            self.clock,
+            self.quota_store,
+            holds=self.holds,
+        )
 
     @property
     def http_servers(self) -> dict[str, HttpServer]:
@@ -696,7 +709,7 @@ class Service:
             self.debug_port,
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
-            self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
+            s.config_dir if isinstance(self.reloader, Reloader) else self.reloader.describe(),
             self.event_loop,
             "; ".join(part for part in extras if part),
         )
