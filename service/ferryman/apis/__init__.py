@@ -2,21 +2,24 @@
 leases, token buckets, the config API, the console and the debug pages).
 
 ``APIS`` is the one registry of the gRPC services: a protocol is its module, which declares
-one ``API`` (see ``ferryman.apis.api``), and one line here. The service registers, starts
-and reports the health of each in this order, and stops them in reverse.
+one ``API`` (see ``ferryman.apis.api``), and one line here (``Deferred``, by its name, when
+it has nothing to start: its module is imported by its first call). The service registers,
+starts and reports the health of each in this order, and stops them in reverse.
 """
 
 from __future__ import annotations
 
-from ferryman.apis import capacity, health, limiter, quota, quota_events, rlqs, rls
-from ferryman.apis.api import API
+from ferryman.apis import capacity, health, quota_events, rlqs, rls
+from ferryman.apis.api import API, Deferred
 
-__all__ = ["API", "APIS"]
+__all__ = ["API", "APIS", "Deferred"]
 
-APIS: tuple[API, ...] = (
+APIS: tuple[API | Deferred, ...] = (
     rls.API,
-    limiter.API,
-    quota.API,
+    Deferred("ferryman.v1.Limiter", "ferryman.apis.limiter", health=("ferryman.v1.Limiter",)),
+    Deferred(
+        "quotaservice.QuotaService", "ferryman.apis.quota", health=("quotaservice.QuotaService",)
+    ),
     quota_events.API,
     capacity.API,
     rlqs.API,

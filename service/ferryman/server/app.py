@@ -358,7 +358,7 @@ class Service:
             streams=settings.max_streams_per_caller,
             buckets=settings.max_dynamic_buckets_per_caller,
         )
-        self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
+        self.telemetry.observe(self.stats, self.engine.local_cache, partial(unary_methods, APIS))
         self._make_stateful(settings)
         self.console = self._make_console(settings)
         if isinstance(self.backend, Watched):
@@ -621,9 +621,7 @@ class Service:
                 parts = self._parts()
                 for api in APIS:
                     servicer = await served.enter_async_context(api.serve(parts))
-                    if api.edge:
-                        servicer = self._edge.wrap(servicer, api.service, api.methods)
-                    api.register(servicer, guarded)
+                    api.add(servicer, guarded, self._edge)
                     if api.drain is not None:
                         self._drains.insert(0, partial(api.drain, servicer))
                 yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import TYPE_CHECKING, TypeVar
@@ -200,14 +200,16 @@ class Telemetry:
         self,
         stats: Stats,
         local_cache: SizedCache | None = None,
-        methods: Sequence[str] = ("ShouldRateLimit",),
+        methods: Sequence[str] | Callable[[], Sequence[str]] = ("ShouldRateLimit",),
     ) -> None:
         """Create the instruments that read ``stats`` (calls of each gRPC method in
-        ``methods``) and the local cache; once."""
+        ``methods``, or of those it returns: asked only when metrics are on) and the local
+        cache; once."""
         if self.meter is None or self._observed:
             return
         self._observed = True
-        stats_instruments(self.meter, stats, local_cache, methods)
+        named = methods() if callable(methods) else methods
+        stats_instruments(self.meter, stats, local_cache, named)
 
     def backend_timer(self, backend: Backend) -> BackendTimer | None:
         """A timer of the backend's calls (every algorithm's store), timed and traced as
