@@ -9,7 +9,7 @@ starts and reports the health of each in this order, and stops them in reverse.
 
 from __future__ import annotations
 
-from ferryman.apis import capacity, health, quota_events, rlqs, rls
+from ferryman.apis import capacity, health, rlqs, rls
 from ferryman.apis.api import API, Deferred
 
 __all__ = ["API", "APIS", "Deferred"]
@@ -20,7 +20,7 @@ APIS: tuple[API | Deferred, ...] = (
     Deferred(
         "quotaservice.QuotaService", "ferryman.apis.quota", health=("quotaservice.QuotaService",)
     ),
-    quota_events.API,
+    Deferred("ferryman.v1.QuotaEvents", "ferryman.apis.quota_events"),
     capacity.API,
     rlqs.API,
     health.API,  # last: the first to drain, so that probes see NOT_SERVING at once

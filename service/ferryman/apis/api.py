@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ferryman.apis.capacity import CapacityService
     from ferryman.apis.holds import HoldManager
     from ferryman.apis.leased import LeasedResources
-    from ferryman.apis.quota_events import QuotaEventHub
+    from ferryman.apis.quota_hub import QuotaEventHub
     from ferryman.apis.rlqs import QuotaShares
     from ferryman.clock import Clock
     from ferryman.config.reloader import ConfigHolder

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ferryman.access import Access, http_caller
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeStatus
-from ferryman.apis.quota_events import QuotaEventHub
+from ferryman.apis.quota_hub import QuotaEventHub
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.edge.tls import TlsFiles

@@ -32,8 +32,8 @@ from ferryman.apis.debug_door import DebugDoor
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.pages import Pages, domains_panel
-from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.quota_http import QuotaHttp
+from ferryman.apis.quota_hub import QuotaEventHub
 from ferryman.apis.rlqs import QuotaShares, rlqs_limits
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Synced, Watched
