@@ -9,7 +9,7 @@ starts and reports the health of each in this order, and stops them in reverse.
 
 from __future__ import annotations
 
-from ferryman.apis import capacity, health, rlqs, rls
+from ferryman.apis import capacity_service, health, rlqs, rls
 from ferryman.apis.api import API, Deferred
 
 __all__ = ["API", "APIS", "Deferred"]
@@ -21,7 +21,12 @@ APIS: tuple[API | Deferred, ...] = (
         "quotaservice.QuotaService", "ferryman.apis.quota", health=("quotaservice.QuotaService",)
     ),
     Deferred("ferryman.v1.QuotaEvents", "ferryman.apis.quota_events"),
-    capacity.API,
+    Deferred(
+        "doorman.Capacity",
+        "ferryman.apis.capacity",
+        health=("doorman.Capacity",),
+        start=capacity_service.serving,
+    ),
     rlqs.API,
     health.API,  # last: the first to drain, so that probes see NOT_SERVING at once
 )

@@ -40,7 +40,7 @@ from ferryman.edge.rpc import Edge, Method, OnFirstCall
 if TYPE_CHECKING:
     from ferryman.access import Access
     from ferryman.algorithms.token_bucket.model import BucketStore
-    from ferryman.apis.capacity import CapacityService
+    from ferryman.apis.capacity_service import CapacityService
     from ferryman.apis.holds import HoldManager
     from ferryman.apis.leased import LeasedResources
     from ferryman.apis.quota_hub import QuotaEventHub
@@ -136,12 +136,15 @@ class _Pending:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A protocol with nothing to start, named here and declared in ``module`` (its ``API``):
-    the module is imported, and its servicer built, by the service's first call."""
+    """A protocol named here and declared in ``module`` (its ``API``, whose servicer has
+    nothing to start): the module is imported, and its servicer built, by the service's
+    first call. ``start``, from a module without the messages, runs from the start."""
 
     name: str
     module: str
     health: tuple[str, ...] = ()
+    # What runs from the start whether or not a call comes (capacity's election).
+    start: Callable[[Parts], AbstractAsyncContextManager[None]] | None = None
     edge: bool = True
 
     def load(self) -> API:
@@ -161,7 +164,11 @@ class Deferred:
 
     @asynccontextmanager
     async def serve(self, parts: Parts) -> AsyncIterator[_Pending]:
-        yield _Pending(parts)
+        if self.start is None:
+            yield _Pending(parts)
+            return
+        async with self.start(parts):
+            yield _Pending(parts)
 
     def add(self, pending: _Pending, server: GuardedServer, edge: Edge) -> None:
         """Puts the service on ``server`` by its name; its first call builds it."""

@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from ferryman import heap
 from ferryman.access import Access, http_caller
 from ferryman.algorithms import algorithm_of
-from ferryman.apis.capacity import CapacityService
+from ferryman.apis.capacity_service import CapacityService
 from ferryman.apis.holds import HoldManager
 from ferryman.apis.rlqs import QuotaShares, explain_bucket
 from ferryman.apis.rls import RateLimitServicer

@@ -24,7 +24,7 @@ from ferryman.access import Access, LeaseLimits
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
-from ferryman.apis.capacity import CapacityService
+from ferryman.apis.capacity_service import CapacityService
 from ferryman.apis.config_off import ConfigApiOff, config_api_on
 from ferryman.apis.console import Console, LatencyRecorder
 from ferryman.apis.console.buckets import BucketTable
