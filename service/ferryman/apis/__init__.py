@@ -27,6 +27,11 @@ APIS: tuple[API | Deferred, ...] = (
         health=("doorman.Capacity",),
         start=capacity_service.serving,
     ),
-    rlqs.API,
+    Deferred(
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+        "ferryman.apis.rlqs_grpc",
+        health=("envoy.service.rate_limit_quota.v3.RateLimitQuotaService",),
+        start=rlqs.serving,
+    ),
     health.API,  # last: the first to drain, so that probes see NOT_SERVING at once
 )
