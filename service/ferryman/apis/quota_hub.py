@@ -10,8 +10,6 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from opentelemetry.metrics import CallbackOptions, Observation
-
 from ferryman._version import __version__
 from ferryman.stats import Stats
 from ferryman.telemetry import SCOPE, Telemetry
@@ -99,6 +97,8 @@ class QuotaEventHub:
         """A metric counting the events by kind (read from Stats when collected)."""
         if telemetry.meter_provider is None:
             return
+        from opentelemetry.metrics import CallbackOptions, Observation
+
         meter = telemetry.meter_provider.get_meter(SCOPE, __version__)
         stats = self._stats
 

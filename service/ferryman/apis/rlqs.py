@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
-from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
 from ferryman.algorithms import algorithm_of
@@ -754,6 +753,8 @@ class QuotaShares:
         collected)."""
         if telemetry.meter_provider is None:
             return
+        from opentelemetry.metrics import CallbackOptions, Observation
+
         meter = telemetry.meter_provider.get_meter(SCOPE, __version__)
         stats = self._stats
 

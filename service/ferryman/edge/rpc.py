@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
-from opentelemetry import trace
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
 from ferryman.edge.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
@@ -158,6 +157,8 @@ class Edge:
         context: Context,
         telemetry: Telemetry,
     ) -> Any:
+        from opentelemetry import trace  # traced: OpenTelemetry is loaded
+
         extra = method.request_attributes(request) if method.request_attributes else {}
         failed: FerrymanError | None = None
         with telemetry.server_span(context.invocation_metadata(), service, name, extra) as span:

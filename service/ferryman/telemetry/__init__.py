@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ferryman.telemetry.instruments import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES
+from ferryman.telemetry.families import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES
 from ferryman.telemetry.pipelines import SCOPE, Telemetry
 
 if TYPE_CHECKING:

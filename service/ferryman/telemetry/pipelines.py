@@ -9,35 +9,24 @@ from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import TYPE_CHECKING, TypeVar
 
-from opentelemetry.context import Context
-from opentelemetry.metrics import Histogram, Meter
-from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
-
 from ferryman._version import __version__
 from ferryman.backends.base import Backend, Watched
 from ferryman.engine import ALGORITHMS, BackendTimer
 from ferryman.settings import Settings
 from ferryman.stats import Stats
-from ferryman.telemetry.instruments import (
-    LATENCY_BUCKETS,
-    CapacityView,
-    HoldsView,
-    Milliseconds,
-    SizedCache,
-    backend_instruments,
-    capacity_instruments,
-    holds_instruments,
-    stats_instruments,
-)
+from ferryman.telemetry.families import LATENCY_BUCKETS, CapacityView, HoldsView, SizedCache
 
 if TYPE_CHECKING:
-    # The SDK is imported when a pipeline is built: none is with metrics and traces off.
+    # OpenTelemetry (its API, its SDK and the instruments over them) is imported when a
+    # pipeline is built: none is with metrics and traces off.
+    from opentelemetry.metrics import Histogram, Meter
+    from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
 
     from ferryman.telemetry.prometheus import PrometheusReader
 
@@ -98,6 +87,8 @@ class Telemetry:
     def _start_metrics(self, readers: list[MetricReader], resource: Resource | None) -> None:
         """The meter provider over ``readers``, with the request and backend latencies."""
         from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+
+        from ferryman.telemetry.instruments import Milliseconds
 
         settings = self.settings
         self.meter_provider = MeterProvider(
@@ -184,16 +175,22 @@ class Telemetry:
     def observe_holds(self, holds: HoldsView, max_series: int) -> None:
         """Instruments for held resources (sessions, copies per node and group, transfers)."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import holds_instruments
+
             holds_instruments(self.meter, holds, max_series)
 
     def observe_capacity(self, capacity: CapacityView, max_series: int) -> None:
         """Instruments for capacity leases, per resource this server holds leases on."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import capacity_instruments
+
             capacity_instruments(self.meter, capacity, max_series)
 
     def observe_backend(self, backend: Watched) -> None:
         """Instruments for the backend's connections: state, transitions, breaker counts."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import backend_instruments
+
             backend_instruments(self.meter, backend)
 
     def observe(
@@ -208,6 +205,8 @@ class Telemetry:
         if self.meter is None or self._observed:
             return
         self._observed = True
+        from ferryman.telemetry.instruments import stats_instruments
+
         named = methods() if callable(methods) else methods
         stats_instruments(self.meter, stats, local_cache, named)
 
@@ -218,6 +217,8 @@ class Telemetry:
         tracer = self.tracer
         if histogram is None and tracer is None:
             return None
+        from opentelemetry.trace import SpanKind, get_current_span
+
         name = backend.name
         attributes = {a.name: {"backend": name, "algorithm": a.name} for a in ALGORITHMS}
         span_attributes: dict[str, str | int] = {"ratelimit.backend": name}
@@ -250,6 +251,9 @@ class Telemetry:
         attributes: Mapping[str, str | int],
     ) -> AbstractContextManager[Span]:
         """The current SERVER span of one call, child of the caller's context."""
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind
+
         assert self.tracer is not None and self._propagator is not None
         carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
         parent = self._propagator.extract(carrier, Context())

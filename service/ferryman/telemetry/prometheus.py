@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 
-from ferryman.telemetry.instruments import PROMETHEUS_CONTENT_TYPE
+from ferryman.telemetry.families import PROMETHEUS_CONTENT_TYPE
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "PrometheusReader", "render_prometheus"]
 
