@@ -1,7 +1,7 @@
 """What ``ferryman serve`` loads: the parts its configuration uses, and no other.
 
 A sidecar on the repository's ``descriptors/`` (memory backend, every other setting its
-default) imports no Redis driver, no OpenTelemetry SDK, no Python client, no config API, no
+default) imports no Redis driver, no OpenTelemetry, no Python client, no config API, no
 xDS client and none of the other protocols' servicers and generated messages; yet each API
 is registered on the gRPC port at start and answers its first call. A test of which modules
 load, not of time (``tests/bench/bench_start.py`` has the figures).
@@ -32,8 +32,7 @@ SCRIPT = Path(__file__).resolve().parent / "helpers" / "serve_modules.py"
 # What a sidecar on descriptors only does not load (a name, or a package and all under it).
 NOT_LOADED = (
     "redis",
-    "opentelemetry.sdk",
-    "opentelemetry.exporter",
+    "opentelemetry",
     "ferryman.client",
     "ferryman.backends.redis",
     "ferryman.connections.redis",
