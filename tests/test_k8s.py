@@ -258,10 +258,13 @@ def _quantity(value: str | int) -> float:
 def test_the_sidecar_requests_and_limits_its_cpu_and_memory() -> None:
     """The sidecar overlay's ferryman asks for memory and CPU and is limited in both, each
     limit above its request (docs/operators/performance.md sizes them)."""
-    [deployment] = [d for d in build("overlays/sidecar") if d["kind"] == "Deployment"]
-    [ferryman] = [c for c in pod_containers(deployment) if c["image"].startswith("ferryman")]
+    deployments = [d for d in build("overlays/sidecar") if d["kind"] == "Deployment"]
+    containers = [c for d in deployments for c in pod_containers(d)]
+    [ferryman] = [c for c in containers if c["image"].startswith("ferryman")]
     resources = ferryman["resources"]
     for what in ("cpu", "memory"):
+        for kind in ("requests", "limits"):
+            assert what in resources.get(kind, {}), f"no {what} in {kind}: {resources}"
         request = _quantity(resources["requests"][what])
         limit = _quantity(resources["limits"][what])
         assert 0 < request < limit, (what, resources)

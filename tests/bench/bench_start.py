@@ -5,12 +5,13 @@ Usage::
     python tests/bench/bench_start.py [--starts 5] [--requests 10000] [--cases sidecar,...]
                                       [--json]
 
-Each case starts ``python -m ferryman serve`` on the repository's ``descriptors/`` as a child
-process, ``--starts`` times, and measures:
+Each case starts ``python -m ferryman serve`` on a copy of the repository's ``descriptors/``
+as a child process, ``--starts`` times, and measures:
 
 - **ready**: seconds from the exec to the first ShouldRateLimit answered on the gRPC port
   (the port is polled every 5 ms, then one call is sent on a new channel, again until one is
-  answered); the median of the starts is printed, with the least and the most;
+  answered); the median of the starts is printed, with the least and the most; and the CPU
+  the process had used by then (user and system), the steadier figure on a busy machine;
 - **idle**: the resident memory (VmRSS) and the threads of the process 2 s after it is ready;
 - **after N**: the resident memory after ``--requests`` ShouldRateLimit calls (32 in flight,
   one channel, several descriptors and client addresses), 1 s after the last answer.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -70,6 +72,7 @@ class Figures:
     ready_s: float
     ready_min_s: float
     ready_max_s: float
+    ready_cpu_s: float
     idle_mib: float
     threads: int
     after_requests_mib: float
@@ -82,6 +85,12 @@ def _status(pid: int) -> tuple[float, int]:
     text = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
+
+
+def _cpu(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _request(i: int) -> rls_pb2.RateLimitRequest:
@@ -166,12 +175,15 @@ def _every_api(port: int) -> None:
                 call()
 
 
-def _one_start(env: dict[str, str], requests: int, every_api: bool) -> tuple[float, ...]:
+def _one_start(
+    env: dict[str, str], config: Path, requests: int, every_api: bool
+) -> tuple[float, ...]:
     port = free_port()
     full = {"PATH": os.environ.get("PATH", ""), **env}
     if "PYTHONPATH" in os.environ:
         full["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    args = ["--grpc-port", str(port), "--http-port", "0", "--debug-port", "0"]
+    args = ["--config", str(config), "--grpc-port", str(port), "--http-port", "0"]
+    args += ["--debug-port", "0"]
     started = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ferryman", "serve", *args],
@@ -182,6 +194,7 @@ def _one_start(env: dict[str, str], requests: int, every_api: bool) -> tuple[flo
     )
     try:
         ready = _wait_ready(proc, port, started)
+        cpu = _cpu(proc.pid)
         time.sleep(2)
         idle, threads = _status(proc.pid)
         if every_api:
@@ -196,7 +209,7 @@ def _one_start(env: dict[str, str], requests: int, every_api: bool) -> tuple[flo
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return ready, idle, threads, after, threads_after
+    return ready, idle, threads, after, threads_after, cpu
 
 
 def _case_env(case: str, redis_url: str, tokens: Path) -> dict[str, str]:
@@ -214,14 +227,15 @@ def _case_env(case: str, redis_url: str, tokens: Path) -> dict[str, str]:
     }[case]
 
 
-def measure(case: str, env: dict[str, str], starts: int, requests: int) -> Figures:
-    runs = [_one_start(env, requests, case == "all") for _ in range(starts)]
+def measure(case: str, env: dict[str, str], config: Path, starts: int, requests: int) -> Figures:
+    runs = [_one_start(env, config, requests, case == "all") for _ in range(starts)]
     ready = [r[0] for r in runs]
     return Figures(
         case=case,
         ready_s=round(statistics.median(ready), 3),
         ready_min_s=round(min(ready), 3),
         ready_max_s=round(max(ready), 3),
+        ready_cpu_s=round(statistics.median(r[5] for r in runs), 3),
         idle_mib=round(statistics.median(r[1] for r in runs), 1),
         threads=int(statistics.median(r[2] for r in runs)),
         after_requests_mib=round(statistics.median(r[3] for r in runs), 1),
@@ -258,16 +272,19 @@ def main() -> None:
         tokens = Path(tmp) / "tokens"
         tokens.write_text("bench-token bench write\n")
         tokens.chmod(0o600)
+        # A copy: the config API keeps its history beside the files it serves.
+        config = Path(tmp) / "descriptors"
+        shutil.copytree(REPO / "descriptors", config)
         with _redis(Path(tmp), bool({"redis", "all"} & set(cases))) as redis_url:
             for case in cases:
-                figures = measure(
-                    case, _case_env(case, redis_url, tokens), args.starts, args.requests
-                )
+                env = _case_env(case, redis_url, tokens)
+                figures = measure(case, env, config, args.starts, args.requests)
                 results.append(figures)
                 if not args.json:
                     print(
                         f"{case:11} ready {figures.ready_s:.2f} s "
-                        f"({figures.ready_min_s:.2f}-{figures.ready_max_s:.2f}), "
+                        f"({figures.ready_min_s:.2f}-{figures.ready_max_s:.2f}, "
+                        f"CPU {figures.ready_cpu_s:.2f} s), "
                         f"idle {figures.idle_mib:.1f} MiB {figures.threads} threads, "
                         f"after {figures.requests} requests {figures.after_requests_mib:.1f} MiB "
                         f"{figures.threads_after} threads",
