@@ -2,9 +2,10 @@
 leases, token buckets, the config API, the console and the debug pages).
 
 ``APIS`` is the one registry of the gRPC services: a protocol is its module, which declares
-one ``API`` (see ``ferryman.apis.api``), and one line here (``Deferred``, by its name, when
-it has nothing to start: its module is imported by its first call). The service registers,
-starts and reports the health of each in this order, and stops them in reverse.
+one ``API`` (see ``ferryman.apis.api``), and one line here: a ``Deferred``, by its name,
+imports its module on its first call, so that a process loads the servicers and messages
+of the protocols its callers use. The service registers, starts and reports the health of
+each in this order, and stops them in reverse.
 """
 
 from __future__ import annotations

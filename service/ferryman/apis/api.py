@@ -17,10 +17,12 @@ A protocol with nothing to start (its module imports ``ferryman.apis.api``)::
         health=(SERVICE.full_name,),
     )
 
-A protocol that has nothing to start is listed in the registry as ``Deferred``: its name
-and health names only. Its methods are on the port from the start (a generic handler per
-service); its module, with its servicer and generated messages, is imported by its first
-call, and the servicer built then, through the same edge and guard.
+A protocol whose servicer has nothing to start is listed in the registry as ``Deferred``:
+its name and health names only. Its methods are on the port from the start (a generic
+handler per service); its module, with its servicer and generated messages, is imported by
+its first call, and the servicer built then, through the same edge and guard. What must run
+from the start all the same (an election, a ticker) is the ``Deferred``'s ``start``, from a
+module that does not import the messages.
 """
 
 from __future__ import annotations
