@@ -255,6 +255,31 @@ def test_ferryman_pods_mount_descriptors_probe_healthcheck_and_use_redis(name: s
     assert ferrymen == 1
 
 
+_QUANTITY = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "": 1}
+
+
+def _quantity(value: str | int) -> float:
+    """A Kubernetes quantity (``100m``, ``64Mi``, ``1``) as a number."""
+    match = re.fullmatch(r"([0-9.]+)(m|Ki|Mi|Gi|)", str(value))
+    assert match is not None, f"not a quantity: {value!r}"
+    return float(match[1]) * _QUANTITY[match[2]]
+
+
+def test_the_sidecar_requests_and_limits_its_cpu_and_memory() -> None:
+    """The sidecar overlay's ferryman asks for memory and CPU and is limited in both, each
+    limit above its request (docs/operators/performance.md sizes them)."""
+    deployments = [d for d in build("overlays/sidecar") if d["kind"] == "Deployment"]
+    containers = [c for d in deployments for c in pod_containers(d)]
+    [ferryman] = [c for c in containers if c["image"].startswith("ferryman")]
+    resources = ferryman["resources"]
+    for what in ("cpu", "memory"):
+        for kind in ("requests", "limits"):
+            assert what in resources.get(kind, {}), f"no {what} in {kind}: {resources}"
+        request = _quantity(resources["requests"][what])
+        limit = _quantity(resources["limits"][what])
+        assert 0 < request < limit, (what, resources)
+
+
 @pytest.mark.parametrize("name", FERRYMAN_LAYOUTS)
 def test_disruption_budget_covers_the_pods(name: str) -> None:
     """The layout's PodDisruptionBudget selects the pods of its replicated Deployment."""

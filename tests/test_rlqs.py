@@ -20,11 +20,11 @@ from ferryman.algorithms.leases.model import Kind
 from ferryman.apis.rlqs import (
     Limits,
     QuotaShares,
-    RlqsServicer,
     bucket_entries,
     resolve,
     resolve_in,
 )
+from ferryman.apis.rlqs_grpc import RlqsServicer
 from ferryman.cli import main
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources

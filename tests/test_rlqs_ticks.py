@@ -16,7 +16,8 @@ from ferryman.access import Access
 from ferryman.algorithms.leases.algorithms import allocate
 from ferryman.algorithms.leases.model import Demand, Kind
 from ferryman.apis import rlqs_shares
-from ferryman.apis.rlqs import Limits, QuotaShares, RlqsServicer
+from ferryman.apis.rlqs import Limits, QuotaShares
+from ferryman.apis.rlqs_grpc import RlqsServicer
 from ferryman.apis.rlqs_shares import Bucket
 from ferryman.clock import ManualClock
 from ferryman.config.loader import load_sources

@@ -22,7 +22,8 @@ SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)"
 class ServeProcess:
     """``python -m ferryman serve`` on free ports (the debug port ``debug_port`` if given)
     with ``env`` added to a minimal environment; ``defaults`` adds USE_STATSD=false and
-    LOG_LEVEL=info to it (without them, the service's own defaults hold)."""
+    LOG_LEVEL=info to it (without them, the service's own defaults hold). ``program`` is
+    what Python runs (a script that takes ``serve``'s arguments in its place)."""
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class ServeProcess:
         *args: str,
         debug_port: int = 0,
         defaults: bool = True,
+        program: tuple[str, ...] = ("-m", "ferryman", "serve"),
     ) -> None:
         full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
         if defaults:
@@ -40,7 +42,7 @@ class ServeProcess:
         full.update(env)
         ports = ["--grpc-port", "0", "--http-port", "0", "--debug-port", str(debug_port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ferryman", "serve", *args, *ports],
+            [sys.executable, *program, *args, *ports],
             cwd=cwd,
             env=full,
             stdout=subprocess.DEVNULL,

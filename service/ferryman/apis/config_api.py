@@ -20,16 +20,16 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ferryman.access import http_caller
 from ferryman.access.scopes import ALL, document_scopes, require_scopes
 from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
+from ferryman.apis.config_off import OFF, PREFIX
 from ferryman.apis.holds import HoldManager
 from ferryman.backends.base import Backend
-from ferryman.backends.redis import RedisBackend, RoutedBackend
 from ferryman.clock import Clock
 from ferryman.config.loader import read_directory
 from ferryman.config.reloader import ConfigHolder, Reloader
@@ -66,11 +66,13 @@ from ferryman.settings import Settings
 from ferryman.stats import Stats
 from ferryman.tasks import cancel, wait_event
 
+if TYPE_CHECKING:
+    from ferryman.connections.redis import RedisConnection
+
 __all__ = ["ConfigApi", "TokenFile"]
 
 log = logging.getLogger("ferryman.config_api")
 
-PREFIX = "/api/v1"
 ROLES = ("read", "write")
 CERT = "cert:"  # a token file entry naming a client certificate's SAN
 WRITES = "ratelimit.service.config_api.writes"
@@ -245,6 +247,19 @@ def _changes(body: Mapping[str, Any]) -> dict[str, str | None]:
     return changes
 
 
+def _redis_of(backend: Backend) -> RedisConnection:
+    """The backend's Redis, where CONFIG_STORE=redis keeps the versions (redis-py is imported
+    here: another backend does not load it)."""
+    from ferryman.backends.redis import RedisBackend, RoutedBackend
+
+    if not isinstance(backend, RedisBackend | RoutedBackend):
+        raise SettingsError(
+            "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
+            f"set BACKEND_TYPE=redis (the backend is {backend.name})"
+        )
+    return backend.main_connection
+
+
 class ConfigApi:
     """The config store, the edits through it, and the HTTP handlers."""
 
@@ -283,11 +298,7 @@ class ConfigApi:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         if settings.config_store == "redis":
-            if not isinstance(backend, RedisBackend | RoutedBackend):
-                raise SettingsError(
-                    "CONFIG_STORE=redis keeps the configuration in the backend's Redis: "
-                    f"set BACKEND_TYPE=redis (the backend is {backend.name})"
-                )
+            connection = _redis_of(backend)
             signer = Signer.from_settings(settings)
             if not signer.keyed:
                 log.warning(
@@ -295,7 +306,7 @@ class ConfigApi:
                     "directly would be put in force as if written through the config API"
                 )
             self.store = RedisStore(
-                backend.main_connection,
+                connection,
                 settings.config_history,
                 settings.cache_key_prefix,
                 signer,
@@ -444,9 +455,7 @@ class ConfigApi:
         async def guarded(request: HttpRequest) -> HttpResponse:
             tokens = self.tokens
             if tokens is None or not tokens.refresh() or self.versions is None:
-                return HttpResponse(
-                    404, b"the config API is off: set ADMIN_TOKENS_FILE to a token file\n"
-                )
+                return HttpResponse(404, OFF)
             try:
                 if request.method not in ("GET", "HEAD"):
                     _same_site(request)

@@ -9,15 +9,18 @@ import logging
 import math
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from ferryman.algorithms.leased_limit import LEASED_LIMIT, LeasedLimit, LeasedLimiter
-from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 from ferryman.clock import Clock
 from ferryman.config.model import Config
 from ferryman.config.reloader import ConfigHolder
 from ferryman.core.rules import Level
 from ferryman.engine import RateLimitEngine
 from ferryman.tasks import cancel
+
+if TYPE_CHECKING:
+    from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 
 __all__ = ["LeasedResources", "leased_resources"]
 
@@ -76,6 +79,8 @@ class LeasedResources:
     async def start(self, address: str) -> None:
         # The host's name and the process: sidecars listening on 127.0.0.1:8081 in every pod,
         # and the worker processes of one server, are distinct clients to the parent.
+        from ferryman.client._capacity import AsyncCapacityClient
+
         client_id = f"{socket.gethostname()}/{address}/{os.getpid()}"
         self.client = AsyncCapacityClient(self.parent, client_id, fallback="safe")
         self._limiter.reader = self.read

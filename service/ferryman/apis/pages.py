@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from envoy.service.ratelimit.v3 import rls_pb2
@@ -16,10 +16,8 @@ from google.protobuf import json_format
 from ferryman import heap
 from ferryman.access import Access, http_caller
 from ferryman.algorithms import algorithm_of
-from ferryman.apis.capacity import CapacityService
-from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.capacity_service import CapacityService
 from ferryman.apis.holds import HoldManager
-from ferryman.apis.leased import LeasedResources
 from ferryman.apis.rlqs import QuotaShares, explain_bucket
 from ferryman.apis.rls import RateLimitServicer
 from ferryman.backends.base import Backend, Synced, Watched
@@ -40,6 +38,11 @@ from ferryman.settings import Settings
 from ferryman.stats import CALL, TOTAL_REQUESTS, Stats
 from ferryman.telemetry import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES, Telemetry
 
+if TYPE_CHECKING:
+    from ferryman.apis.config_api import ConfigApi
+    from ferryman.apis.config_off import ConfigApiOff
+    from ferryman.apis.leased import LeasedResources
+
 
 class ServiceView(Protocol):
     """What the pages read of the running service (``ferryman.server.app.Service``)."""
@@ -54,7 +57,7 @@ class ServiceView(Protocol):
     capacity: CapacityService
     leased: LeasedResources | None
     rlqs: QuotaShares
-    config_api: ConfigApi
+    config_api: ConfigApi | ConfigApiOff
     telemetry: Telemetry
     mapping: StatsdMapping | None
     tls: TlsFiles | None

@@ -12,7 +12,7 @@ from ferryman._proto.quotaservice import quota_service_pb2, quota_service_pb2_gr
 from ferryman.access import MAX_BUCKET_NAME, Access
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeResult, TakeStatus
 from ferryman.apis import api
-from ferryman.apis.quota_events import QUOTA, BucketEvent, Kind, QuotaEventHub
+from ferryman.apis.quota_hub import QUOTA, BucketEvent, QuotaEventHub
 from ferryman.config.quota import NAME
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.rpc import Method
@@ -27,9 +27,9 @@ SERVICE = quota_service_pb2.DESCRIPTOR.services_by_name["QuotaService"]
 # Allow answers every problem with a status of its own: nothing for the edge to map.
 METHODS = {"Allow": Method("ratelimit.service.call.allow")}
 _BY_STATUS = {
-    TakeStatus.REJECTED_TIMEOUT: Kind.TIMEOUT,
-    TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED: Kind.TOO_MANY_TOKENS_REQUESTED,
-    TakeStatus.REJECTED_TOO_MANY_BUCKETS: Kind.TOO_MANY_BUCKETS,
+    TakeStatus.REJECTED_TIMEOUT: "timeout",
+    TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED: "too_many_tokens_requested",
+    TakeStatus.REJECTED_TOO_MANY_BUCKETS: "too_many_buckets",
 }
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -109,7 +109,7 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
         quota = config.quota if config is not None else None
         found = quota.lookup(namespace, bucket) if quota is not None else None
         if found is None:
-            self._hub.emit(BucketEvent(Kind.BUCKET_MISS, namespace, bucket, tokens=tokens))
+            self._hub.emit(BucketEvent("bucket_miss", namespace, bucket, tokens=tokens))
             return TakeStatus.REJECTED_NO_BUCKET, 0, 0
         ref, spec = found
         buckets = self._access.buckets
@@ -135,11 +135,11 @@ class QuotaServicer(quota_service_pb2_grpc.QuotaServiceServicer):
     ) -> None:
         emit = self._hub.emit
         for name in result.removed:
-            emit(BucketEvent(Kind.BUCKET_REMOVED, namespace, name, True))
+            emit(BucketEvent("bucket_removed", namespace, name, True))
         if result.created:
-            emit(BucketEvent(Kind.BUCKET_CREATED, namespace, bucket, True))
+            emit(BucketEvent("bucket_created", namespace, bucket, True))
         if result.status is TakeStatus.OK:
-            kind = Kind.TOKENS_SERVED_WITH_WAIT if result.wait_millis > 0 else Kind.TOKENS_SERVED
+            kind = "tokens_served_with_wait" if result.wait_millis > 0 else "tokens_served"
         else:
             kind = _BY_STATUS[result.status]
         emit(BucketEvent(kind, namespace, bucket, dynamic, tokens, result.wait_millis))

@@ -6,19 +6,20 @@ dynamic buckets one caller makes hold on both doors."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ferryman.access import Access, http_caller
 from ferryman.algorithms.token_bucket.model import BucketStore, TakeStatus
-from ferryman.apis.quota import QuotaServicer
-from ferryman.apis.quota_events import QuotaEventHub
+from ferryman.apis.quota_hub import QuotaEventHub
 from ferryman.config.reloader import ConfigHolder
 from ferryman.edge.http import HttpRequest, HttpResponse
 from ferryman.edge.tls import TlsFiles
 from ferryman.errors import FerrymanError, RequestError, status_of
 from ferryman.settings import Settings
 from ferryman.stats import Stats
+
+if TYPE_CHECKING:
+    from ferryman.apis.quota import QuotaServicer
 
 __all__ = ["QuotaHttp"]
 
@@ -53,32 +54,40 @@ class QuotaHttp:
     the namespace, as gRPC's PERMISSION_DENIED, and without a verified client certificate
     under mutual TLS, as ``/json``."""
 
-    def __init__(self, servicer: QuotaServicer, tls: Callable[[], TlsFiles | None]) -> None:
-        self._servicer = servicer
-        self._tls = tls
+    def __init__(self, parts: QuotaParts) -> None:
+        self._parts = parts
+        # The quota service's servicer (and its messages), made by the first request.
+        self._made: QuotaServicer | None = None
 
     @classmethod
     def of(cls, parts: QuotaParts) -> QuotaHttp:
         """The endpoint over a service's config, bucket store, events and stats."""
-        servicer = QuotaServicer(
-            parts.holder,
-            parts.quota_store,
-            parts.quota_events,
-            parts.stats,
-            fail_open=parts.settings.fail_open,
-            access=parts.access,
-        )
-        return cls(servicer, lambda: parts.tls)
+        return cls(parts)
+
+    def _servicer(self) -> QuotaServicer:
+        if self._made is None:
+            from ferryman.apis.quota import QuotaServicer
+
+            parts = self._parts
+            self._made = QuotaServicer(
+                parts.holder,
+                parts.quota_store,
+                parts.quota_events,
+                parts.stats,
+                fail_open=parts.settings.fail_open,
+                access=parts.access,
+            )
+        return self._made
 
     async def allow(self, request: HttpRequest) -> HttpResponse:
-        tls = self._tls()
+        tls = self._parts.tls
         denied = tls.http_denied(request.peercert) if tls is not None else None
         if denied is not None:
             return HttpResponse(403, f"forbidden: {denied}\n".encode())
         try:
             fields = _read(request)
             caller = http_caller(request.peercert, request.peer)
-            status, granted, wait = await self._servicer.checked(caller, *fields)
+            status, granted, wait = await self._servicer().checked(caller, *fields)
         except RequestError as exc:
             return _answer(TakeStatus.REJECTED_INVALID_REQUEST, 0, 0, str(exc))
         except FerrymanError as exc:

@@ -26,12 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
-from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
-from envoy.type.v3 import ratelimit_strategy_pb2
-from opentelemetry.metrics import CallbackOptions, Observation
 
 from ferryman._version import __version__
-from ferryman.access import Access, caller_of
 from ferryman.algorithms import algorithm_of
 from ferryman.algorithms.leases.model import Kind, find_template
 from ferryman.apis import api
@@ -50,7 +46,6 @@ from ferryman.config.reloader import ConfigHolder
 from ferryman.core.algorithm import Rate
 from ferryman.core.answers import EngineOptions
 from ferryman.core.rules import Domain, Rule
-from ferryman.edge.rpc import Method
 from ferryman.engine.explain import explain, rule_text
 from ferryman.errors import FerrymanError, RequestError, TooManyStreamsError
 from ferryman.settings import Settings
@@ -59,34 +54,28 @@ from ferryman.tasks import cancel
 from ferryman.telemetry import SCOPE, Telemetry
 
 __all__ = [
-    "API",
     "ENVOY_HEADER",
     "LIMITS",
-    "SERVICE",
     "Limits",
     "QuotaShares",
     "Resolved",
-    "RlqsServicer",
     "bucket_entries",
     "explain_bucket",
     "render_bucket",
     "resolve",
     "resolve_in",
     "rlqs_limits",
+    "serving",
 ]
 
 log = logging.getLogger("ferryman.rlqs")
 
-SERVICE = rlqs_pb2.DESCRIPTOR.services_by_name["RateLimitQuotaService"]
-METHODS = {"StreamRateLimitQuotas": Method("ratelimit.service.call.stream_rate_limit_quotas")}
 #: The initial metadata that names an Envoy (``rlqs_server.initial_metadata``); else its peer.
 ENVOY_HEADER = "ferryman-envoy"
 RLQS = "ratelimit.service.rlqs"
 #: Answers, by what they are, as counted (``ratelimit.service.rlqs.assigned.<what>``).
 ANSWERS = ("share", "deny", "unlimited", "unconfigured", "no_rate", "shadow_mode")
 Context = grpc.aio.ServicerContext[Any, Any]
-_ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.ALLOW_ALL
-_DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.BlanketRule.DENY_ALL
 # An increase this small is not pushed: Envoy starts a changed bucket full.
 _NUDGE = 0.02
 #: The divisions a bucket may name: those whose shares add up to the rate at most.
@@ -350,11 +339,16 @@ def _key(domain: str, bucket: Mapping[str, str]) -> BucketKey:
 
 
 def _bucket_id(key: BucketKey) -> Any:
+    from envoy.service.rate_limit_quota.v3 import rlqs_pb2  # loaded by the first stream
+
     return rlqs_pb2.BucketId(bucket=dict(key[1]))
 
 
 def _action(key: BucketKey, sent: Bucket | str) -> Any:
     """The BucketAction that assigns ``sent`` (a token bucket or a blanket answer)."""
+    from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+    from envoy.type.v3.ratelimit_strategy_pb2 import RateLimitStrategy
+
     action = rlqs_pb2.RateLimitQuotaResponse.BucketAction(bucket_id=_bucket_id(key))
     if sent == "abandon":
         action.abandon_action.SetInParent()
@@ -367,7 +361,8 @@ def _action(key: BucketKey, sent: Bucket | str) -> Any:
         strategy.token_bucket.tokens_per_fill.value = sent.tokens_per_fill
         strategy.token_bucket.fill_interval.seconds = sent.fill_seconds
     else:
-        strategy.blanket_rule = _DENY_ALL if isinstance(sent, Bucket) else _ALLOW_ALL
+        rule = RateLimitStrategy.BlanketRule
+        strategy.blanket_rule = rule.DENY_ALL if isinstance(sent, Bucket) else rule.ALLOW_ALL
     return action
 
 
@@ -695,6 +690,8 @@ class QuotaShares:
         """The stream's queued assignments as one response (None: nothing queued)."""
         if not stream.pending:
             return None
+        from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+
         actions = list(stream.pending.values())
         stream.pending.clear()
         return rlqs_pb2.RateLimitQuotaResponse(bucket_action=actions)
@@ -783,6 +780,8 @@ class QuotaShares:
         collected)."""
         if telemetry.meter_provider is None:
             return
+        from opentelemetry.metrics import CallbackOptions, Observation
+
         meter = telemetry.meter_provider.get_meter(SCOPE, __version__)
         stats = self._stats
 
@@ -843,73 +842,6 @@ def _described(sent: Bucket | str | None) -> Any:
     return None if sent is None else "ALLOW_ALL"
 
 
-def _envoy_name(context: Context) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == ENVOY_HEADER and isinstance(value, str) and value:
-            return value
-    return str(context.peer())
-
-
-class RlqsServicer(rlqs_pb2_grpc.RateLimitQuotaServiceServicer):
-    """StreamRateLimitQuotas: reports read as they come, assignments written as they are
-    queued (coalesced per bucket, so a stream that does not read holds one per bucket)."""
-
-    def __init__(self, shares: QuotaShares, access: Access) -> None:
-        self._shares = shares
-        self._access = access
-
-    async def StreamRateLimitQuotas(
-        self, request_iterator: AsyncIterator[Any], context: Context
-    ) -> AsyncIterator[Any]:
-        # A stream holds a place only once its first report has passed the access check.
-        requests = aiter(request_iterator)
-        first = await anext(requests, None)
-        if first is None:
-            return
-        self._access.require(context, "rlqs", first.domain)
-        shares = self._shares
-        stream = shares.open(_envoy_name(context), caller_of(context).key)
-        reader = asyncio.create_task(self._read(stream, first, requests, context))
-        try:
-            while True:
-                await stream.wake.wait()
-                stream.wake.clear()
-                if stream.error is not None:
-                    raise stream.error
-                response = shares.take(stream)
-                if response is not None:
-                    yield response
-                if stream.closed:
-                    return
-        finally:
-            await cancel(reader)
-            shares.close(stream)
-
-    async def _read(
-        self, stream: Any, first: Any, requests: AsyncIterator[Any], context: Context
-    ) -> None:
-        allowed = first.domain  # the domain this stream was last allowed to report on
-        try:
-            self._shares.report(stream, first)
-            async for message in requests:
-                if message.domain != allowed:
-                    self._access.require(context, "rlqs", message.domain)
-                    allowed = message.domain
-                self._shares.report(stream, message)
-        except FerrymanError as error:
-            stream.error = error
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the Envoy went away: the stream ends
-        finally:
-            # Released here, not only when the answers' side ends: cancelled while writing,
-            # that side stays suspended until the garbage collector finds it.
-            self._shares.close(stream)
-
-    async def drain(self) -> None:
-        """End every stream (at shutdown, so that none holds the server's grace period)."""
-        self._shares.close_all()
-
-
 async def _tick(shares: QuotaShares) -> None:
     # Reports, ended streams, a new config and leases reach the Envoys within a tick.
     while True:
@@ -925,26 +857,18 @@ async def _tick(shares: QuotaShares) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _serve(parts: api.Parts) -> AsyncIterator[RlqsServicer]:
+async def serving(parts: api.Parts) -> AsyncIterator[None]:
+    """Envoy's quota service while it is served: the ticks that divide the buckets (and the
+    replicas' leases), from the start whether or not an Envoy calls."""
     leases = parts.rlqs.leases
     if leases is not None:
         # Any replica answers where the master is: this one's own capacity service.
         leases.start(parts.capacity.address)
     ticker = asyncio.create_task(_tick(parts.rlqs))
     try:
-        yield RlqsServicer(parts.rlqs, parts.access)
+        yield
     finally:
         await cancel(ticker)
         parts.rlqs.close_all()
         if leases is not None:
             await leases.stop()
-
-
-API = api.API(
-    SERVICE,
-    rlqs_pb2_grpc.add_RateLimitQuotaServiceServicer_to_server,
-    _serve,
-    methods=METHODS,
-    health=(SERVICE.full_name,),
-    drain=RlqsServicer.drain,
-)

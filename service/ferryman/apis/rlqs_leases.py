@@ -14,11 +14,14 @@ import math
 import os
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 from ferryman.algorithms.leases.model import AlgorithmSpec, Kind, ResourceTemplate
 from ferryman.algorithms.leases.state import TemplateSource
-from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
+
+if TYPE_CHECKING:
+    from ferryman.client._capacity import AsyncCapacityClient, CapacityResource
 
 __all__ = [
     "LEASE_SECONDS",
@@ -102,6 +105,8 @@ class BucketLeases:
         self._held: dict[Key, CapacityResource] = {}
 
     def start(self, target: str) -> None:
+        from ferryman.client._capacity import AsyncCapacityClient
+
         client_id = f"{socket.gethostname()}/{target}/{os.getpid()}/rlqs"
         self.client = AsyncCapacityClient(target, client_id, fallback="pessimistic")
 

@@ -30,9 +30,10 @@ from pathlib import Path
 
 from redis.credentials import CredentialProvider
 
+from ferryman.connections.redis_target import split_auth
 from ferryman.errors import SettingsError
 
-__all__ = ["FileCredentials", "PasswordOf", "split_auth"]
+__all__ = ["FileCredentials", "PasswordOf"]
 
 log = logging.getLogger("ferryman.redis")
 
@@ -43,14 +44,6 @@ LOG_EVERY = 60.0
 
 Stamp = tuple[int, int, int, int]
 Credentials = tuple[str] | tuple[str, str]
-
-
-def split_auth(auth: str) -> tuple[str | None, str | None]:
-    """REDIS_AUTH's forms: ``password``, or ``user:password`` (split at the first colon)."""
-    if not auth:
-        return None, None
-    user, sep, password = auth.partition(":")
-    return (user, password) if sep else (None, auth)
 
 
 def _stamp(path: str) -> Stamp:

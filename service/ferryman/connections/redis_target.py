@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ferryman.connections.redis_auth import split_auth
 from ferryman.errors import SettingsError
 
-__all__ = ["RedisTarget", "address", "parse_backend_url", "target_from_env_style"]
+__all__ = ["RedisTarget", "address", "parse_backend_url", "split_auth", "target_from_env_style"]
 
 
 @dataclass(frozen=True)
@@ -163,3 +162,11 @@ def target_from_env_style(
         addrs = tuple(address(u, "REDIS_URL") for u in nodes)
         return RedisTarget("sentinel", addrs, master_name=master, **common)
     raise SettingsError(f"REDIS_TYPE={kind!r} must be single, sentinel or cluster")
+
+
+def split_auth(auth: str) -> tuple[str | None, str | None]:
+    """REDIS_AUTH's forms: ``password``, or ``user:password`` (split at the first colon)."""
+    if not auth:
+        return None, None
+    user, sep, password = auth.partition(":")
+    return (user, password) if sep else (None, auth)

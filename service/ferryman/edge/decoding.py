@@ -122,6 +122,17 @@ class GuardedServer:
             (grpc.method_handlers_generic_handler(service, guarded),)
         )
 
+    def add_on_first_call(self, handler: grpc.GenericRpcHandler[Any, Any]) -> None:
+        """Adds ``handler`` as it is: a service whose methods' handlers are made by its first
+        call, each through a guard like this one (``over``)."""
+        self._server.add_generic_rpc_handlers((handler,))
+
+    def over(self, server: Any, error_stats: dict[str, tuple[str, ...]]) -> GuardedServer:
+        """A guard like this one (its counters, log and peer check) over ``server``."""
+        twin = GuardedServer(server, self._stats, error_stats, authorize=self._authorize)
+        twin.reporter = self.reporter
+        return twin
+
     async def _refuse(self, method: str, bad: Undecodable, context: Any) -> None:
         self._stats.inc(UNDECODABLE)
         for name in self._error_stats.get(method, ()):

@@ -15,11 +15,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
-from opentelemetry import trace
 
 from ferryman.connections.deadline import ANSWER_BY, answer_by
 from ferryman.edge.decoding import ANSWERS_ENCODED, CHECKS_UNDECODABLE, Undecodable
@@ -27,7 +26,7 @@ from ferryman.errors import BackendError, FerrymanError, status_of
 from ferryman.stats import Stats, total_requests
 from ferryman.telemetry import Telemetry
 
-__all__ = ["Edge", "Method", "grpc_status"]
+__all__ = ["Edge", "Method", "OnFirstCall", "grpc_status"]
 
 log = logging.getLogger("ferryman.server")
 
@@ -158,6 +157,8 @@ class Edge:
         context: Context,
         telemetry: Telemetry,
     ) -> Any:
+        from opentelemetry import trace  # traced: OpenTelemetry is loaded
+
         extra = method.request_attributes(request) if method.request_attributes else {}
         failed: FerrymanError | None = None
         with telemetry.server_span(context.invocation_metadata(), service, name, extra) as span:
@@ -176,3 +177,47 @@ class Edge:
         if failed is not None:
             await self._fail(failed, method.counters, context)
         return response
+
+
+if TYPE_CHECKING:
+    _GenericHandler = grpc.GenericRpcHandler[Any, Any]
+else:
+    _GenericHandler = grpc.GenericRpcHandler
+
+
+class OnFirstCall(_GenericHandler):
+    """One service, on the port from the start by its name, whose methods' handlers are
+    made by its first call: ``load(server)`` registers them on ``server`` then (importing the
+    service's servicer and generated messages only when a caller asks for them)."""
+
+    def __init__(self, service: str, load: Callable[[Any], None]) -> None:
+        self._prefix = f"/{service}/"
+        self._load = load
+        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] | None = None
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = str(handler_call_details.method)
+        if not method.startswith(self._prefix):
+            return None
+        if self._handlers is None:
+            registered = _Registered()
+            self._load(registered)
+            self._handlers = registered.handlers
+        return self._handlers.get(method[len(self._prefix) :])
+
+
+class _Registered:
+    """Takes what a generated ``add_<Name>Servicer_to_server`` registers (through a guard)."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same methods, by name below
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        self.handlers.update(handlers)

@@ -24,17 +24,16 @@ from ferryman.access import Access, LeaseLimits
 from ferryman.access.signing import Signer
 from ferryman.apis import APIS
 from ferryman.apis.api import Parts, health_names, unary_methods, undecodable_stats
-from ferryman.apis.capacity import CapacityService
-from ferryman.apis.config_api import ConfigApi
+from ferryman.apis.capacity_service import CapacityService
+from ferryman.apis.config_off import ConfigApiOff, config_api_on
 from ferryman.apis.console import Console, LatencyRecorder
 from ferryman.apis.console.buckets import BucketTable
 from ferryman.apis.debug_door import DebugDoor
 from ferryman.apis.envoy_routes import EnvoyRoutes, read_routes
 from ferryman.apis.holds import HoldManager
-from ferryman.apis.leased import LeasedResources
 from ferryman.apis.pages import Pages, domains_panel
-from ferryman.apis.quota_events import QuotaEventHub
 from ferryman.apis.quota_http import QuotaHttp
+from ferryman.apis.quota_hub import QuotaEventHub
 from ferryman.apis.rlqs import QuotaShares, rlqs_limits
 from ferryman.apis.rlqs_leases import BucketLeases, RlqsTemplates
 from ferryman.backends.base import Backend, Synced, Watched
@@ -42,7 +41,6 @@ from ferryman.backends.memory import MemoryBackend
 from ferryman.backends.startup import wait_until_up
 from ferryman.clock import Clock, SystemClock
 from ferryman.config.reloader import ConfigHolder, Reloader
-from ferryman.config.xds import XdsClient
 from ferryman.edge.decoding import GuardedServer
 from ferryman.edge.http import HttpLimits, HttpRequest, HttpResponse, HttpServer
 from ferryman.edge.ports import PORT_NAMES, bind_grpc, listen, probe_port
@@ -60,7 +58,10 @@ from ferryman.statsd import StatsdSink, mogrifiers_from_env
 from ferryman.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from ferryman.apis.config_api import ConfigApi
+    from ferryman.apis.leased import LeasedResources
     from ferryman.backends.redis import RedisBackend
+    from ferryman.config.xds import XdsClient
 
 __all__ = [
     "Service",
@@ -294,6 +295,8 @@ def _redis_per_second(s: Settings) -> RedisBackend:
 def config_source(settings: Settings, holder: ConfigHolder, stats: Stats) -> Reloader | XdsClient:
     """Where the configuration comes from: the directory, or an xDS management server."""
     if settings.config_type == "GRPC_XDS_SOTW":
+        from ferryman.config.xds import XdsClient
+
         return XdsClient(settings, holder, stats)
     return Reloader(
         settings.config_dir,
@@ -366,7 +369,7 @@ class Service:
             streams=settings.max_streams_per_caller,
             buckets=settings.max_dynamic_buckets_per_caller,
         )
-        self.telemetry.observe(self.stats, self.engine.local_cache, unary_methods(APIS))
+        self.telemetry.observe(self.stats, self.engine.local_cache, partial(unary_methods, APIS))
         self._make_stateful(settings)
         self.console = self._make_console(settings)
         if isinstance(self.backend, Watched):
@@ -425,6 +428,8 @@ class Service:
             self.capacity.source = RlqsTemplates(self.capacity.source, self.rlqs.rate_of)
         self.leased: LeasedResources | None = None
         if settings.doorman_parent:
+            from ferryman.apis.leased import LeasedResources
+
             self.leased = LeasedResources(
                 settings.doorman_parent, self.holder, self.engine, self.clock
             )
@@ -471,17 +476,7 @@ class Service:
             "http",
             limits=limits,
         )
-        self.config_api = ConfigApi(
-            settings,
-            self.holder,
-            self.reloader if isinstance(self.reloader, Reloader) else None,
-            self.stats,
-            self.backend,
-            self.engine,
-            self.clock,
-            self.quota_store,
-            holds=self.holds,
-        )
+        self.config_api = self._make_config_api(settings)
         self._debug = HttpServer(
             {
                 **self.console.routes(),
@@ -513,6 +508,24 @@ class Service:
                 "prometheus",
                 limits=limits,
             )
+
+    def _make_config_api(self, settings: Settings) -> ConfigApi | ConfigApiOff:
+        """The config API, imported only when the settings turn it on."""
+        if not config_api_on(settings):
+            return ConfigApiOff()
+        from ferryman.apis.config_api import ConfigApi
+
+        return ConfigApi(
+            settings,
+            self.holder,
+            self.reloader if isinstance(self.reloader, Reloader) else None,
+            self.stats,
+            self.backend,
+            self.engine,
+            self.clock,
+            self.quota_store,
+            holds=self.holds,
+        )
 
     @property
     def http_servers(self) -> dict[str, HttpServer]:
@@ -619,9 +632,7 @@ class Service:
                 parts = self._parts()
                 for api in APIS:
                     servicer = await served.enter_async_context(api.serve(parts))
-                    if api.edge:
-                        servicer = self._edge.wrap(servicer, api.service, api.methods)
-                    api.register(servicer, guarded)
+                    api.add(servicer, guarded, self._edge)
                     if api.drain is not None:
                         self._drains.insert(0, partial(api.drain, servicer))
                 yield
@@ -707,7 +718,7 @@ class Service:
             self.debug_port,
             "" if self.prometheus_port is None else f", metrics :{self.prometheus_port}",
             self.backend.name,
-            self.reloader.describe() if isinstance(self.reloader, XdsClient) else s.config_dir,
+            s.config_dir if isinstance(self.reloader, Reloader) else self.reloader.describe(),
             self.event_loop,
             "; ".join(part for part in extras if part),
         )

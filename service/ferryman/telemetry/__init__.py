@@ -15,16 +15,38 @@ Traces (TRACING_ENABLED). A SERVER span per ShouldRateLimit, child of the caller
 taken from the gRPC metadata (W3C ``traceparent``, B3 single ``b3`` or multi ``x-b3-*``), with
 the backend call as a CLIENT child span; ParentBased(TraceIdRatioBased(TRACING_SAMPLING_RATE)).
 Disabled, the request path creates no span at all (the servicer takes another branch).
+
+With metrics and traces off, OpenTelemetry's SDK is not imported at all.
 """
 
-from ferryman.telemetry.export import http_traces_url, telemetry_resource
-from ferryman.telemetry.instruments import STATS_COUNTER_FAMILIES
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ferryman.telemetry.families import PROMETHEUS_CONTENT_TYPE, STATS_COUNTER_FAMILIES
 from ferryman.telemetry.pipelines import SCOPE, Telemetry
-from ferryman.telemetry.prometheus import (
-    PROMETHEUS_CONTENT_TYPE,
-    PrometheusReader,
-    render_prometheus,
-)
+
+if TYPE_CHECKING:
+    from ferryman.telemetry.export import http_traces_url, telemetry_resource
+    from ferryman.telemetry.prometheus import PrometheusReader, render_prometheus
+
+# OpenTelemetry's SDK is imported with these, and so only by a service whose metrics or
+# traces are on (or by whoever asks for one of them).
+_OF_THE_SDK = {
+    "http_traces_url": "ferryman.telemetry.export",
+    "telemetry_resource": "ferryman.telemetry.export",
+    "PrometheusReader": "ferryman.telemetry.prometheus",
+    "render_prometheus": "ferryman.telemetry.prometheus",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OF_THE_SDK:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_OF_THE_SDK[name]), name)
+
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",

@@ -4,42 +4,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from time import perf_counter
-from typing import TypeVar
-
-from opentelemetry.context import Context
-from opentelemetry.metrics import Histogram, Meter
-from opentelemetry.propagators.b3 import B3MultiFormat
-from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from typing import TYPE_CHECKING, TypeVar
 
 from ferryman._version import __version__
 from ferryman.backends.base import Backend, Watched
 from ferryman.engine import ALGORITHMS, BackendTimer
 from ferryman.settings import Settings
 from ferryman.stats import Stats
-from ferryman.telemetry.export import otlp_metric_reader, otlp_span_processor, telemetry_resource
-from ferryman.telemetry.instruments import (
-    LATENCY_BUCKETS,
-    CapacityView,
-    HoldsView,
-    Milliseconds,
-    SizedCache,
-    backend_instruments,
-    capacity_instruments,
-    holds_instruments,
-    stats_instruments,
-)
-from ferryman.telemetry.prometheus import PrometheusReader
+from ferryman.telemetry.families import LATENCY_BUCKETS, CapacityView, HoldsView, SizedCache
+
+if TYPE_CHECKING:
+    # OpenTelemetry (its API, its SDK and the instruments over them) is imported when a
+    # pipeline is built: none is with metrics and traces off.
+    from opentelemetry.metrics import Histogram, Meter
+    from opentelemetry.propagators.textmap import TextMapPropagator
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
+
+    from ferryman.telemetry.prometheus import PrometheusReader
 
 log = logging.getLogger("ferryman.telemetry")
 T = TypeVar("T")
@@ -71,20 +60,25 @@ class Telemetry:
         self.tracer: Tracer | None = None
         self.request_latency: Histogram | None = None
         self.backend_latency: Histogram | None = None
-        self._propagator = CompositePropagator(
-            # Last wins: a W3C traceparent beats B3 headers sent alongside it.
-            [B3MultiFormat(), TraceContextTextMapPropagator()]
-        )
+        self._propagator: TextMapPropagator | None = None
         self._observed = False
         self._closed = False
 
         readers = list(metric_readers)
         if settings.use_prometheus:
+            from ferryman.telemetry.prometheus import PrometheusReader
+
             self.prometheus = PrometheusReader(settings.metrics_max_series)
             readers.append(self.prometheus)
         if settings.otlp_metrics_endpoint:
+            from ferryman.telemetry.export import otlp_metric_reader
+
             readers.append(otlp_metric_reader(settings))
-        resource = telemetry_resource(settings) if readers or settings.tracing_enabled else None
+        resource = None
+        if readers or settings.tracing_enabled:
+            from ferryman.telemetry.export import telemetry_resource
+
+            resource = telemetry_resource(settings)
         if readers:
             self._start_metrics(readers, resource)
         if settings.tracing_enabled:
@@ -92,6 +86,10 @@ class Telemetry:
 
     def _start_metrics(self, readers: list[MetricReader], resource: Resource | None) -> None:
         """The meter provider over ``readers``, with the request and backend latencies."""
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+
+        from ferryman.telemetry.instruments import Milliseconds
+
         settings = self.settings
         self.meter_provider = MeterProvider(
             metric_readers=readers,
@@ -132,7 +130,20 @@ class Telemetry:
     ) -> None:
         """The tracer provider (``tracer_provider`` if given), exporting to
         ``span_exporters`` and to OTLP when an endpoint is set."""
+        from opentelemetry.propagators.b3 import B3MultiFormat
+        from opentelemetry.propagators.composite import CompositePropagator
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        from ferryman.telemetry.export import otlp_span_processor
+
         settings = self.settings
+        self._propagator = CompositePropagator(
+            # Last wins: a W3C traceparent beats B3 headers sent alongside it.
+            [B3MultiFormat(), TraceContextTextMapPropagator()]
+        )
         provider = tracer_provider or TracerProvider(
             sampler=ParentBased(TraceIdRatioBased(settings.tracing_sampling_rate)),
             resource=resource,
@@ -164,30 +175,40 @@ class Telemetry:
     def observe_holds(self, holds: HoldsView, max_series: int) -> None:
         """Instruments for held resources (sessions, copies per node and group, transfers)."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import holds_instruments
+
             holds_instruments(self.meter, holds, max_series)
 
     def observe_capacity(self, capacity: CapacityView, max_series: int) -> None:
         """Instruments for capacity leases, per resource this server holds leases on."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import capacity_instruments
+
             capacity_instruments(self.meter, capacity, max_series)
 
     def observe_backend(self, backend: Watched) -> None:
         """Instruments for the backend's connections: state, transitions, breaker counts."""
         if self.meter is not None:
+            from ferryman.telemetry.instruments import backend_instruments
+
             backend_instruments(self.meter, backend)
 
     def observe(
         self,
         stats: Stats,
         local_cache: SizedCache | None = None,
-        methods: Sequence[str] = ("ShouldRateLimit",),
+        methods: Sequence[str] | Callable[[], Sequence[str]] = ("ShouldRateLimit",),
     ) -> None:
         """Create the instruments that read ``stats`` (calls of each gRPC method in
-        ``methods``) and the local cache; once."""
+        ``methods``, or of those it returns: asked only when metrics are on) and the local
+        cache; once."""
         if self.meter is None or self._observed:
             return
         self._observed = True
-        stats_instruments(self.meter, stats, local_cache, methods)
+        from ferryman.telemetry.instruments import stats_instruments
+
+        named = methods() if callable(methods) else methods
+        stats_instruments(self.meter, stats, local_cache, named)
 
     def backend_timer(self, backend: Backend) -> BackendTimer | None:
         """A timer of the backend's calls (every algorithm's store), timed and traced as
@@ -196,6 +217,8 @@ class Telemetry:
         tracer = self.tracer
         if histogram is None and tracer is None:
             return None
+        from opentelemetry.trace import SpanKind, get_current_span
+
         name = backend.name
         attributes = {a.name: {"backend": name, "algorithm": a.name} for a in ALGORITHMS}
         span_attributes: dict[str, str | int] = {"ratelimit.backend": name}
@@ -228,7 +251,10 @@ class Telemetry:
         attributes: Mapping[str, str | int],
     ) -> AbstractContextManager[Span]:
         """The current SERVER span of one call, child of the caller's context."""
-        assert self.tracer is not None
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind
+
+        assert self.tracer is not None and self._propagator is not None
         carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
         parent = self._propagator.extract(carrier, Context())
         return self.tracer.start_as_current_span(

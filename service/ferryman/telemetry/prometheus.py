@@ -18,7 +18,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from ferryman.telemetry.families import PROMETHEUS_CONTENT_TYPE
+
+__all__ = ["PROMETHEUS_CONTENT_TYPE", "PrometheusReader", "render_prometheus"]
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
