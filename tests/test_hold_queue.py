@@ -1,0 +1,309 @@
+"""Reservations that wait on the server for held copies: order, priorities, deadlines,
+disconnections, replicas, caps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman.clock import ManualClock
+
+from helpers.holds import Holder
+from helpers.server import ConfigDir, Server, ServerFactory
+from helpers.stores import on_stores
+
+BOTH = on_stores("memory", "redis")
+#: Where the queue's keys must share one Cluster slot, and replicas meet without pub/sub.
+ALL = on_stores("memory", "redis", "cluster")
+
+QUEUE_CONFIG = """
+domain: q
+descriptors:
+  - key: pool
+    copies: {global_limit: 2}
+  - key: wide
+    copies: {global_limit: 4}
+"""
+
+
+class Waiter(Holder):
+    """A session that reserves copies of the ``q`` domain, waiting when asked to."""
+
+    def request(
+        self, key: str, copies: int, max_wait: float, priority: int, min_copies: int | None
+    ) -> limiter_pb2.ReserveRequest:
+        request = limiter_pb2.ReserveRequest(
+            domain="q", descriptor=[limiter_pb2.Entry(key=key, value="x")], copies=copies,
+            priority=priority,
+        )  # fmt: skip
+        if max_wait:
+            request.max_wait.FromMilliseconds(round(max_wait * 1000))
+        if min_copies is not None:
+            request.min_copies = min_copies
+        return request
+
+    def take(
+        self,
+        copies: int,
+        *,
+        key: str = "pool",
+        max_wait: float = 0.0,
+        priority: int = 0,
+        min_copies: int | None = None,
+    ) -> Any:
+        request = self.request(key, copies, max_wait, priority, min_copies)
+        return self.stub.Reserve(request, metadata=self.md, timeout=30)
+
+    def later(
+        self,
+        copies: int,
+        *,
+        key: str = "pool",
+        max_wait: float = 30.0,
+        priority: int = 0,
+        min_copies: int | None = None,
+    ) -> Any:
+        """The Reserve call, sent: a future of its answer."""
+        request = self.request(key, copies, max_wait, priority, min_copies)
+        return self.stub.Reserve.future(request, metadata=self.md, timeout=60)
+
+    def give(self, copies: int, key: str = "pool") -> None:
+        self.stub.Release(
+            limiter_pb2.ReleaseRequest(
+                domain="q", descriptor=[limiter_pb2.Entry(key=key, value="x")], copies=copies
+            ),
+            metadata=self.md,
+            timeout=10,
+        )
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait (boundedly) for a state the servers reach on their own."""
+    deadline = time.monotonic() + 15
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.005)
+
+
+def waiting(server: Server) -> int:
+    return len(server.service.holds.queue.waiters)
+
+
+def queue_in(server: Server, want: int) -> None:
+    until(lambda: waiting(server) == want, f"{want} waiting on the server")
+
+
+def first_done(futures: list[Any]) -> list[int]:
+    """Which of ``futures`` have an answer, once at least one has."""
+    until(lambda: any(f.done() for f in futures), "an answer")
+    return [i for i, f in enumerate(futures) if f.done()]
+
+
+@pytest.fixture
+def pair(config_dir: ConfigDir, make_server: ServerFactory) -> tuple[Server, Server]:
+    """Two servers on one shared store, serving the ``q`` domain."""
+    config_dir.write("q.yaml", QUEUE_CONFIG)
+    a = make_server(hold_lease_seconds=3.0)
+    b = make_server(store_of=a, hold_lease_seconds=3.0)
+    return a, b
+
+
+@ALL
+def test_waiters_of_one_priority_are_granted_in_arrival_order(
+    pair: tuple[Server, Server],
+) -> None:
+    """Copies freed one at a time go to the waiters in the order they arrived."""
+    a, _ = pair
+    owner = Waiter(a)
+    assert owner.take(2).granted == 2
+    waiters = [Waiter(a) for _ in range(4)]
+    futures = []
+    for i, w in enumerate(waiters):
+        futures.append(w.later(1))
+        queue_in(a, i + 1)
+    owner.give(1)
+    assert first_done(futures) == [0]
+    owner.give(1)
+    until(lambda: futures[1].done(), "the second grant")
+    assert [f.done() for f in futures] == [True, True, False, False]
+    waiters[0].give(1)
+    assert first_done(futures[2:]) == [0]
+    waiters[1].give(1)
+    until(lambda: futures[3].done(), "the last grant")
+    assert [(f.result().granted, f.result().queued) for f in futures] == [(1, True)] * 4
+
+
+@ALL
+def test_a_higher_priority_is_served_before_earlier_lower_ones(
+    pair: tuple[Server, Server],
+) -> None:
+    """A waiter of priority 5 arriving last is granted before two of priority 0."""
+    a, _ = pair
+    owner = Waiter(a)
+    owner.take(2)
+    sessions = [Waiter(a) for _ in range(3)]
+    low = [sessions[0].later(1), sessions[1].later(1)]
+    queue_in(a, 2)
+    high = sessions[2].later(1, priority=5)
+    queue_in(a, 3)
+    owner.give(1)
+    until(high.done, "the high priority's grant")
+    assert high.result().granted == 1
+    assert not any(f.done() for f in low)
+    owner.give(1)
+    assert first_done(low) == [0]
+
+
+@BOTH
+def test_min_copies_waiter_is_granted_what_is_worth_having(pair: tuple[Server, Server]) -> None:
+    """A waiter for 3 copies of which 2 will do is granted 2 when 2 are freed."""
+    a, _ = pair
+    owner = Waiter(a)
+    assert owner.take(4, key="wide").granted == 4
+    waiter = Waiter(a)
+    future = waiter.later(3, key="wide", min_copies=2)
+    queue_in(a, 1)
+    owner.give(1, key="wide")
+    owner.give(1, key="wide")
+    until(future.done, "the partial grant")
+    reply = future.result()
+    assert (reply.granted, reply.global_held) == (2, 4)
+
+
+@BOTH
+def test_waiter_whose_deadline_passes_holds_nothing(pair: tuple[Server, Server]) -> None:
+    """At max_wait a waiter is answered 0 copies and leaves nothing held or queued."""
+    a, _ = pair
+    owner = Waiter(a)
+    owner.take(2)
+    reply = Waiter(a).take(1, max_wait=0.2)
+    assert (reply.granted, reply.queued) == (0, True)
+    assert waiting(a) == 0
+    owner.give(2)
+    assert owner.take(2).granted == 2
+
+
+@BOTH
+def test_waiter_within_the_calls_deadline_is_answered_by_it(pair: tuple[Server, Server]) -> None:
+    """A call's own deadline shorter than its max_wait ends the wait with an answer."""
+    a, _ = pair
+    owner, waiter = Waiter(a), Waiter(a)
+    owner.take(2)
+    request = waiter.request("pool", 1, 30.0, 0, None)
+    reply = waiter.stub.Reserve(request, metadata=waiter.md, timeout=1.0)
+    assert (reply.granted, reply.queued) == (0, True)
+    assert waiting(a) == 0
+
+
+@BOTH
+def test_disconnected_waiter_leaves_the_queue(pair: tuple[Server, Server]) -> None:
+    """A cancelled call leaves the queue: the freed copy goes to the next waiter."""
+    a, _ = pair
+    owner = Waiter(a)
+    owner.take(2)
+    first, second = Waiter(a), Waiter(a)
+    gone = first.later(1)
+    queue_in(a, 1)
+    stays = second.later(1)
+    queue_in(a, 2)
+    gone.cancel()
+    queue_in(a, 1)
+    owner.give(1)
+    until(stays.done, "the grant to the waiter that stayed")
+    assert stays.result().granted == 1
+    owner.give(1)
+    assert owner.take(1).granted == 1  # the cancelled waiter holds nothing
+
+
+@BOTH
+def test_no_wait_reserve_does_not_jump_the_queue(pair: tuple[Server, Server]) -> None:
+    """A reservation that will not wait is refused while earlier waiters want the copy."""
+    a, _ = pair
+    owner = Waiter(a)
+    owner.take(2)
+    waiter = Waiter(a)
+    queued = waiter.later(1)
+    queue_in(a, 1)
+    owner.give(1)
+    until(queued.done, "the waiter's grant")
+    assert Waiter(a).take(1).granted == 0
+    assert queued.result().granted == 1
+
+
+@ALL
+def test_release_on_one_replica_wakes_a_waiter_on_another(pair: tuple[Server, Server]) -> None:
+    """Copies released through server A are granted to the caller waiting on server B."""
+    a, b = pair
+    owner = Waiter(a)
+    owner.take(2)
+    waiter = Waiter(b)
+    future = waiter.later(2)
+    queue_in(b, 1)
+    owner.give(2)
+    until(future.done, "the grant on the other replica")
+    assert future.result().granted == 2
+    assert owner.take(1).granted == 0
+
+
+@BOTH
+def test_replica_dead_while_its_callers_wait_loses_no_copy(
+    pair: tuple[Server, Server], clock: ManualClock
+) -> None:
+    """A dead replica's waiters lose their places and its copies come back: none is lost."""
+    a, b = pair
+    doomed = Waiter(b)
+    assert doomed.take(2).granted == 2
+    pending = doomed.later(1, max_wait=30)
+    queue_in(b, 1)
+    # B stops renewing (as if it had died); A, past B's lease, finds every copy free.
+    renewer = b.service.holds._renewer
+    assert renewer is not None
+    b.loop.call_soon_threadsafe(renewer.cancel)
+    clock.advance(4)
+    owner = Waiter(a)
+    assert owner.take(2).granted == 2
+    owner.give(2)
+    assert owner.take(2).granted == 2  # the dead replica's waiter was granted nothing
+    assert not pending.done() or pending.result().granted == 0
+
+
+@BOTH
+def test_queue_cap_refuses_more_waiters(config_dir: ConfigDir, make_server: ServerFactory) -> None:
+    """Past HOLD_QUEUE_MAX_PER_NODE a waiter is refused at once, and counted."""
+    config_dir.write("q.yaml", QUEUE_CONFIG)
+    a = make_server(hold_queue_max_per_node=1)
+    owner = Waiter(a)
+    owner.take(2)
+    waiter = Waiter(a)
+    first = waiter.later(1)
+    queue_in(a, 1)
+    with pytest.raises(grpc.RpcError) as info:
+        Waiter(a).take(1, max_wait=5)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert a.service.holds.queue.status()["full"] == 1
+    owner.give(1)
+    until(first.done, "the queued waiter's grant")
+
+
+@BOTH
+def test_access_policy_caps_the_priority_a_caller_claims(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """max_priority in the access policy refuses a higher priority, allows up to it."""
+    config_dir.write("q.yaml", QUEUE_CONFIG)
+    config_dir.write(
+        "access.yaml",
+        "access:\n  - identities: [anonymous]\n    allow: {holds: true}\n    max_priority: 2\n",
+    )
+    a = make_server()
+    w = Waiter(a)
+    assert w.take(1, priority=2).granted == 1
+    with pytest.raises(grpc.RpcError) as info:
+        w.take(1, priority=3)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "priority over 2" in (info.value.details() or "")
