@@ -222,17 +222,18 @@ def test_disconnected_waiter_leaves_the_queue(pair: tuple[Server, Server]) -> No
 
 @BOTH
 def test_no_wait_reserve_does_not_jump_the_queue(pair: tuple[Server, Server]) -> None:
-    """A reservation that will not wait is refused while earlier waiters want the copy."""
+    """A copy freed while the head waiter needs two stays free: a later caller may not take it."""
     a, _ = pair
-    owner = Waiter(a)
+    owner, head = Waiter(a), Waiter(a)
     owner.take(2)
-    waiter = Waiter(a)
-    queued = waiter.later(1)
+    queued = head.later(2)
     queue_in(a, 1)
     owner.give(1)
-    until(queued.done, "the waiter's grant")
     assert Waiter(a).take(1).granted == 0
-    assert queued.result().granted == 1
+    assert Waiter(a).take(1, max_wait=0.1).granted == 0
+    owner.give(1)
+    until(queued.done, "the head waiter's grant")
+    assert queued.result().granted == 2
 
 
 @ALL
