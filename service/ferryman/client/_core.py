@@ -139,12 +139,14 @@ class SessionFailure(grpc.RpcError):
 class Send:
     """Send ``request`` to ``method``; the flow gets back the response or the RpcError.
 
-    With a ``session``, the call carries its id in the ``ferryman-session`` metadata.
+    With a ``session``, the call carries its id in the ``ferryman-session`` metadata;
+    ``timeout`` (seconds) replaces the client's own for a call that may wait on the service.
     """
 
     method: str
     request: Request
     session: SessionRef | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,9 @@ class ClientCore:
             raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
         self.target = target
         self.timeout = float(timeout)
+        # Whether the service waits in its queue for held copies (max_wait): None until a
+        # reservation that could wait tells; an older service answers at once.
+        self.queues: bool | None = None
         self.fail_open = fail_open
         self.kill_switch = kill_switch
         self._draw = draw
@@ -632,10 +637,11 @@ class ClientCore:
         copies: int,
         min_copies: int | None,
         max_wait: float,
+        priority: int = 0,
     ) -> Flow[HoldState]:
         domain, entries, copies, least = _copies(domain, descriptor, copies, min_copies)
         max_wait = _seconds(max_wait, "max_wait")
-        request = _protocol.reserve_request(domain, entries, copies, least)
+        priority = _count(priority, "priority", 0)
         schedule = RetrySchedule(max_wait, draw=self._draw)
         attempts = 0
         context: ReserveContext | None = None
@@ -663,8 +669,16 @@ class ClientCore:
             )
 
         while True:
+            # A service that queues waits there for what is left of max_wait: the call's
+            # deadline is stretched to cover it, so that the waiter never asks again. (The
+            # kill switch turns the first refusal into a grant: it does not wait.)
+            left = max(0.0, max_wait - schedule.elapsed)
+            waits = left > 0 and self.queues is not False and not self.kill_switch
+            request = _protocol.reserve_request(
+                domain, entries, copies, least, left if waits else 0.0, priority
+            )
             session, answer, fresh = yield from self._session_send_flow(
-                _protocol.LIMITER_RESERVE, request, fresh
+                _protocol.LIMITER_RESERVE, request, fresh, self.timeout + left if waits else None
             )
             if session is not None:
                 attempts += 1
@@ -673,13 +687,16 @@ class ClientCore:
                 return done(least, degraded=True)
             assert isinstance(answer, limiter_pb2.ReserveResponse)
             context = _protocol.reserve_context(answer)
+            if waits:
+                # An older service ignores max_wait and leaves ``queued`` unset.
+                self.queues = answer.queued
             if context.granted > 0:
                 self._counters.add("granted")
                 return done(context.granted, session=session)
             if self.kill_switch:
                 self._overridden(copies, domain, entries, least)
                 return done(least, overridden=True)
-            delay = schedule.next_delay()
+            delay = None if answer.queued else schedule.next_delay()
             if delay is None:
                 self._counters.add("rejected")
                 return done(0)
@@ -687,7 +704,7 @@ class ClientCore:
             yield Sleep(delay)
 
     def _session_send_flow(
-        self, method: str, request: Request, fresh: bool
+        self, method: str, request: Request, fresh: bool, timeout: float | None = None
     ) -> Flow[tuple[SessionRef | None, Answer, bool]]:
         """Send in the open session, or once per flow in a new one if the service forgot it."""
         # Gives the session (None if none opened), the answer, and whether one was replaced.
@@ -696,7 +713,7 @@ class ClientCore:
             if isinstance(session, grpc.RpcError):
                 return None, session, fresh
             assert isinstance(session, SessionRef)
-            answer = yield Send(method, request, session)
+            answer = yield Send(method, request, session, timeout)
             if isinstance(answer, grpc.RpcError) and _session_gone(answer) and not fresh:
                 self._forget(session)
                 fresh = True
@@ -890,6 +907,7 @@ class ClientCore:
         min_copies: int | None,
         max_wait: float,
         held: list[HoldState],
+        priority: int = 0,
     ) -> Flow[MultiHold[HoldState]]:
         """Hold the same number of copies of every resource, pseudo-atomically.
 
@@ -910,7 +928,9 @@ class ClientCore:
         def failed(resource: Resource, rate: RateResult | None = None) -> MultiHold[HoldState]:
             return MultiHold(False, 0, (), rate, time.monotonic() - start, failed=resource)
 
-        n, refused = yield from self._hold_copies_flow(resources, copies, least, left, held)
+        n, refused = yield from self._hold_copies_flow(
+            resources, copies, least, left, held, priority
+        )
         if refused is not None:
             return failed(refused)
         rate: RateResult | None = None
@@ -942,13 +962,14 @@ class ClientCore:
         least: int,
         left: Callable[[], float],
         held: list[HoldState],
+        priority: int = 0,
     ) -> Flow[tuple[int, Resource | None]]:
         """Hold the copy-limited resources in order: the copies each has, or the one refused."""
         for resource in resources:
             if resource.rate_limited:
                 continue
             hold = yield from self.reserve_flow(
-                resource.domain, resource.descriptor, n, least, left()
+                resource.domain, resource.descriptor, n, least, left(), priority
             )
             if not hold.success:
                 yield from self._let_go_flow(held)
