@@ -640,8 +640,7 @@ class ClientCore:
         priority: int = 0,
     ) -> Flow[HoldState]:
         domain, entries, copies, least = _copies(domain, descriptor, copies, min_copies)
-        max_wait = _seconds(max_wait, "max_wait")
-        priority = _count(priority, "priority", 0)
+        max_wait, priority = _seconds(max_wait, "max_wait"), _count(priority, "priority", 0)
         schedule = RetrySchedule(max_wait, draw=self._draw)
         attempts = 0
         context: ReserveContext | None = None
@@ -669,17 +668,9 @@ class ClientCore:
             )
 
         while True:
-            # A service that queues waits there for what is left of max_wait: the call's
-            # deadline is stretched to cover it, so that the waiter never asks again. (The
-            # kill switch turns the first refusal into a grant: it does not wait.)
+            request = _protocol.reserve_request(domain, entries, copies, least, 0.0, priority)
             left = max(0.0, max_wait - schedule.elapsed)
-            waits = left > 0 and self.queues is not False and not self.kill_switch
-            request = _protocol.reserve_request(
-                domain, entries, copies, least, left if waits else 0.0, priority
-            )
-            session, answer, fresh = yield from self._session_send_flow(
-                _protocol.LIMITER_RESERVE, request, fresh, self.timeout + left if waits else None
-            )
+            session, answer, fresh = yield from self._reserve_send_flow(request, left, fresh)
             if session is not None:
                 attempts += 1
             if isinstance(answer, grpc.RpcError):
@@ -687,9 +678,6 @@ class ClientCore:
                 return done(least, degraded=True)
             assert isinstance(answer, limiter_pb2.ReserveResponse)
             context = _protocol.reserve_context(answer)
-            if waits:
-                # An older service ignores max_wait and leaves ``queued`` unset.
-                self.queues = answer.queued
             if context.granted > 0:
                 self._counters.add("granted")
                 return done(context.granted, session=session)
@@ -702,6 +690,25 @@ class ClientCore:
                 return done(0)
             self._counters.add("retries")
             yield Sleep(delay)
+
+    def _reserve_send_flow(
+        self, request: limiter_pb2.ReserveRequest, left: float, fresh: bool
+    ) -> Flow[tuple[SessionRef | None, Answer, bool]]:
+        """Send a reservation that may wait ``left`` seconds in the service's queue."""
+        # A service that queues waits there for what is left of max_wait: the call's
+        # deadline is stretched to cover it, so that the waiter never asks again. (The kill
+        # switch turns the first refusal into a grant: it does not wait.)
+        waits = left > 0 and self.queues is not False and not self.kill_switch
+        if waits:
+            request.max_wait.FromNanoseconds(round(left * 1e9))
+        else:
+            request.ClearField("max_wait")
+        timeout = self.timeout + left if waits else None
+        got = yield from self._session_send_flow(_protocol.LIMITER_RESERVE, request, fresh, timeout)
+        if waits and isinstance(got[1], limiter_pb2.ReserveResponse):
+            # An older service ignores max_wait and leaves ``queued`` unset.
+            self.queues = got[1].queued
+        return got
 
     def _session_send_flow(
         self, method: str, request: Request, fresh: bool, timeout: float | None = None
