@@ -287,6 +287,7 @@ def test_queue_cap_refuses_more_waiters(config_dir: ConfigDir, make_server: Serv
         Waiter(a).take(1, max_wait=5)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert a.service.holds.queue.status()["full"] == 1
+    assert a.service.stats.get("ratelimit.service.holds.queue_full") == 1
     owner.give(1)
     until(first.done, "the queued waiter's grant")
 

@@ -415,7 +415,11 @@ class HoldManager:
         if wait > 0 and self._loop is not None:
             waiter = Wait(uuid.uuid4().hex, priority, round(wait * 1000) + QUEUE_GRACE_MS,
                           self.channel)  # fmt: skip
-            self.queue.join(node, waiter.id, self._loop)
+            try:
+                self.queue.join(node, waiter.id, self._loop)
+            except TooManyStreamsError:
+                self._stats.inc("ratelimit.service.holds.queue_full")
+                raise
         try:
             async with self._operation(session):
                 outcome = await self._copies.reserve(
@@ -473,8 +477,9 @@ class HoldManager:
                 self._lose("this server's lease on the copy log lapsed; its holds were freed")
                 if keep:
                     raise
-            except BackendError as exc:
-                if keep:
+            except (BackendError, HoldError) as exc:
+                # The copies are this server's, under its lease: freed with it at worst.
+                if keep and isinstance(exc, BackendError):
                     raise
                 log.warning("a waiter on %s could not leave its queue: %s", node, exc)
             return 0
