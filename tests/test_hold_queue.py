@@ -3,6 +3,7 @@ disconnections, replicas, caps."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -309,3 +310,22 @@ def test_access_policy_caps_the_priority_a_caller_claims(
         w.take(1, priority=3)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "priority over 2" in (info.value.details() or "")
+
+
+@BOTH
+def test_explain_and_status_show_the_queue(pair: tuple[Server, Server]) -> None:
+    """/explain reads a node's counts and queue length; /status counts the waits' ends."""
+    a, _ = pair
+    owner, waiter = Waiter(a), Waiter(a)
+    owner.take(2)
+    future = waiter.later(1)
+    queue_in(a, 1)
+    status, body = a.http("GET", "/explain?domain=q&descriptor=pool=x", debug=True)
+    assert status == 200, body
+    [d] = json.loads(body)["descriptors"]
+    assert (d["global_held"], d["waiting"]) == (2, 1)
+    owner.give(1)
+    until(future.done, "the grant")
+    status, body = a.http("GET", "/status", debug=True)
+    queue = json.loads(body)["holds"]["queue"]
+    assert (queue["waiting"], queue["granted"], queue["nodes"]) == (0, 1, {})

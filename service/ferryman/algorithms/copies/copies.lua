@@ -41,6 +41,8 @@
 --           -> like the above plus one more element, 1 when it waits in the queue, else 0
 -- leave:    ARGV[6] waiter id -> {"ok", copies granted to it before it left (now held by
 --           its server), or 0}
+-- peek:     ARGV[6] tenant, [7] g, then g group names -> {"ok", tenant_held, global_held,
+--           group_held..., waiters queued} (takes nothing, renews no lease)
 -- granted:  ARGV[6] n, then n waiter ids -> {"ok", the ids among them granted copies}
 --           (what a replica without pub/sub asks now and then)
 -- Whatever frees copies serves the queue in order: a waiter that fits is granted (the
@@ -75,7 +77,7 @@ local function forget(contrib_key)
   redis.call('DEL', contrib_key)
   return #flat > 0
 end
-local serving = op ~= 'ereserve' and op ~= 'erelease'
+local serving = op ~= 'ereserve' and op ~= 'erelease' and op ~= 'peek'
 
 -- Servers whose lease lapsed: take back everything they held here.
 local lost = false
@@ -292,6 +294,14 @@ local function dispatch()
     local out = {'ok', granted, held('d:' .. tenant), held('all')}
     for i = 1, g do out[#out + 1] = held('g:' .. names[i]) end
     out[#out + 1] = queued
+    return out
+  end
+
+  if op == 'peek' then
+    local tenant, g = ARGV[6], tonumber(ARGV[7])
+    local out = {'ok', held('d:' .. tenant), held('all')}
+    for i = 1, g do out[#out + 1] = held('g:' .. ARGV[7 + i]) end
+    out[#out + 1] = redis.call('ZCARD', K_Q)
     return out
   end
 

@@ -324,6 +324,13 @@ class MemoryCopies:
                 return self._outcome(state, tenant, groups, got)
             return replace(self._outcome(state, tenant, groups, 0), queued=True)
 
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        with self._lock:
+            state = self._node(holder, self._ms(holder.now), serving=False)
+            return self._outcome(state, tenant, groups, 0), len(state.queue)
+
     async def leave(self, holder: Holder, waiter: str) -> int:
         now_ms = self._ms(holder.now)
         with self._lock:

@@ -184,6 +184,13 @@ class CopyStore(Protocol):
         leaves."""
         ...
 
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        """The counts a tenant's reservation would see now (``granted`` 0) and how many
+        waiters the node's queue holds, taking and renewing nothing."""
+        ...
+
     async def leave(self, holder: Holder, waiter: str) -> int:
         """Take a waiter out of its node's queue; the copies it was granted meanwhile (now
         held by ``holder``'s server), or 0."""

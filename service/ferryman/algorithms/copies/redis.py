@@ -146,6 +146,14 @@ class RedisCopies:
         args.extend((w.id, w.priority, w.max_ms, w.channel))
         return _reserve_outcome(await self._call(holder, "reserve", args), groups)
 
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        names = [g.name for g in groups]
+        out = await self._call(holder, "peek", [tenant, len(names), *names])
+        held = {g.name: int(out[3 + i]) for i, g in enumerate(groups)}
+        return ReserveOutcome(0, int(out[1]), int(out[2]), held), int(out[3 + len(groups)])
+
     async def leave(self, holder: Holder, waiter: str) -> int:
         out = await self._call(holder, "leave", [waiter])
         return int(out[1])
