@@ -237,6 +237,40 @@ def test_no_wait_reserve_does_not_jump_the_queue(pair: tuple[Server, Server]) ->
     assert queued.result().granted == 2
 
 
+@BOTH
+def test_a_sessions_end_wakes_the_waiter(pair: tuple[Server, Server]) -> None:
+    """Copies freed because their session ended go to the waiter."""
+    a, b = pair
+    owner, waiter = Waiter(a), Waiter(b)
+    owner.take(2)
+    future = waiter.later(2)
+    queue_in(b, 1)
+    owner.close()
+    until(future.done, "the grant after the session ended")
+    assert future.result().granted == 2
+
+
+@BOTH
+def test_an_unclaimed_transfer_that_lapses_wakes_the_waiter(
+    pair: tuple[Server, Server], clock: ManualClock
+) -> None:
+    """Copies staged for a transfer nobody seizes go to the waiter when the transfer lapses."""
+    a, _ = pair
+    owner, waiter = Waiter(a), Waiter(a)
+    owner.take(2)
+    request = limiter_pb2.TransferRequest(
+        domain="q", descriptor=[limiter_pb2.Entry(key="pool", value="x")], copies=2
+    )
+    request.ttl.FromMilliseconds(500)
+    owner.stub.Transfer(request, metadata=owner.md, timeout=10)
+    future = waiter.later(1)
+    queue_in(a, 1)
+    clock.advance(1)
+    # The waiting server renews its lease on the node now and then: that call sees the lapse.
+    until(future.done, "the grant after the transfer lapsed")
+    assert future.result().granted == 1
+
+
 @ALL
 def test_release_on_one_replica_wakes_a_waiter_on_another(pair: tuple[Server, Server]) -> None:
     """Copies released through server A are granted to the caller waiting on server B."""
