@@ -166,7 +166,10 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
             reply.limit = done.policy.limit
         if done.policy.global_limit is not None:
             reply.global_limit = done.policy.global_limit
-        reply.queued = request.HasField("max_wait") and wait > 0
+        # Whenever the call asked to wait, even if its deadline left no time for it: that is
+        # how a client tells this server from one without queues.
+        m = request.max_wait
+        reply.queued = request.HasField("max_wait") and (m.seconds > 0 or m.nanos > 0)
         return reply
 
     def _priority(self, caller: Any, request: limiter_pb2.ReserveRequest) -> None:
