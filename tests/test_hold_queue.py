@@ -29,6 +29,8 @@ descriptors:
     copies: {global_limit: 2}
   - key: wide
     copies: {global_limit: 4}
+  - key: team
+    copies: {limit: 2, global_limit: 3}
 """
 
 
@@ -36,10 +38,16 @@ class Waiter(Holder):
     """A session that reserves copies of the ``q`` domain, waiting when asked to."""
 
     def request(
-        self, key: str, copies: int, max_wait: float, priority: int, min_copies: int | None
+        self,
+        key: str,
+        copies: int,
+        max_wait: float,
+        priority: int,
+        min_copies: int | None,
+        value: str = "x",
     ) -> limiter_pb2.ReserveRequest:
         request = limiter_pb2.ReserveRequest(
-            domain="q", descriptor=[limiter_pb2.Entry(key=key, value="x")], copies=copies,
+            domain="q", descriptor=[limiter_pb2.Entry(key=key, value=value)], copies=copies,
             priority=priority,
         )  # fmt: skip
         if max_wait:
@@ -52,31 +60,33 @@ class Waiter(Holder):
         self,
         copies: int,
         *,
+        value: str = "x",
         key: str = "pool",
         max_wait: float = 0.0,
         priority: int = 0,
         min_copies: int | None = None,
     ) -> Any:
-        request = self.request(key, copies, max_wait, priority, min_copies)
+        request = self.request(key, copies, max_wait, priority, min_copies, value)
         return self.stub.Reserve(request, metadata=self.md, timeout=30)
 
     def later(
         self,
         copies: int,
         *,
+        value: str = "x",
         key: str = "pool",
         max_wait: float = 30.0,
         priority: int = 0,
         min_copies: int | None = None,
     ) -> Any:
         """The Reserve call, sent: a future of its answer."""
-        request = self.request(key, copies, max_wait, priority, min_copies)
+        request = self.request(key, copies, max_wait, priority, min_copies, value)
         return self.stub.Reserve.future(request, metadata=self.md, timeout=60)
 
-    def give(self, copies: int, key: str = "pool") -> None:
+    def give(self, copies: int, key: str = "pool", value: str = "x") -> None:
         self.stub.Release(
             limiter_pb2.ReleaseRequest(
-                domain="q", descriptor=[limiter_pb2.Entry(key=key, value="x")], copies=copies
+                domain="q", descriptor=[limiter_pb2.Entry(key=key, value=value)], copies=copies
             ),
             metadata=self.md,
             timeout=10,
@@ -174,6 +184,29 @@ def test_min_copies_waiter_is_granted_what_is_worth_having(pair: tuple[Server, S
     until(future.done, "the partial grant")
     reply = future.result()
     assert (reply.granted, reply.global_held) == (2, 4)
+
+
+@BOTH
+def test_a_waiter_held_back_by_its_own_tenant_limit_blocks_only_its_tenant(
+    pair: tuple[Server, Server],
+) -> None:
+    """A copy the first waiter's tenant may not have goes to the next tenant's waiter; one
+    the shared pool lacks keeps everyone waiting."""
+    a, _ = pair
+    full, other = Waiter(a), Waiter(a)
+    assert full.take(2, key="team", value="red").granted == 2  # red's own limit
+    assert other.take(1, key="team", value="blue").granted == 1  # the node's 3 are held
+    red, blue = Waiter(a), Waiter(a)
+    red_wait = red.later(1, key="team", value="red")
+    queue_in(a, 1)
+    blue_wait = blue.later(1, key="team", value="blue")
+    queue_in(a, 2)
+    other.give(1, key="team", value="blue")
+    until(blue_wait.done, "the grant to the tenant with room")
+    assert blue_wait.result().granted == 1 and not red_wait.done()
+    full.give(1, key="team", value="red")
+    until(red_wait.done, "red's grant once its tenant has room")
+    assert red_wait.result().granted == 1
 
 
 @BOTH
