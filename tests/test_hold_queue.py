@@ -10,13 +10,18 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ferryman._proto.ferryman.v1 import limiter_pb2
+from ferryman.algorithms.copies.model import Wait
 from ferryman.clock import ManualClock
+from ferryman.errors import HoldError, LeaseLostError
 
+from helpers.copies import POLICY, CopyNode
 from helpers.holds import Holder
 from helpers.server import ConfigDir, Server, ServerFactory
-from helpers.stores import on_stores
+from helpers.stores import Store, memory_store, on_stores
 
 BOTH = on_stores("memory", "redis")
 #: Where the queue's keys must share one Cluster slot, and replicas meet without pub/sub.
@@ -396,3 +401,66 @@ def test_explain_and_status_show_the_queue(pair: tuple[Server, Server]) -> None:
     status, body = a.http("GET", "/status", debug=True)
     queue = json.loads(body)["holds"]["queue"]
     assert (queue["waiting"], queue["granted"], queue["nodes"]) == (0, 1, {})
+
+
+# (operation, tenant, copies or seconds, priority, server)
+QueueStep = tuple[str, str, int, int, str]
+
+queue_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "wait", "wait", "leave", "release", "tick", "renew"]),
+        st.sampled_from(["acme", "new-co", "trial-9", "solo"]),
+        st.integers(1, 6),
+        st.integers(0, 2),
+        st.sampled_from(["A", "B"]),
+    ),
+    max_size=40,
+)
+
+
+def replay_queue(node: CopyNode, steps: list[QueueStep]) -> list[object]:
+    """Every step on ``node`` (waiters included): answers, grants and counts after each."""
+    seen: list[object] = []
+    waiters: list[tuple[str, str]] = []  # (id, server), in arrival order
+    run, copies = node.store.run, node.copies
+    for i, (op, tenant, n, priority, server) in enumerate(steps):
+        groups = POLICY.groups_of(tenant)
+        try:
+            if op in ("reserve", "wait"):
+                wait = Wait(f"w{i}", priority, n * 1000, "-") if op == "wait" else None
+                out = run(copies.reserve(node.at(server), tenant, POLICY, groups, n, 1, wait))
+                seen.append((out.granted, out.queued))
+                if out.queued:
+                    waiters.append((f"w{i}", server))
+            elif op == "leave" and waiters:
+                wid, owner = waiters.pop(n % len(waiters))
+                seen.append(("left", run(copies.leave(node.at(owner), wid))))
+            elif op == "release":
+                node.release(tenant, n, server=server)
+                seen.append("released")
+            elif op == "tick":
+                node.now += n * 1.5
+                seen.append("tick")
+            else:
+                node.renew(server)
+                seen.append("renewed")
+        except (HoldError, LeaseLostError) as exc:
+            seen.append(type(exc).__name__)
+        ids = [w for w, _ in waiters]
+        seen.append(run(copies.granted(node.at("A"), ids)) if ids else [])
+        counts = node.counts()
+        assert counts.get("all", 0) <= (POLICY.global_limit or 10**9)
+        seen.append(counts)
+    return seen
+
+
+@on_stores("redis")
+@settings(
+    deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=queue_steps)
+def test_random_queues_agree_on_memory_and_redis(store: Store, steps: list[QueueStep]) -> None:
+    """Random waits, leaves, releases and lapses across two servers: Redis grants exactly
+    what memory grants, to the same waiters, in the same order."""
+    with memory_store(ManualClock(0.0)) as reference:
+        assert replay_queue(CopyNode(reference), steps) == replay_queue(CopyNode(store), steps)
