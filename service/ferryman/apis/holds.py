@@ -421,12 +421,19 @@ class HoldManager:
                 self._stats.inc("ratelimit.service.holds.queue_full")
                 raise
         try:
-            async with self._operation(session):
-                outcome = await self._copies.reserve(
-                    self._holder(node), tenant, policy, groups, copies, min_copies, waiter
-                )
-                if outcome.granted:
-                    self._hold(session, key, outcome.granted)
+            try:
+                async with self._operation(session):
+                    outcome = await self._copies.reserve(
+                        self._holder(node), tenant, policy, groups, copies, min_copies, waiter
+                    )
+                    if outcome.granted:
+                        self._hold(session, key, outcome.granted)
+            except BaseException:
+                # Cut short (cancelled, a backend error) the call may still have joined the
+                # queue: leave it, so that nothing is granted to a waiter nobody collects.
+                if waiter is not None:
+                    self._abandon(session, key, waiter.id)
+                raise
             if outcome.queued and waiter is not None:
                 got = await self._waited(session, key, waiter.id, wait)
                 outcome = replace(outcome, granted=got)
@@ -446,9 +453,7 @@ class HoldManager:
                     await future
         except asyncio.CancelledError:
             self.queue.left += 1
-            task = asyncio.get_running_loop().create_task(self._leave(session, key, waiter, False))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._abandon(session, key, waiter)
             raise
         got = await self._leave(session, key, waiter, True)
         self.queue.waited_ms += round((time.monotonic() - start) * 1000)
@@ -459,6 +464,12 @@ class HoldManager:
             self.queue.timed_out += 1
             self._stats.inc("ratelimit.service.holds.queue_timed_out")
         return got
+
+    def _abandon(self, session: Session, key: HoldKey, waiter: str) -> None:
+        """Leave the queue in a task of its own (the call is going away), freeing any grant."""
+        task = asyncio.get_running_loop().create_task(self._leave(session, key, waiter, False))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _leave(self, session: Session, key: HoldKey, waiter: str, keep: bool) -> int:
         """Take the waiter out of the queue; what it was granted is held by the session
