@@ -403,6 +403,26 @@ def test_explain_and_status_show_the_queue(pair: tuple[Server, Server]) -> None:
     assert (queue["waiting"], queue["granted"], queue["nodes"]) == (0, 1, {})
 
 
+@BOTH
+def test_a_trim_keeps_what_a_waiter_was_granted_until_it_leaves(store: Store) -> None:
+    """Copies granted to a waiter not yet collected are not stranded: a trim frees them only
+    once the waiter has left without them."""
+    node = CopyNode(store)
+    run, copies = store.run, node.copies
+    groups = POLICY.groups_of("solo")
+    assert node.reserve("solo", 8, server="B") == 8  # the group wide (8) is full
+    wait = Wait("w1", 0, 60_000, "-")
+    out = run(copies.reserve(node.at("A"), "solo", POLICY, groups, 2, 2, wait))
+    assert (out.granted, out.queued) == (0, True)
+    node.release("solo", 3, server="B")
+    assert run(copies.granted(node.at("A"), ["w1"])) == ["w1"]
+    assert run(copies.trim(node.at("A"), {})) == 0
+    assert node.counts()["all"] == 7
+    assert run(copies.leave(node.at("A"), "w1")) == 2
+    assert run(copies.trim(node.at("A"), {})) == 2  # no session took them: stranded now
+    assert node.counts()["all"] == 5
+
+
 # (operation, tenant, copies or seconds, priority, server)
 QueueStep = tuple[str, str, int, int, str]
 

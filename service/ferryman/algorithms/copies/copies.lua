@@ -18,7 +18,8 @@
 --           tenant limit, global limit, [group names], [group limits]]
 -- KEYS[12]  the waiters' deadlines: sorted set waiter id -> when its entry lapses (ms); a
 --           waiter granted stays here until it leaves, or its deadline passes
--- KEYS[13]  copies granted to waiters that have not left yet: hash waiter id -> copies
+-- KEYS[13]  copies granted to waiters that have not left yet: hash waiter id -> JSON
+--           [server, tenant, [group names], copies] (held by that server; a trim keeps them)
 -- KEYS[14]  the arrival counter of KEYS[10]
 --           All keys share one hash tag <tag>; dead servers' contribution hashes
 --           (<tag>:c:<id>) and expired transfer records (<tag>:x:<id>) are found from
@@ -200,7 +201,7 @@ local function serve(quiet)
       if n > 0 then
         grant(w[1], tenant, w[8], n)
         unqueue(id)
-        redis.call('HSET', K_QG, id, n)
+        redis.call('HSET', K_QG, id, cjson.encode({w[1], tenant, w[8], n}))
         if id ~= quiet then redis.call('PUBLISH', w[2], id) end
       else
         if w[7] >= 0 and held('all') >= w[7] then return end
@@ -216,12 +217,13 @@ end
 local function leave(id)
   unqueue(id)
   redis.call('ZREM', K_QD, id)
-  local got = tonumber(redis.call('HGET', K_QG, id) or '0')
+  local rec = redis.call('HGET', K_QG, id)
   redis.call('HDEL', K_QG, id)
-  return got
+  if not rec then return 0 end
+  return cjson.decode(rec)[4]
 end
 
-if redis.call('ZCARD', K_Q) > 0 then serve('') end
+if redis.call('ZCARD', K_QD) > 0 then serve('') end
 
 -- The operation itself; nil for an unknown one.
 local function dispatch()
@@ -268,8 +270,11 @@ local function dispatch()
           {me, channel, tenant, copies, min_copies, tlimit, glimit, names, limits}))
         redis.call('ZADD', K_QD, now + math.max(max_ms, 0), wid)
         serve(wid)
-        granted = tonumber(redis.call('HGET', K_QG, wid) or '0')
-        if granted > 0 or max_ms <= 0 then leave(wid) else queued = 1 end
+        if redis.call('HEXISTS', K_QG, wid) == 1 or max_ms <= 0 then
+          granted = leave(wid)
+        else
+          queued = 1
+        end
       end
     else
       granted = room_for(tenant, copies, min_copies, tlimit, glimit, names, limits)
@@ -344,6 +349,16 @@ local function dispatch()
   if op == 'trim' then
     local keep = {}
     for i = 1, tonumber(ARGV[6]) do keep[ARGV[5 + 2 * i]] = tonumber(ARGV[6 + 2 * i]) end
+    -- Granted to this server's waiters and not collected yet: theirs, not stranded.
+    local grants = redis.call('HVALS', K_QG)
+    for _, raw in ipairs(grants) do
+      local g = cjson.decode(raw)
+      if g[1] == me then
+        local fields = {'d:' .. g[2], 'all'}
+        for i = 1, #g[3] do fields[#fields + 1] = 'g:' .. g[3][i] end
+        for _, f in ipairs(fields) do keep[f] = (keep[f] or 0) + g[4] end
+      end
+    end
     local flat = redis.call('HGETALL', K_MINE)
     local freed = 0
     for i = 1, #flat, 2 do
@@ -382,7 +397,7 @@ end
 local reply = dispatch()
 if reply == nil then return redis.error_reply('unknown operation ' .. tostring(op)) end
 if (op == 'release' or op == 'trim' or op == 'erelease' or op == 'leave')
-    and redis.call('ZCARD', K_Q) > 0 then
+    and redis.call('ZCARD', K_QD) > 0 then
   serve('')
 end
 reply[#reply + 1] = n_expired

@@ -55,7 +55,9 @@ class _Queue:
     granted to waiters that have not left yet."""
 
     by_priority: dict[int, dict[str, _Waiter]] = field(default_factory=dict)
-    granted: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (channel, n)
+    # id -> (server, fields of the copies, n, deadline): held by that server, not collected
+    # yet; forgotten at the waiter's deadline (its copies then stranded, a trim frees them).
+    granted: dict[str, tuple[str, list[str], int, int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return sum(len(w) for w in self.by_priority.values())
@@ -122,6 +124,9 @@ class MemoryCopies:
         by arrival. A waiter that does not fit keeps its own tenant's later waiters waiting;
         one that finds the shared pools empty keeps everyone behind it waiting."""
         queue = state.queue
+        for wid, (*_, deadline_ms) in list(queue.granted.items()):
+            if deadline_ms < now_ms:
+                del queue.granted[wid]
         blocked: set[str] = set()
         for priority in sorted(queue.by_priority, reverse=True):
             for wid, w in list(queue.by_priority[priority].items()):
@@ -136,7 +141,9 @@ class MemoryCopies:
                 if n:
                     self._grant(state, w.server, w.tenant, w.groups, n)
                     queue.remove(wid)
-                    queue.granted[wid] = (w.channel, n)
+                    names = tuple(g.name for g in w.groups)
+                    fields = _fields(w.tenant, names)
+                    queue.granted[wid] = (w.server, fields, n, w.deadline_ms)
                     if wid != quiet:
                         self._wake(w.channel, wid)
                     continue
@@ -182,7 +189,7 @@ class MemoryCopies:
                 self._drop_envoy(state, hid, None)
         if serving:
             state.leases[server] = now_ms + holder.lease_ms
-        if state.queue.by_priority:
+        if state.queue.by_priority or state.queue.granted:
             self._serve(state, now_ms)
         return state
 
@@ -318,7 +325,7 @@ class MemoryCopies:
             )  # fmt: skip
             queue.by_priority.setdefault(w.priority, {})[wid] = entry
             self._serve(state, now_ms, quiet=wid)
-            got = queue.granted.pop(wid, (w.channel, 0))[1]
+            got = queue.granted.pop(wid, ("", [], 0, 0))[2]
             if got or w.max_ms <= 0:
                 queue.remove(wid)
                 return self._outcome(state, tenant, groups, got)
@@ -336,7 +343,7 @@ class MemoryCopies:
         with self._lock:
             state = self._node(holder, now_ms)
             state.queue.remove(waiter)
-            got = state.queue.granted.pop(waiter, ("", 0))[1]
+            got = state.queue.granted.pop(waiter, ("", [], 0, 0))[2]
             self._serve(state, now_ms)
             return got
 
@@ -396,6 +403,12 @@ class MemoryCopies:
         with self._lock:
             state = self._node(holder, now_ms)
             mine = state.contributions.get(holder.server, {})
+            keep = dict(keep)
+            # Granted to this server's waiters and not collected yet: theirs, not stranded.
+            for server, fields, n, _ in state.queue.granted.values():
+                if server == holder.server:
+                    for f in fields:
+                        keep[f] = keep.get(f, 0) + n
             freed = 0
             for f, n in list(mine.items()):
                 surplus = n - min(n, keep.get(f, 0))
