@@ -6,6 +6,8 @@ Usage::
                                       [--seconds 5] [--warmup 1] [--channels 1]
                                       [--tenants 1000,10000] [--sessions 100] [--copies 2]
                                       [--json] [--timeout 600]
+                                      [--parts throughput,memory,queue] [--workers 20]
+                                      [--hold 0.1] [--rounds 5] [--waiters 1000]
 
 Throughput. For each backend the script starts ``ferryman serve`` (and, for redis, a
 throwaway redis-server without persistence) on free loopback ports with one copy-limited node
@@ -33,10 +35,26 @@ Memory per hold. N tenants (``--tenants``) each hold ``--copies`` copies, spread
   ``{(node, tenant, groups): copies}`` dict a server keeps per session).
 
 After the holds the sessions are closed and the counts are checked to be back at zero.
+
+Waiting (``--parts queue``). A contended resource: a node of 2 copies and ``--workers``
+workers (20), each holding one copy for ``--hold`` seconds (0.1) once, all starting
+together, through ``ferryman.AsyncClient.hold_copy(max_wait=30)``; ideally the run takes
+workers * hold / 2 (1 s). Two ways side by side: ``queue`` (the service's queue) and
+``backoff`` (the client as it acts against a service without queues: asked again after
+jitter(2**i) seconds). Reported over ``--rounds`` runs: utilization (the ideal over the
+run's length, the mean and the worst), and the wake-up: the time from a release (its call
+sent) to the next waiter's grant (the answer read), p50/p99, the k-th grant that waited (the
+first 2 find free copies) paired with the k-th release. Then the cost of a waiting caller:
+``--waiters`` calls (1000, the default cap per node) wait on the full node; the server's
+resident memory with them minus before, per waiter; Redis's used_memory likewise; and the
+CPU the server (and Redis) used over 2 s while they all wait (no polling: near zero).
+
 This is a benchmark, not a test: pytest does not collect this directory.
 
 Internal roles (used by the script itself): ``--role load`` runs the throughput client and
-prints JSON; ``--role hold`` holds copies for the memory measurement, stepping on stdin.
+prints JSON; ``--role hold`` holds copies for the memory measurement, stepping on stdin;
+``--role contend`` runs the contended workers and prints JSON; ``--role wait`` keeps
+``--waiters`` calls waiting, stepping on stdin.
 """
 
 from __future__ import annotations
@@ -69,6 +87,8 @@ from helpers.ports import free_port
 
 DOMAIN = "bench"
 KEY = "tenant"
+POOL = "pool"  # the contended resource of the queue measurements
+POOL_COPIES = 2
 BIG = 1_000_000
 TENANT_LIMIT = 100
 CONFIG_YAML = f"""\
@@ -81,6 +101,8 @@ descriptors:
       global_limit: {BIG}
       groups:
         - {{name: everyone, limit: {BIG}, members: ["*"]}}
+  - key: {POOL}
+    copies: {{global_limit: {POOL_COPIES}}}
 """
 NODE = f"ferryman_copies_{DOMAIN}.{KEY}"  # RateLimitEngine.copies_node, no key prefix
 T = TypeVar("T")
@@ -295,6 +317,78 @@ async def run_hold(args: argparse.Namespace) -> None:
         await client.close()
 
 
+async def run_contend(args: argparse.Namespace) -> dict[str, Any]:
+    """Workers each holding one copy of the pool once; rounds of them, one client."""
+    import ferryman
+
+    clock = time.perf_counter
+    rounds: list[dict[str, Any]] = []
+    async with ferryman.AsyncClient(args.target, timeout=5) as client:
+        if args.mode == "backoff":
+            client._core.queues = False  # as against a service that answers at once
+        for _ in range(args.rounds):
+            grants: list[tuple[float, float]] = []  # (asked, granted)
+            releases: list[float] = []
+
+            async def worker(grants: list[tuple[float, float]], releases: list[float]) -> None:
+                asked = clock()
+                async with client.hold_copy(DOMAIN, {POOL: "x"}, max_wait=30) as hold:
+                    if not hold.success:
+                        raise RuntimeError(f"not granted: {hold}")
+                    grants.append((asked, clock()))
+                    await asyncio.sleep(args.hold)
+                    releases.append(clock())
+
+            start = clock()
+            await asyncio.gather(*(worker(grants, releases) for _ in range(args.workers)))
+            took = clock() - start
+            # The first grants had free copies; each later one waited for a release.
+            waited = sorted(g for _, g in grants)[POOL_COPIES:]
+            wakes = [g - r for g, r in zip(waited, sorted(releases), strict=False)]
+            rounds.append({"seconds": took, "wakes": wakes})
+    return {"rounds": rounds}
+
+
+async def run_wait(args: argparse.Namespace) -> None:
+    """Fill the pool, then keep --waiters calls waiting; on each stdin line: go on."""
+    loop = asyncio.get_running_loop()
+
+    async def step(report: dict[str, Any]) -> str:
+        print(json.dumps(report), flush=True)
+        line: str = await loop.run_in_executor(None, sys.stdin.readline)
+        return line.strip()
+
+    client = Client(args.target, 1)
+    try:
+        await client.ready()
+        sessions = [await client.open(i) for i in range(args.sessions)]
+        stub, _, md = sessions[0]
+        request = Pb.ReserveRequest(domain=DOMAIN, descriptor=[Pb.Entry(key=POOL, value="x")])
+        full = Pb.ReserveRequest()
+        full.CopyFrom(request)
+        full.copies = POOL_COPIES
+        reply = await stub.Reserve(full, metadata=md)
+        if reply.granted != POOL_COPIES:
+            raise RuntimeError(f"the pool is not free: {reply}")
+        await step({"step": "ready"})
+        request.max_wait.FromSeconds(300)
+        calls = [
+            sessions[i % len(sessions)][0].Reserve(
+                request, metadata=sessions[i % len(sessions)][2], timeout=600
+            )
+            for i in range(args.waiters)
+        ]
+        await asyncio.sleep(0.5)
+        await step({"step": "waiting"})
+        for call in calls:
+            call.cancel()
+        for _, call, _ in sessions:
+            await client.end(call)
+        await step({"step": "closed"})
+    finally:
+        await client.close()
+
+
 # --------------------------------------------------------------------------- processes
 
 
@@ -483,6 +577,110 @@ def hold_memory(
     return out
 
 
+def _child_json(procs: Processes, argv: list[str], timeout: float) -> dict[str, Any]:
+    child = procs.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        procs.stop(child)
+    if child.returncode != 0:
+        raise RuntimeError(f"client failed:\n{err.decode(errors='replace')[-3000:]}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def contention(
+    procs: Processes, stack: Stack, mode: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The contended pool's utilization and wake-ups, waiting one way (``mode``)."""
+    argv = [sys.executable, __file__, "--role", "contend", "--target", stack.target]
+    argv += ["--mode", mode, "--workers", str(args.workers), "--hold", str(args.hold)]
+    argv += ["--rounds", str(args.rounds)]
+    cpu = {"server": stack.server.pid, "redis": stack.redis.pid if stack.redis else None}
+    cpu_before = {k: cpu_seconds(v) if v else None for k, v in cpu.items()}
+    started = time.perf_counter()
+    result = _child_json(procs, argv, args.rounds * 60 + START_TIMEOUT)
+    wall = time.perf_counter() - started
+    ideal = args.workers * args.hold / POOL_COPIES
+    lengths = [r["seconds"] for r in result["rounds"]]
+    wakes = sorted(round(w * 1e9) for r in result["rounds"] for w in r["wakes"])
+    out: dict[str, Any] = {
+        "backend": stack.backend,
+        "mode": mode,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "ideal_seconds": ideal,
+        "run_seconds_mean": sum(lengths) / len(lengths),
+        "utilization_mean": ideal / (sum(lengths) / len(lengths)),
+        "utilization_worst": ideal / max(lengths),
+        "wakeups": len(wakes),
+        "wake_p50_ms": percentile_ms(wakes, 0.5),
+        "wake_p99_ms": percentile_ms(wakes, 0.99),
+    }
+    for name, before in cpu_before.items():
+        pid = cpu[name]
+        after = cpu_seconds(pid) if pid else None
+        if before is not None and after is not None:
+            out[f"{name}_cpu_share"] = (after - before) / wall
+    return out
+
+
+def waiter_cost(procs: Processes, stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    """Memory per waiting caller, and the CPU spent while they all wait."""
+    argv = [sys.executable, __file__, "--role", "wait", "--target", stack.target]
+    argv += ["--waiters", str(args.waiters), "--sessions", str(args.sessions)]
+    child = procs.start(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    db = stack.redis_client() if stack.redis is not None else None
+    pids = {"server": stack.server.pid, "redis": stack.redis.pid if stack.redis else None}
+
+    def step(expected: str) -> None:
+        assert child.stdout is not None and child.stdin is not None
+        line = child.stdout.readline()
+        if not line or json.loads(line).get("step") != expected:
+            err = child.stderr.read() if child.stderr is not None else ""
+            raise RuntimeError(f"wait client: expected {expected}, got {line!r}\n{err[-3000:]}")
+
+    def go() -> None:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+
+    try:
+        step("ready")
+        time.sleep(0.5)
+        rss_before = rss_bytes(stack.server.pid)
+        used_before = _used_memory(db) if db is not None else None
+        go()
+        step("waiting")
+        time.sleep(0.5)
+        out: dict[str, Any] = {"backend": stack.backend, "waiters": args.waiters}
+        rss_waiting = rss_bytes(stack.server.pid)
+        if rss_before is not None and rss_waiting is not None:
+            out["server_rss_bytes_per_waiter"] = (rss_waiting - rss_before) / args.waiters
+        if db is not None and used_before is not None:
+            out["redis_used_memory_bytes_per_waiter"] = (
+                _used_memory(db) - used_before
+            ) / args.waiters
+        before = {k: cpu_seconds(v) if v else None for k, v in pids.items()}
+        time.sleep(2.0)
+        for name, was in before.items():
+            pid = pids[name]
+            now = cpu_seconds(pid) if pid else None
+            if was is not None and now is not None:
+                out[f"{name}_cpu_share_while_waiting"] = (now - was) / 2.0
+        go()
+        step("closed")
+        go()
+        child.wait(START_TIMEOUT)
+    finally:
+        procs.stop(child)
+        if db is not None:
+            db.close()
+    return out
+
+
 def ledger_memory(tenants: int, copies: int) -> dict[str, Any]:
     """In process: tracemalloc over the memory copy store and a session hold set, per hold."""
     from ferryman.algorithms.copies.memory import MemoryCopies
@@ -545,7 +743,13 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--role", choices=["main", "load", "hold"], default="main")
+    p.add_argument("--role", choices=["main", "load", "hold", "contend", "wait"], default="main")
+    p.add_argument("--parts", default="throughput,memory,queue", help="what to measure")
+    p.add_argument("--workers", type=int, default=20, help="contended workers")
+    p.add_argument("--hold", type=float, default=0.1, help="seconds each worker holds")
+    p.add_argument("--rounds", type=int, default=5, help="contended runs per way")
+    p.add_argument("--waiters", type=int, default=1000, help="waiting callers for the cost")
+    p.add_argument("--mode", choices=["queue", "backoff"], default="queue")
     p.add_argument("--backend", default="memory,redis", help="comma-separated: memory,redis")
     p.add_argument("--concurrency", default="1,16,64", help="sessions at once (list)")
     p.add_argument("--channels", type=int, default=1)
@@ -592,6 +796,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "hold":
         asyncio.run(run_hold(args))
         return 0
+    if args.role == "contend":
+        print(json.dumps(asyncio.run(run_contend(args))))
+        return 0
+    if args.role == "wait":
+        asyncio.run(run_wait(args))
+        return 0
 
     def stop(signum: int, frame: Any) -> None:
         raise SystemExit(f"stopped by signal {signum}")
@@ -600,7 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGALRM, stop)
     signal.alarm(max(1, int(args.timeout)))
     procs = Processes()
-    results: dict[str, list[dict[str, Any]]] = {"throughput": [], "memory": []}
+    results: dict[str, list[dict[str, Any]]] = {"throughput": [], "memory": [], "queue": []}
+    parts = set(args.parts.split(","))
 
     def show(section: str, row: dict[str, Any]) -> None:
         results[section].append(row)
@@ -610,14 +821,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench_holds_") as tmp:
             work = Path(tmp)
-            for backend in args.backend:
+            for backend in args.backend if "throughput" in parts else ():
                 stack = Stack(procs, work / f"{backend}-load", backend)
                 try:
                     for row in throughput(procs, stack, args):
                         show("throughput", row)
                 finally:
                     stack.close()
-            for backend in args.backend:
+            for backend in args.backend if "queue" in parts else ():
+                stack = Stack(procs, work / f"{backend}-queue", backend)
+                try:
+                    for mode in ("queue", "backoff"):
+                        show("queue", contention(procs, stack, mode, args))
+                    show("queue", waiter_cost(procs, stack, args))
+                finally:
+                    stack.close()
+            for backend in args.backend if "memory" in parts else ():
                 for tenants in args.tenants:
                     stack = Stack(procs, work / f"{backend}-hold-{tenants}", backend)
                     try:

@@ -9,10 +9,15 @@ A file whose root map has an ``access`` key is the policy (at most one per direc
           negative_hits: [checkout]
       - identities: [anonymous]                      # callers without a client certificate
         allow: {rls: ["*"]}
+      - identities: ["spiffe://mesh/ns/batch/sa/*"]
+        allow: {holds: [jobs]}
+        max_priority: 5                              # the highest a waiter may claim
+
 
 Each permission takes a list of scopes (domains, namespaces or resources, each exact or a
 glob); ``true`` is every scope. A caller holds the union of the grants whose identities
-match any of its certificate's names.
+match any of its certificate's names. ``max_priority`` (0 unless a grant says more) caps the
+priority a caller may claim for its place in a queue: the highest of the grants naming it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from types import MappingProxyType
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ferryman.core.nodes import BOOL, Ctx, join, kind, mapping, string
+from ferryman.core.nodes import BOOL, Ctx, join, kind, mapping, string, whole
 
 __all__ = [
     "ACCESS_KEY",
     "ANONYMOUS",
+    "MAX_PRIORITY",
     "PERMISSIONS",
     "Grant",
     "Policy",
@@ -61,7 +67,9 @@ PERMISSIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_GRANT_KEYS = frozenset({"identities", "allow"})
+_GRANT_KEYS = frozenset({"identities", "allow", "max_priority"})
+#: The highest priority a waiter may ask for (ReserveRequest.priority); higher is first.
+MAX_PRIORITY = 1000
 _EVERY = ("*",)
 
 
@@ -72,6 +80,7 @@ class Grant:
     identities: tuple[str, ...]
     permissions: Mapping[str, tuple[str, ...]]
     line: int
+    max_priority: int = 0
 
     def names(self, names: tuple[str, ...]) -> bool:
         return any(fnmatchcase(name, p) for p in self.identities for name in names)
@@ -91,6 +100,10 @@ class Policy:
             if scopes and grant.names(names) and any(fnmatchcase(scope, s) for s in scopes):
                 return True
         return False
+
+    def max_priority(self, names: tuple[str, ...]) -> int:
+        """The highest priority a caller known by ``names`` may claim (0 by default)."""
+        return max((g.max_priority for g in self.grants if g.names(names)), default=0)
 
 
 def is_access_file(root: Node | None) -> bool:
@@ -130,7 +143,9 @@ def _grant(ctx: Ctx, node: Node, path: str) -> Grant | None:
         where = join(path, "allow")
         for name, value in mapping(ctx, allow, where, frozenset(PERMISSIONS)).items():
             permissions[name] = _scopes(ctx, value, join(where, name))
-    return Grant(tuple(identities), MappingProxyType(permissions), node.start_mark.line + 1)
+    top = whole(ctx, fields.get("max_priority"), join(path, "max_priority"), 0, MAX_PRIORITY)
+    line = node.start_mark.line + 1
+    return Grant(tuple(identities), MappingProxyType(permissions), line, top or 0)
 
 
 def _scopes(ctx: Ctx, node: Node, path: str) -> tuple[str, ...]:

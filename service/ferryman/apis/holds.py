@@ -16,8 +16,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from ferryman.access.signing import Signer
 from ferryman.algorithms.copies import COPIES, node_name
@@ -27,6 +27,7 @@ from ferryman.algorithms.copies.model import (
     CopyStore,
     Holder,
     ReserveOutcome,
+    Wait,
     hold_fields,
 )
 from ferryman.backends.base import Backend
@@ -41,6 +42,7 @@ from ferryman.errors import (
     LeaseLostError,
     NotFoundError,
     SessionError,
+    TooManyStreamsError,
 )
 from ferryman.stats import Stats
 
@@ -49,6 +51,14 @@ __all__ = ["HoldManager", "Session"]
 log = logging.getLogger("ferryman.holds")
 
 HoldKey = tuple[str, str, tuple[str, ...]]  # node, tenant, groups at reserve time
+
+#: How long a waiter's entry outlives the wait it asked for, so that the store never drops
+#: a live waiter first; a dead replica's waiters lapse this long after their wait.
+QUEUE_GRACE_MS = 2000
+#: How often a replica asks the store which of its waiters were granted: rarely where
+#: grants are announced (a safety net for a lost announcement), often where they are not.
+POLL_PUSHED = 1.0
+POLL_UNPUSHED = 0.02
 
 
 @dataclass
@@ -79,6 +89,69 @@ class Reservation:
     outcome: ReserveOutcome
 
 
+@dataclass
+class _Queues:
+    """This replica's waiters: per waiter its node and what wakes it, the caps, and what
+    became of the waits."""
+
+    max_per_node: int
+    max_all: int
+    waiters: dict[str, tuple[str, asyncio.Future[None]]] = field(default_factory=dict)
+    per_node: dict[str, int] = field(default_factory=dict)
+    granted: int = 0  # waits that ended with copies
+    timed_out: int = 0  # waits that ended with none, at their deadline
+    left: int = 0  # waiters that went away (the call was cancelled)
+    full: int = 0  # waiters refused because a queue was full
+    waited_ms: int = 0  # time waited, all waits together
+
+    def nodes(self) -> set[str]:
+        return set(self.per_node)
+
+    def join(self, node: str, waiter: str, loop: asyncio.AbstractEventLoop) -> None:
+        """Count a waiter in (its future made before the store can announce its grant), or
+        TooManyStreamsError past a cap."""
+        here = self.per_node.get(node, 0)
+        if here >= self.max_per_node or len(self.waiters) >= self.max_all:
+            self.full += 1
+            most, what = (
+                (self.max_per_node, f"waiters on {node}")
+                if here >= self.max_per_node
+                else (self.max_all, "waiters on held copies")
+            )
+            raise TooManyStreamsError(
+                f"{what}: this server already queues {most}, the most it may "
+                "(HOLD_QUEUE_MAX_PER_NODE, HOLD_QUEUE_MAX); try later"
+            )
+        self.waiters[waiter] = (node, loop.create_future())
+        self.per_node[node] = here + 1
+
+    def drop(self, waiter: str) -> None:
+        node, _ = self.waiters.pop(waiter)
+        here = self.per_node[node] - 1
+        if here:
+            self.per_node[node] = here
+        else:
+            del self.per_node[node]
+
+    def wake(self, waiter: str) -> None:
+        found = self.waiters.get(waiter)
+        if found is not None and not found[1].done():
+            found[1].set_result(None)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "waiting": len(self.waiters),
+            "nodes": dict(sorted(self.per_node.items())),
+            "max_per_node": self.max_per_node,
+            "max": self.max_all,
+            "granted": self.granted,
+            "timed_out": self.timed_out,
+            "left": self.left,
+            "full": self.full,
+            "waited_seconds": self.waited_ms / 1000,
+        }
+
+
 def _tenant(entries: Sequence[tuple[str, str]]) -> str:
     return "_".join(v for _, v in entries)
 
@@ -95,6 +168,8 @@ class HoldManager:
         *,
         lease_seconds: float = 10.0,
         signer: Signer | None = None,
+        queue_max_per_node: int = 1000,
+        queue_max: int = 10000,
     ) -> None:
         self._signer = signer or Signer(b"")
         self._engine = engine
@@ -106,7 +181,7 @@ class HoldManager:
         self.sessions: dict[str, Session] = {}
         self._nodes: dict[str, int] = {}  # node -> copies this server holds there
         self._renewer: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[object]] = set()
         self._renewed_at = time.monotonic()
         # Operations in flight, and the gate a trim closes while it counts what is held.
         self._inflight = 0
@@ -114,11 +189,27 @@ class HoldManager:
         self._idle.set()
         self._open_gate = asyncio.Event()
         self._open_gate.set()
+        self.queue = _Queues(queue_max_per_node, queue_max)
+        # Where the store announces this replica's waiters' grants (stable across leases).
+        self.channel = f"{engine.options.cache_key_prefix}ferryman_copies_wake:{uuid.uuid4().hex}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unlisten: Callable[[], None] = lambda: None
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._renewer = asyncio.create_task(self._renew(), name="ferryman-lease")
+        self._loop = asyncio.get_running_loop()
+        self._renewer = asyncio.create_task(self._background(), name="ferryman-lease")
+
+    async def _background(self) -> None:
+        """The lease's renewal and the waiters' wake-ups, stopped together."""
+        self._unlisten = self._copies.listen(self.channel, self._woken)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._renew())
+                group.create_task(self._poll())
+        finally:
+            self._unlisten()
 
     async def stop(self) -> None:
         if self._renewer is not None:
@@ -134,7 +225,8 @@ class HoldManager:
         while True:
             await asyncio.sleep(interval)
             try:
-                for node in [n for n, held in self._nodes.items() if held > 0]:
+                nodes = {n for n, held in self._nodes.items() if held > 0}
+                for node in sorted(nodes | self.queue.nodes()):
                     await self._copies.renew(self._holder(node))
                 self._renewed_at = time.monotonic()
             except LeaseLostError:
@@ -307,21 +399,123 @@ class HoldManager:
         entries: Sequence[tuple[str, str]],
         copies: int,
         min_copies: int,
+        wait: float = 0.0,
+        priority: int = 0,
     ) -> Reservation:
+        """Reserve copies now; with ``wait`` (seconds), wait in the node's queue (in turn,
+        by ``priority``) for copies that cannot be had now, answered with 0 at its end."""
         rule = self._node(domain, entries)
         policy = rule.limit
         assert isinstance(policy, CopyPolicy)
         tenant = _tenant(entries)
         groups = policy.groups_of(tenant)
         node = self._name(rule)
-        async with self._operation(session):
-            outcome = await self._copies.reserve(
-                self._holder(node), tenant, policy, groups, copies, min_copies
-            )
-            if outcome.granted:
-                key = (node, tenant, tuple(g.name for g in groups))
-                self._hold(session, key, outcome.granted)
+        key = (node, tenant, tuple(g.name for g in groups))
+        waiter = None
+        if wait > 0 and self._loop is not None:
+            waiter = Wait(uuid.uuid4().hex, priority, round(wait * 1000) + QUEUE_GRACE_MS,
+                          self.channel)  # fmt: skip
+            try:
+                self.queue.join(node, waiter.id, self._loop)
+            except TooManyStreamsError:
+                self._stats.inc("ratelimit.service.holds.queue_full")
+                raise
+        try:
+            try:
+                async with self._operation(session):
+                    outcome = await self._copies.reserve(
+                        self._holder(node), tenant, policy, groups, copies, min_copies, waiter
+                    )
+                    if outcome.granted:
+                        self._hold(session, key, outcome.granted)
+            except BaseException:
+                # Cut short (cancelled, a backend error) the call may still have joined the
+                # queue: leave it, so that nothing is granted to a waiter nobody collects.
+                if waiter is not None:
+                    self._abandon(session, key, waiter.id)
+                raise
+            if outcome.queued and waiter is not None:
+                got = await self._waited(session, key, waiter.id, wait)
+                outcome = replace(outcome, granted=got)
+        finally:
+            if waiter is not None:
+                self.queue.drop(waiter.id)
         return Reservation(policy, groups, outcome)
+
+    async def _waited(self, session: Session, key: HoldKey, waiter: str, wait: float) -> int:
+        """Wait for a queued reservation's grant, at most ``wait`` seconds; the copies its
+        session now holds. A cancelled call leaves the queue (what it was granted freed)."""
+        future = self.queue.waiters[waiter][1]
+        start = time.monotonic()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await future
+        except asyncio.CancelledError:
+            self.queue.left += 1
+            self._abandon(session, key, waiter)
+            raise
+        got = await self._leave(session, key, waiter, True)
+        self.queue.waited_ms += round((time.monotonic() - start) * 1000)
+        if got:
+            self.queue.granted += 1
+            self._stats.inc("ratelimit.service.holds.queue_granted")
+        else:
+            self.queue.timed_out += 1
+            self._stats.inc("ratelimit.service.holds.queue_timed_out")
+        return got
+
+    def _abandon(self, session: Session, key: HoldKey, waiter: str) -> None:
+        """Leave the queue in a task of its own (the call is going away), freeing any grant."""
+        task = asyncio.get_running_loop().create_task(self._leave(session, key, waiter, False))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _leave(self, session: Session, key: HoldKey, waiter: str, keep: bool) -> int:
+        """Take the waiter out of the queue; what it was granted is held by the session
+        (``keep``, and the session still open) or released at once."""
+        node, tenant, groups = key
+        async with session.lock:
+            try:
+                got = await self._copies.leave(self._holder(node), waiter)
+                if not got:
+                    return 0
+                if keep and not session.closed:
+                    self._hold(session, key, got)
+                    return got
+                await self._copies.release(self._holder(node), tenant, groups, got)
+            except LeaseLostError:
+                self._lose("this server's lease on the copy log lapsed; its holds were freed")
+                if keep:
+                    raise
+            except (BackendError, HoldError) as exc:
+                # The copies are this server's, under its lease: freed with it at worst.
+                if keep and isinstance(exc, BackendError):
+                    raise
+                log.warning("a waiter on %s could not leave its queue: %s", node, exc)
+            return 0
+
+    def _woken(self, waiter: str) -> None:
+        """A waiter's grant was announced (from any thread)."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self.queue.wake, waiter)
+
+    async def _poll(self) -> None:
+        """Ask the store which waiters were granted: often where grants are not announced
+        (one call per node with waiters), rarely where they are (a lost announcement)."""
+        interval = POLL_PUSHED if self._copies.pushes else POLL_UNPUSHED
+        while True:
+            await asyncio.sleep(interval)
+            by_node: dict[str, list[str]] = {}
+            for waiter, (node, _) in list(self.queue.waiters.items()):
+                by_node.setdefault(node, []).append(waiter)
+            for node, waiters in by_node.items():
+                try:
+                    for waiter in await self._copies.granted(self._holder(node), waiters):
+                        self.queue.wake(waiter)
+                except (BackendError, LeaseLostError) as exc:
+                    log.debug("asking for %s's grants: %s", node, exc)
 
     def _held(self, session: Session, key: HoldKey, copies: int) -> None:
         held = session.holds.get(key, 0)
@@ -448,4 +642,6 @@ class HoldManager:
             # Per node: what this server's sessions hold there (a bounded set: nodes come
             # from configuration).
             "nodes": dict(sorted(self._nodes.items())),
+            # This server's waiters: how many per node, and what became of the waits.
+            "queue": self.queue.status(),
         }

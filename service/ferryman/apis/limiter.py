@@ -12,8 +12,10 @@ import grpc
 
 from ferryman._proto.ferryman.v1 import limiter_pb2, limiter_pb2_grpc
 from ferryman.access import Access
+from ferryman.access.policy import MAX_PRIORITY
 from ferryman.apis import api
 from ferryman.apis.holds import HoldManager, Session
+from ferryman.connections.deadline import margin
 from ferryman.edge.rpc import Method
 from ferryman.engine import RateLimitEngine
 from ferryman.engine.validate import MAX_TRANSFER_ID, check_descriptor, check_name, check_names
@@ -43,6 +45,20 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 def _entries(descriptor: Any) -> tuple[tuple[str, str], ...]:
     return tuple((e.key, e.value) for e in descriptor)
+
+
+def _wait(request: limiter_pb2.ReserveRequest, context: Context) -> float:
+    """How long a reservation may wait (seconds): its max_wait, ended early enough before
+    the call's own deadline for the answer to reach the caller."""
+    max_wait = request.max_wait
+    if max_wait.seconds < 0 or max_wait.nanos < 0:
+        raise RequestError("max_wait", "must not be negative")
+    wait = max_wait.seconds + max_wait.nanos / 1e9
+    remaining = context.time_remaining()
+    if wait > 0 and remaining is not None and remaining < 1e6:
+        # Leave room to leave the queue and answer (a tenth, at most 100 ms).
+        wait = min(wait, remaining - margin(remaining) - min(0.1, remaining * 0.1))
+    return max(wait, 0.0)
 
 
 def _duration(seconds: float, into: Any) -> None:
@@ -122,10 +138,19 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
         if min_copies > copies:
             raise RequestError("min_copies", f"{min_copies} is more than copies ({copies})")
         check_descriptor(request.domain, _entries(request.descriptor), "descriptor")
-        self._access.require(context, "holds", request.domain)
+        if request.priority > MAX_PRIORITY:
+            raise RequestError("priority", f"{request.priority} is over {MAX_PRIORITY}")
+        wait = _wait(request, context)
+        self._priority(self._access.require(context, "holds", request.domain), request)
         session = self._session(context)
         done = await self._holds.reserve(
-            session, request.domain, _entries(request.descriptor), copies, min_copies
+            session,
+            request.domain,
+            _entries(request.descriptor),
+            copies,
+            min_copies,
+            wait,
+            request.priority,
         )
         out = done.outcome
         reply = limiter_pb2.ReserveResponse(
@@ -141,7 +166,20 @@ class LimiterServicer(limiter_pb2_grpc.LimiterServicer):
             reply.limit = done.policy.limit
         if done.policy.global_limit is not None:
             reply.global_limit = done.policy.global_limit
+        # Whenever the call asked to wait, even if its deadline left no time for it: that is
+        # how a client tells this server from one without queues.
+        m = request.max_wait
+        reply.queued = request.HasField("max_wait") and (m.seconds > 0 or m.nanos > 0)
         return reply
+
+    def _priority(self, caller: Any, request: limiter_pb2.ReserveRequest) -> None:
+        """Refuse a priority above what the access policy lets the caller claim."""
+        policy = self._access.policy
+        if caller is None or policy is None or request.priority == 0:
+            return
+        top = policy.max_priority(caller.names)
+        if request.priority > top:
+            self._access.deny(caller, f"claim a priority over {top}", request.domain)
 
     async def Release(
         self, request: limiter_pb2.ReleaseRequest, context: Context

@@ -321,6 +321,7 @@ class AsyncClient:
         copies: int = 1,
         min_copies: int | None = None,
         max_wait: float = 0,
+        priority: int = 0,
     ) -> AsyncIterator[AsyncHold]:
         """Hold copies of a copy-limited node for an ``async with`` block.
 
@@ -328,7 +329,7 @@ class AsyncClient:
         when the block raises or is cancelled.
         """
         state = await self._drive(
-            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait)
+            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait, priority)
         )
         async with self._releasing([state]):
             yield AsyncHold(self, state)
@@ -350,6 +351,7 @@ class AsyncClient:
         copies: int = 1,
         min_copies: int | None = None,
         max_wait: float = 0,
+        priority: int = 0,
     ) -> AsyncIterator[MultiHold[AsyncHold]]:
         """Hold the same number of copies of several resources, pseudo-atomically.
 
@@ -358,7 +360,9 @@ class AsyncClient:
         held: list[HoldState] = []
         async with self._releasing(held):
             multi = await self._drive(
-                self._core.hold_resources_flow(resources, copies, min_copies, max_wait, held)
+                self._core.hold_resources_flow(
+                    resources, copies, min_copies, max_wait, held, priority
+                )
             )
             yield MultiHold(
                 multi.success,
@@ -429,7 +433,7 @@ class AsyncClient:
             )
             try:
                 answer = await methods[step.method](
-                    step.request, timeout=self._core.timeout, metadata=metadata
+                    step.request, timeout=step.timeout or self._core.timeout, metadata=metadata
                 )
             except grpc.RpcError as error:
                 answer = error

@@ -139,12 +139,14 @@ class SessionFailure(grpc.RpcError):
 class Send:
     """Send ``request`` to ``method``; the flow gets back the response or the RpcError.
 
-    With a ``session``, the call carries its id in the ``ferryman-session`` metadata.
+    With a ``session``, the call carries its id in the ``ferryman-session`` metadata;
+    ``timeout`` (seconds) replaces the client's own for a call that may wait on the service.
     """
 
     method: str
     request: Request
     session: SessionRef | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,9 @@ class ClientCore:
             raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
         self.target = target
         self.timeout = float(timeout)
+        # Whether the service waits in its queue for held copies (max_wait): None until a
+        # reservation that could wait tells; an older service answers at once.
+        self.queues: bool | None = None
         self.fail_open = fail_open
         self.kill_switch = kill_switch
         self._draw = draw
@@ -632,10 +637,10 @@ class ClientCore:
         copies: int,
         min_copies: int | None,
         max_wait: float,
+        priority: int = 0,
     ) -> Flow[HoldState]:
         domain, entries, copies, least = _copies(domain, descriptor, copies, min_copies)
-        max_wait = _seconds(max_wait, "max_wait")
-        request = _protocol.reserve_request(domain, entries, copies, least)
+        max_wait, priority = _seconds(max_wait, "max_wait"), _count(priority, "priority", 0)
         schedule = RetrySchedule(max_wait, draw=self._draw)
         attempts = 0
         context: ReserveContext | None = None
@@ -663,9 +668,9 @@ class ClientCore:
             )
 
         while True:
-            session, answer, fresh = yield from self._session_send_flow(
-                _protocol.LIMITER_RESERVE, request, fresh
-            )
+            request = _protocol.reserve_request(domain, entries, copies, least, 0.0, priority)
+            left = max(0.0, max_wait - schedule.elapsed)
+            session, answer, fresh = yield from self._reserve_send_flow(request, left, fresh)
             if session is not None:
                 attempts += 1
             if isinstance(answer, grpc.RpcError):
@@ -679,15 +684,34 @@ class ClientCore:
             if self.kill_switch:
                 self._overridden(copies, domain, entries, least)
                 return done(least, overridden=True)
-            delay = schedule.next_delay()
+            delay = None if answer.queued else schedule.next_delay()
             if delay is None:
                 self._counters.add("rejected")
                 return done(0)
             self._counters.add("retries")
             yield Sleep(delay)
 
+    def _reserve_send_flow(
+        self, request: limiter_pb2.ReserveRequest, left: float, fresh: bool
+    ) -> Flow[tuple[SessionRef | None, Answer, bool]]:
+        """Send a reservation that may wait ``left`` seconds in the service's queue."""
+        # A service that queues waits there for what is left of max_wait: the call's
+        # deadline is stretched to cover it, so that the waiter never asks again. (The kill
+        # switch turns the first refusal into a grant: it does not wait.)
+        waits = left > 0 and self.queues is not False and not self.kill_switch
+        if waits:
+            request.max_wait.FromNanoseconds(round(left * 1e9))
+        else:
+            request.ClearField("max_wait")
+        timeout = self.timeout + left if waits else None
+        got = yield from self._session_send_flow(_protocol.LIMITER_RESERVE, request, fresh, timeout)
+        if waits and isinstance(got[1], limiter_pb2.ReserveResponse):
+            # An older service ignores max_wait and leaves ``queued`` unset.
+            self.queues = got[1].queued
+        return got
+
     def _session_send_flow(
-        self, method: str, request: Request, fresh: bool
+        self, method: str, request: Request, fresh: bool, timeout: float | None = None
     ) -> Flow[tuple[SessionRef | None, Answer, bool]]:
         """Send in the open session, or once per flow in a new one if the service forgot it."""
         # Gives the session (None if none opened), the answer, and whether one was replaced.
@@ -696,7 +720,7 @@ class ClientCore:
             if isinstance(session, grpc.RpcError):
                 return None, session, fresh
             assert isinstance(session, SessionRef)
-            answer = yield Send(method, request, session)
+            answer = yield Send(method, request, session, timeout)
             if isinstance(answer, grpc.RpcError) and _session_gone(answer) and not fresh:
                 self._forget(session)
                 fresh = True
@@ -890,6 +914,7 @@ class ClientCore:
         min_copies: int | None,
         max_wait: float,
         held: list[HoldState],
+        priority: int = 0,
     ) -> Flow[MultiHold[HoldState]]:
         """Hold the same number of copies of every resource, pseudo-atomically.
 
@@ -910,7 +935,9 @@ class ClientCore:
         def failed(resource: Resource, rate: RateResult | None = None) -> MultiHold[HoldState]:
             return MultiHold(False, 0, (), rate, time.monotonic() - start, failed=resource)
 
-        n, refused = yield from self._hold_copies_flow(resources, copies, least, left, held)
+        n, refused = yield from self._hold_copies_flow(
+            resources, copies, least, left, held, priority
+        )
         if refused is not None:
             return failed(refused)
         rate: RateResult | None = None
@@ -942,13 +969,14 @@ class ClientCore:
         least: int,
         left: Callable[[], float],
         held: list[HoldState],
+        priority: int = 0,
     ) -> Flow[tuple[int, Resource | None]]:
         """Hold the copy-limited resources in order: the copies each has, or the one refused."""
         for resource in resources:
             if resource.rate_limited:
                 continue
             hold = yield from self.reserve_flow(
-                resource.domain, resource.descriptor, n, least, left()
+                resource.domain, resource.descriptor, n, least, left(), priority
             )
             if not hold.success:
                 yield from self._let_go_flow(held)

@@ -263,11 +263,23 @@ def open_request(client_name: str) -> limiter_pb2.SessionRequest:
 
 
 def reserve_request(
-    domain: str, entries: Entries, copies: int, min_copies: int
+    domain: str,
+    entries: Entries,
+    copies: int,
+    min_copies: int,
+    max_wait: float = 0.0,
+    priority: int = 0,
 ) -> limiter_pb2.ReserveRequest:
-    return limiter_pb2.ReserveRequest(
-        domain=domain, descriptor=_entries(entries), copies=copies, min_copies=min_copies
+    request = limiter_pb2.ReserveRequest(
+        domain=domain,
+        descriptor=_entries(entries),
+        copies=copies,
+        min_copies=min_copies,
+        priority=priority,
     )
+    if max_wait > 0:
+        request.max_wait.FromNanoseconds(round(max_wait * 1e9))
+    return request
 
 
 def release_request(

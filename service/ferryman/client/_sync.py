@@ -384,12 +384,16 @@ class Client:
         copies: int = 1,
         min_copies: int | None = None,
         max_wait: float = 0,
+        priority: int = 0,
     ) -> Iterator[Hold]:
         """Hold ``copies`` (at least ``min_copies``) of a copy-limited node for a block.
 
         A context manager: the hold it gives is released on the way out of the block, also
-        when the block raises. A rejection is retried with the backoff of
-        :meth:`request_rate` for up to ``max_wait`` seconds; check ``hold.success``::
+        when the block raises. With ``max_wait`` (seconds) a service that queues waits in
+        the node's queue, in turn by ``priority`` (higher first), and answers as soon as
+        copies are freed (the call's deadline is stretched to cover the wait); an older
+        service's rejection is retried with the backoff of :meth:`request_rate` instead.
+        Check ``hold.success``::
 
             with client.hold_copy("workers", {"customer": "acme"}, copies=3) as hold:
                 if hold.success:
@@ -402,7 +406,7 @@ class Client:
         ``min_copies`` (``hold.overridden``, nothing held).
         """
         state = self._drive(
-            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait)
+            self._core.reserve_flow(domain, descriptor, copies, min_copies, max_wait, priority)
         )
         with self._releasing([state]):
             yield Hold(self, state)
@@ -427,6 +431,7 @@ class Client:
         copies: int = 1,
         min_copies: int | None = None,
         max_wait: float = 0,
+        priority: int = 0,
     ) -> Iterator[MultiHold[Hold]]:
         """Hold the same number of copies of several resources, pseudo-atomically (paper 3.3).
 
@@ -448,7 +453,9 @@ class Client:
         held: list[HoldState] = []
         with self._releasing(held):
             multi = self._drive(
-                self._core.hold_resources_flow(resources, copies, min_copies, max_wait, held)
+                self._core.hold_resources_flow(
+                    resources, copies, min_copies, max_wait, held, priority
+                )
             )
             yield MultiHold(
                 multi.success,
@@ -518,7 +525,7 @@ class Client:
             )
             try:
                 answer = self._methods[step.method](
-                    step.request, timeout=self._core.timeout, metadata=metadata
+                    step.request, timeout=step.timeout or self._core.timeout, metadata=metadata
                 )
             except grpc.RpcError as error:
                 answer = error

@@ -407,6 +407,8 @@ class Service:
             self.stats,
             lease_seconds=settings.hold_lease_seconds or 10.0,
             signer=Signer.from_settings(settings),
+            queue_max_per_node=settings.hold_queue_max_per_node,
+            queue_max=settings.hold_queue_max,
         )
         self.telemetry.observe_holds(self.holds, self.stats.max_series)
         self.quota_events = QuotaEventHub(self.stats)

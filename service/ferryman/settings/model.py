@@ -582,6 +582,20 @@ class Settings:
         _DURATION,
         "lease of a held resource whose client stops renewing it",
     )
+    # Reservations waiting (max_wait) in held copies' queues, counted per server: past
+    # either cap a waiter is refused at once (RESOURCE_EXHAUSTED, counted).
+    hold_queue_max_per_node: int = LIMITS.setting(
+        "HOLD_QUEUE_MAX_PER_NODE",
+        1000,
+        Integer(1),
+        "reservations one server lets wait for copies of one copy-limited node",
+    )
+    hold_queue_max: int = LIMITS.setting(
+        "HOLD_QUEUE_MAX",
+        10000,
+        Integer(1),
+        "reservations one server lets wait for held copies, all nodes together",
+    )
 
     backend: str = BACKEND.setting(
         "BACKEND_TYPE",

@@ -12,6 +12,15 @@
 -- KEYS[8]   Envoy holds: hash hold id -> "tenant\ncopies\ngroup\ngroup..."
 -- KEYS[9]   Envoy holds of this call's tenant: list of hold ids, oldest first
 --           (Envoy's holds belong to no server: any replica may see the stream end)
+-- KEYS[10]  the waiters' queue: sorted set waiter id -> -priority * 1e12 + arrival, so that
+--           higher priorities come first and arrival orders one priority
+-- KEYS[11]  the waiters: hash waiter id -> JSON [server, channel, tenant, copies, min_copies,
+--           tenant limit, global limit, [group names], [group limits]]
+-- KEYS[12]  the waiters' deadlines: sorted set waiter id -> when its entry lapses (ms); a
+--           waiter granted stays here until it leaves, or its deadline passes
+-- KEYS[13]  copies granted to waiters that have not left yet: hash waiter id -> JSON
+--           [server, tenant, [group names], copies] (held by that server; a trim keeps them)
+-- KEYS[14]  the arrival counter of KEYS[10]
 --           All keys share one hash tag <tag>; dead servers' contribution hashes
 --           (<tag>:c:<id>) and expired transfer records (<tag>:x:<id>) are found from
 --           KEYS[2] and KEYS[4] and live in the same slot.
@@ -27,6 +36,20 @@
 -- renew:    -> {"ok"}
 -- trim:     ARGV[6] n, then n pairs (field, copies): what this server's sessions hold; what
 --           it holds beyond that (copies no session will release) is freed -> {"ok", freed}
+--           reserve goes on with ARGV[12+2g] waiter id ("" for none), [13+2g] priority,
+--           [14+2g] the longest it waits (ms), [15+2g] the channel its grant is published
+--           on: one that cannot be granted now (a queue is served first) joins the queue
+--           -> like the above plus one more element, 1 when it waits in the queue, else 0
+-- leave:    ARGV[6] waiter id -> {"ok", copies granted to it before it left (now held by
+--           its server), or 0}
+-- peek:     ARGV[6] tenant, [7] g, then g group names -> {"ok", tenant_held, global_held,
+--           group_held..., waiters queued} (takes nothing, renews no lease)
+-- granted:  ARGV[6] n, then n waiter ids -> {"ok", the ids among them granted copies}
+--           (what a replica without pub/sub asks now and then)
+-- Whatever frees copies serves the queue in order: a waiter that fits is granted (the
+-- copies counted as held by its server) and its id published on its channel; one that does
+-- not fit keeps its tenant's later waiters waiting, and one that finds the pools it shares
+-- with other tenants empty keeps everyone behind it waiting.
 -- ereserve: like reserve, plus ARGV[12+2g] hold id and ARGV[13+2g] hold ttl (ms): a hold
 --           for Envoy that expires by itself -> like reserve
 -- erelease: ARGV[6] tenant, [7] copies -> {"ok", released} (oldest holds first; holds that
@@ -37,6 +60,7 @@
 local K_COUNTS, K_LEASES, K_MINE, K_XQ, K_XREC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_DEAD = KEYS[6]
 local K_EQ, K_EH, K_ET = KEYS[7], KEYS[8], KEYS[9]
+local K_Q, K_QW, K_QD, K_QG, K_QS = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local op, me, lease_ms, tag = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = ferryman_now(ARGV[5], 'ms')
 
@@ -54,7 +78,7 @@ local function forget(contrib_key)
   redis.call('DEL', contrib_key)
   return #flat > 0
 end
-local serving = op ~= 'ereserve' and op ~= 'erelease'
+local serving = op ~= 'ereserve' and op ~= 'erelease' and op ~= 'peek'
 
 -- Servers whose lease lapsed: take back everything they held here.
 local lost = false
@@ -128,6 +152,79 @@ local function held(field)
   return tonumber(redis.call('HGET', K_COUNTS, field) or '0')
 end
 
+-- The copies a tenant may have now in [min_copies, copies], or 0.
+local function room_for(tenant, copies, min_copies, tlimit, glimit, names, limits)
+  local room = copies
+  if tlimit >= 0 then room = math.min(room, tlimit - held('d:' .. tenant)) end
+  for i = 1, #names do room = math.min(room, limits[i] - held('g:' .. names[i])) end
+  if glimit >= 0 then room = math.min(room, glimit - held('all')) end
+  if room >= math.max(min_copies, 1) then return room end
+  return 0
+end
+
+local function grant(server, tenant, names, n)
+  local contrib = tag .. ':c:' .. server
+  local fields = {'d:' .. tenant, 'all'}
+  for i = 1, #names do fields[#fields + 1] = 'g:' .. names[i] end
+  for _, f in ipairs(fields) do
+    add(f, n)
+    local v = redis.call('HINCRBY', contrib, f, n)
+    if v <= 0 then redis.call('HDEL', contrib, f) end
+  end
+end
+
+local function unqueue(id)
+  redis.call('ZREM', K_Q, id)
+  redis.call('HDEL', K_QW, id)
+end
+
+-- Serve the queue in order (see the header); ``quiet`` is a waiter answered by this call.
+local function serve(quiet)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_QD, '-inf', '(' .. now)) do
+    local raw = redis.call('HGET', K_QW, id)
+    unqueue(id)
+    redis.call('ZREM', K_QD, id)
+    redis.call('HDEL', K_QG, id)
+    if raw and id ~= quiet then redis.call('PUBLISH', cjson.decode(raw)[2], id) end
+  end
+  local blocked = {}
+  for _, id in ipairs(redis.call('ZRANGE', K_Q, 0, -1)) do
+    local w = cjson.decode(redis.call('HGET', K_QW, id))
+    local tenant = w[3]
+    if redis.call('HEXISTS', K_LEASES, w[1]) == 0 then
+      -- Its server's lease lapsed: the place is lost, no copy is.
+      unqueue(id)
+      redis.call('ZREM', K_QD, id)
+      if id ~= quiet then redis.call('PUBLISH', w[2], id) end
+    elseif not blocked[tenant] then
+      local n = room_for(tenant, w[4], w[5], w[6], w[7], w[8], w[9])
+      if n > 0 then
+        grant(w[1], tenant, w[8], n)
+        unqueue(id)
+        redis.call('HSET', K_QG, id, cjson.encode({w[1], tenant, w[8], n}))
+        if id ~= quiet then redis.call('PUBLISH', w[2], id) end
+      else
+        if w[7] >= 0 and held('all') >= w[7] then return end
+        for i = 1, #w[8] do
+          if held('g:' .. w[8][i]) >= w[9][i] then return end
+        end
+        blocked[tenant] = true
+      end
+    end
+  end
+end
+
+local function leave(id)
+  unqueue(id)
+  redis.call('ZREM', K_QD, id)
+  local rec = redis.call('HGET', K_QG, id)
+  redis.call('HDEL', K_QG, id)
+  if not rec then return 0 end
+  return cjson.decode(rec)[4]
+end
+
+if redis.call('ZCARD', K_QD) > 0 then serve('') end
+
 -- The operation itself; nil for an unknown one.
 local function dispatch()
   if op == 'renew' then
@@ -152,29 +249,37 @@ local function dispatch()
   if op == 'reserve' or op == 'ereserve' then
     local tenant, copies, min_copies = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
     local tlimit, glimit, g = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-    local room = copies
-    local th = held('d:' .. tenant)
-    if tlimit >= 0 then room = math.min(room, tlimit - th) end
-    local names = {}
+    local names, limits = {}, {}
     for i = 1, g do
-      local name, limit = ARGV[10 + 2 * i], tonumber(ARGV[11 + 2 * i])
-      names[i] = name
-      room = math.min(room, limit - held('g:' .. name))
+      names[i], limits[i] = ARGV[10 + 2 * i], tonumber(ARGV[11 + 2 * i])
     end
-    local all = held('all')
-    if glimit >= 0 then room = math.min(room, glimit - all) end
-    local granted = 0
-    if room >= math.max(min_copies, 1) then granted = room end
-    if granted > 0 and op == 'reserve' then
-      add('d:' .. tenant, granted)
-      mine('d:' .. tenant, granted)
-      add('all', granted)
-      mine('all', granted)
-      for i = 1, g do
-        add('g:' .. names[i], granted)
-        mine('g:' .. names[i], granted)
+    local granted, queued = 0, 0
+    if op == 'reserve' then
+      local wid, priority = ARGV[12 + 2 * g], tonumber(ARGV[13 + 2 * g])
+      local max_ms, channel = tonumber(ARGV[14 + 2 * g]), ARGV[15 + 2 * g]
+      if redis.call('ZCARD', K_Q) == 0 then
+        granted = room_for(tenant, copies, min_copies, tlimit, glimit, names, limits)
+        if granted > 0 then grant(me, tenant, names, granted) end
       end
-    elseif granted > 0 then
+      if granted == 0 and (redis.call('ZCARD', K_Q) > 0 or max_ms > 0) then
+        -- Join the queue at the back of this priority and see what is served.
+        if wid == '' then wid = '-' end
+        local seq = redis.call('INCR', K_QS)
+        redis.call('ZADD', K_Q, string.format('%.0f', -priority * 1e12 + seq), wid)
+        redis.call('HSET', K_QW, wid, cjson.encode(
+          {me, channel, tenant, copies, min_copies, tlimit, glimit, names, limits}))
+        redis.call('ZADD', K_QD, now + math.max(max_ms, 0), wid)
+        serve(wid)
+        if redis.call('HEXISTS', K_QG, wid) == 1 or max_ms <= 0 then
+          granted = leave(wid)
+        else
+          queued = 1
+        end
+      end
+    else
+      granted = room_for(tenant, copies, min_copies, tlimit, glimit, names, limits)
+    end
+    if granted > 0 and op == 'ereserve' then
       local id, hold_ttl = ARGV[12 + 2 * g], tonumber(ARGV[13 + 2 * g])
       add('d:' .. tenant, granted)
       add('all', granted)
@@ -193,6 +298,27 @@ local function dispatch()
     end
     local out = {'ok', granted, held('d:' .. tenant), held('all')}
     for i = 1, g do out[#out + 1] = held('g:' .. names[i]) end
+    out[#out + 1] = queued
+    return out
+  end
+
+  if op == 'peek' then
+    local tenant, g = ARGV[6], tonumber(ARGV[7])
+    local out = {'ok', held('d:' .. tenant), held('all')}
+    for i = 1, g do out[#out + 1] = held('g:' .. ARGV[7 + i]) end
+    out[#out + 1] = redis.call('ZCARD', K_Q)
+    return out
+  end
+
+  if op == 'leave' then
+    return {'ok', leave(ARGV[6])}
+  end
+
+  if op == 'granted' then
+    local out = {'ok'}
+    for i = 1, tonumber(ARGV[6]) do
+      if redis.call('HEXISTS', K_QG, ARGV[6 + i]) == 1 then out[#out + 1] = ARGV[6 + i] end
+    end
     return out
   end
 
@@ -223,6 +349,16 @@ local function dispatch()
   if op == 'trim' then
     local keep = {}
     for i = 1, tonumber(ARGV[6]) do keep[ARGV[5 + 2 * i]] = tonumber(ARGV[6 + 2 * i]) end
+    -- Granted to this server's waiters and not collected yet: theirs, not stranded.
+    local grants = redis.call('HVALS', K_QG)
+    for _, raw in ipairs(grants) do
+      local g = cjson.decode(raw)
+      if g[1] == me then
+        local fields = {'d:' .. g[2], 'all'}
+        for i = 1, #g[3] do fields[#fields + 1] = 'g:' .. g[3][i] end
+        for _, f in ipairs(fields) do keep[f] = (keep[f] or 0) + g[4] end
+      end
+    end
     local flat = redis.call('HGETALL', K_MINE)
     local freed = 0
     for i = 1, #flat, 2 do
@@ -260,5 +396,9 @@ end
 
 local reply = dispatch()
 if reply == nil then return redis.error_reply('unknown operation ' .. tostring(op)) end
+if (op == 'release' or op == 'trim' or op == 'erelease' or op == 'leave')
+    and redis.call('ZCARD', K_QD) > 0 then
+  serve('')
+end
 reply[#reply + 1] = n_expired
 return reply

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 from ferryman.algorithms.copies.model import (
     CopyGroup,
@@ -18,8 +18,10 @@ from ferryman.algorithms.copies.model import (
     Holder,
     ReserveOutcome,
     Seized,
+    Wait,
     grantable,
     hold_fields,
+    shared_room,
 )
 from ferryman.clock import Clock
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
@@ -36,6 +38,41 @@ class _Transfer:
 
 
 @dataclass
+class _Waiter:
+    server: str
+    channel: str
+    tenant: str
+    policy: CopyPolicy
+    groups: tuple[CopyGroup, ...]
+    copies: int
+    min_copies: int
+    deadline_ms: int
+
+
+@dataclass
+class _Queue:
+    """A node's waiters: priority -> waiter id -> waiter, in arrival order; and the copies
+    granted to waiters that have not left yet."""
+
+    by_priority: dict[int, dict[str, _Waiter]] = field(default_factory=dict)
+    # id -> (server, fields of the copies, n, deadline): held by that server, not collected
+    # yet; forgotten at the waiter's deadline (its copies then stranded, a trim frees them).
+    granted: dict[str, tuple[str, list[str], int, int]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self.by_priority.values())
+
+    def remove(self, waiter: str) -> _Waiter | None:
+        for priority, waiters in self.by_priority.items():
+            found = waiters.pop(waiter, None)
+            if found is not None:
+                if not waiters:
+                    del self.by_priority[priority]
+                return found
+        return None
+
+
+@dataclass
 class _Node:
     counts: dict[str, int] = field(default_factory=dict)
     leases: dict[str, int] = field(default_factory=dict)
@@ -46,6 +83,7 @@ class _Node:
     # tenant's hold ids, oldest first.
     envoy: dict[str, tuple[int, str, int, tuple[str, ...]]] = field(default_factory=dict)
     envoy_order: dict[str, deque[str]] = field(default_factory=dict)
+    queue: _Queue = field(default_factory=_Queue)
 
 
 _fields = hold_fields
@@ -62,6 +100,66 @@ class MemoryCopies:
         # Transfers that lapsed unclaimed, all nodes together (copies.lua reports the same
         # count per call, which the Redis backend adds up under the same name).
         self.transfers_expired = 0
+        self._wakers: dict[str, Callable[[str], None]] = {}
+
+    #: Grants are announced in this process, as they happen.
+    pushes = True
+
+    async def granted(self, holder: Holder, waiters: list[str]) -> list[str]:
+        with self._lock:
+            state = self._node(holder, self._ms(holder.now))
+            return [w for w in waiters if w in state.queue.granted]
+
+    def listen(self, channel: str, wake: Callable[[str], None]) -> Callable[[], None]:
+        self._wakers[channel] = wake
+        return lambda: self._wakers.pop(channel, None) and None
+
+    def _wake(self, channel: str, waiter: str) -> None:
+        wake = self._wakers.get(channel)
+        if wake is not None:
+            wake(waiter)
+
+    def _serve(self, state: _Node, now_ms: int, quiet: str = "") -> None:
+        """Grant what the node's queue can have now, in order: higher priority first, then
+        by arrival. A waiter that does not fit keeps its own tenant's later waiters waiting;
+        one that finds the shared pools empty keeps everyone behind it waiting."""
+        queue = state.queue
+        for wid, (*_, deadline_ms) in list(queue.granted.items()):
+            if deadline_ms < now_ms:
+                del queue.granted[wid]
+        blocked: set[str] = set()
+        for priority in sorted(queue.by_priority, reverse=True):
+            for wid, w in list(queue.by_priority[priority].items()):
+                if w.deadline_ms < now_ms or w.server not in state.leases:
+                    queue.remove(wid)
+                    if wid != quiet:
+                        self._wake(w.channel, wid)
+                    continue
+                if w.tenant in blocked:
+                    continue
+                n = self._room(state, w.tenant, w.policy, w.groups, w.copies, w.min_copies)
+                if n:
+                    self._grant(state, w.server, w.tenant, w.groups, n)
+                    queue.remove(wid)
+                    names = tuple(g.name for g in w.groups)
+                    fields = _fields(w.tenant, names)
+                    queue.granted[wid] = (w.server, fields, n, w.deadline_ms)
+                    if wid != quiet:
+                        self._wake(w.channel, wid)
+                    continue
+                counts = state.counts
+                held = {g.name: counts.get(f"g:{g.name}", 0) for g in w.groups}
+                if not shared_room(w.policy, w.groups, held, counts.get("all", 0)):
+                    return
+                blocked.add(w.tenant)
+
+    def _grant(
+        self, state: _Node, server: str, tenant: str, groups: tuple[CopyGroup, ...], n: int
+    ) -> None:
+        mine = state.contributions.setdefault(server, {})
+        for f in _fields(tenant, tuple(g.name for g in groups)):
+            self._add(state.counts, f, n)
+            self._add(mine, f, n)
 
     def _node(self, holder: Holder, now_ms: int, serving: bool = True) -> _Node:
         """The node, cleared of lapsed leases and expired transfers and Envoy holds, with
@@ -91,6 +189,8 @@ class MemoryCopies:
                 self._drop_envoy(state, hid, None)
         if serving:
             state.leases[server] = now_ms + holder.lease_ms
+        if state.queue.by_priority or state.queue.granted:
+            self._serve(state, now_ms)
         return state
 
     def _drop_envoy(self, state: _Node, hold_id: str, count: int | None) -> int:
@@ -146,6 +246,7 @@ class MemoryCopies:
                         order.appendleft(hold_id)
             if not order:
                 state.envoy_order.pop(tenant, None)
+            self._serve(state, now_ms)
             return released
 
     @staticmethod
@@ -202,17 +303,49 @@ class MemoryCopies:
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
+        wait: Wait | None = None,
     ) -> ReserveOutcome:
         now_ms = self._ms(holder.now)
         with self._lock:
             state = self._node(holder, now_ms)
-            granted = self._room(state, tenant, policy, groups, copies, min_copies)
-            if granted:
-                mine = state.contributions.setdefault(holder.server, {})
-                for f in _fields(tenant, tuple(g.name for g in groups)):
-                    self._add(state.counts, f, granted)
-                    self._add(mine, f, granted)
-            return self._outcome(state, tenant, groups, granted)
+            queue = state.queue
+            if not queue.by_priority:
+                granted = self._room(state, tenant, policy, groups, copies, min_copies)
+                if granted:
+                    self._grant(state, holder.server, tenant, groups, granted)
+                    return self._outcome(state, tenant, groups, granted)
+                if wait is None or wait.max_ms <= 0:
+                    return self._outcome(state, tenant, groups, 0)
+            # Behind the queue: join it, at the back of its priority, and see what is served.
+            w = wait or Wait("", 0, 0, "")
+            wid = w.id or "-"  # answered within this call: no other waiter has it then
+            entry = _Waiter(
+                holder.server, w.channel, tenant, policy, groups, copies, min_copies,
+                now_ms + max(w.max_ms, 0),
+            )  # fmt: skip
+            queue.by_priority.setdefault(w.priority, {})[wid] = entry
+            self._serve(state, now_ms, quiet=wid)
+            got = queue.granted.pop(wid, ("", [], 0, 0))[2]
+            if got or w.max_ms <= 0:
+                queue.remove(wid)
+                return self._outcome(state, tenant, groups, got)
+            return replace(self._outcome(state, tenant, groups, 0), queued=True)
+
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        with self._lock:
+            state = self._node(holder, self._ms(holder.now), serving=False)
+            return self._outcome(state, tenant, groups, 0), len(state.queue)
+
+    async def leave(self, holder: Holder, waiter: str) -> int:
+        now_ms = self._ms(holder.now)
+        with self._lock:
+            state = self._node(holder, now_ms)
+            state.queue.remove(waiter)
+            got = state.queue.granted.pop(waiter, ("", [], 0, 0))[2]
+            self._serve(state, now_ms)
+            return got
 
     def _take(
         self, state: _Node, server: str, tenant: str, groups: tuple[str, ...], n: int
@@ -235,6 +368,7 @@ class MemoryCopies:
             self._take(state, holder.server, tenant, groups, copies)
             for f in _fields(tenant, groups):
                 self._add(state.counts, f, -copies)
+            self._serve(state, now_ms)
 
     async def transfer(
         self,
@@ -269,6 +403,12 @@ class MemoryCopies:
         with self._lock:
             state = self._node(holder, now_ms)
             mine = state.contributions.get(holder.server, {})
+            keep = dict(keep)
+            # Granted to this server's waiters and not collected yet: theirs, not stranded.
+            for server, fields, n, _ in state.queue.granted.values():
+                if server == holder.server:
+                    for f in fields:
+                        keep[f] = keep.get(f, 0) + n
             freed = 0
             for f, n in list(mine.items()):
                 surplus = n - min(n, keep.get(f, 0))
@@ -276,6 +416,7 @@ class MemoryCopies:
                     self._add(mine, f, -surplus)
                     self._add(state.counts, f, -surplus)
                     freed = surplus if f == "all" else freed
+            self._serve(state, now_ms)
             return freed
 
     async def renew(self, holder: Holder) -> None:
@@ -285,6 +426,11 @@ class MemoryCopies:
 
     def _ms(self, now: float | None) -> int:
         return round((self._clock.now() if now is None else now) * 1000)
+
+    def queued(self, node: str) -> int:
+        """Waiters queued on a node (for status pages and tests)."""
+        state = self._nodes.get(node)
+        return len(state.queue) if state is not None else 0
 
     def counts(self, node: str) -> dict[str, int]:
         """A copy of a node's counts (for status pages and tests)."""

@@ -9,7 +9,7 @@ takes one copy from each group's pool); all tenants of the node together at most
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -22,6 +22,7 @@ __all__ = [
     "Holder",
     "ReserveOutcome",
     "Seized",
+    "Wait",
     "grantable",
 ]
 
@@ -90,6 +91,23 @@ class ReserveOutcome:
     tenant_held: int
     global_held: int
     group_held: Mapping[str, int]
+    # Not granted now, and waiting in the node's queue (a reserve with a ``Wait``).
+    queued: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """How a reservation that cannot be granted now waits in its node's queue.
+
+    ``id`` names the waiter (unique), ``priority`` orders the queue (higher first, then by
+    arrival), ``max_ms`` is the longest it waits (its entry lapses then, whoever dies), and
+    ``channel`` is where the store announces the waiter's grant (the waiting replica's).
+    """
+
+    id: str
+    priority: int
+    max_ms: int
+    channel: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +140,19 @@ def grantable(
     return room if room >= max(min_copies, 1) else 0
 
 
+def shared_room(
+    policy: CopyPolicy,
+    groups: tuple[CopyGroup, ...],
+    group_held: Mapping[str, int],
+    global_held: int,
+) -> bool:
+    """Whether the pools a tenant shares with others (its groups, the node) have a copy
+    left: a waiter that finds none blocks every waiter behind it."""
+    if policy.global_limit is not None and global_held >= policy.global_limit:
+        return False
+    return all(group_held.get(g.name, 0) < g.limit for g in groups)
+
+
 def hold_fields(tenant: str, groups: tuple[str, ...]) -> list[str]:
     """The counts a held copy adds to: its tenant's, every copy's, and each group's."""
     return [f"d:{tenant}", "all", *(f"g:{g}" for g in groups)]
@@ -145,7 +176,39 @@ class CopyStore(Protocol):
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
-    ) -> ReserveOutcome: ...
+        wait: Wait | None = None,
+    ) -> ReserveOutcome:
+        """Grant copies now, in turn: waiters queued on the node are served first. With
+        ``wait``, a reservation not granted now joins the queue (``queued``) and is granted
+        later by whichever call frees copies (announced on the wait's channel), until it
+        leaves."""
+        ...
+
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        """The counts a tenant's reservation would see now (``granted`` 0) and how many
+        waiters the node's queue holds, taking and renewing nothing."""
+        ...
+
+    async def leave(self, holder: Holder, waiter: str) -> int:
+        """Take a waiter out of its node's queue; the copies it was granted meanwhile (now
+        held by ``holder``'s server), or 0."""
+        ...
+
+    @property
+    def pushes(self) -> bool:
+        """Whether ``listen`` announces every grant (else ask ``granted`` now and then)."""
+        ...
+
+    async def granted(self, holder: Holder, waiters: list[str]) -> list[str]:
+        """Those of ``waiters`` (queued on ``holder``'s node) granted copies."""
+        ...
+
+    def listen(self, channel: str, wake: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``wake(waiter id)`` (from any thread) when a waiter announced on ``channel``
+        is granted or dropped; returns what stops listening."""
+        ...
 
     async def release(
         self, holder: Holder, tenant: str, groups: tuple[str, ...], copies: int

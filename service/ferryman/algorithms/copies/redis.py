@@ -3,7 +3,10 @@ Cluster slot (the node name is the hash tag)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ferryman.algorithms.copies.model import (
@@ -12,11 +15,14 @@ from ferryman.algorithms.copies.model import (
     Holder,
     ReserveOutcome,
     Seized,
+    Wait,
 )
 from ferryman.connections.redis import LuaScript, RedisConnection
-from ferryman.errors import HoldError, LeaseLostError, NotFoundError
+from ferryman.errors import BackendError, HoldError, LeaseLostError, NotFoundError
 
 __all__ = ["RedisCopies"]
+
+log = logging.getLogger("ferryman.holds")
 
 
 def _reserve_args(
@@ -38,7 +44,8 @@ def _reserve_args(
 
 def _reserve_outcome(out: list[Any], groups: tuple[CopyGroup, ...]) -> ReserveOutcome:
     held = {g.name: int(out[4 + i]) for i, g in enumerate(groups)}
-    return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held)
+    queued = int(out[4 + len(groups)]) == 1
+    return ReserveOutcome(int(out[1]), int(out[2]), int(out[3]), held, queued)
 
 
 class RedisCopies:
@@ -50,6 +57,42 @@ class RedisCopies:
         self._script = LuaScript.of(__package__ or "", "copies.lua")
         # Transfers that copies.lua expired during this store's calls (lapsed unclaimed).
         self.transfers_expired = 0
+        self._listeners: set[asyncio.Task[None]] = set()
+
+    @property
+    def pushes(self) -> bool:
+        """Whether grants are announced (pub/sub on a single Redis); elsewhere the waiting
+        replica asks (``granted``) now and then."""
+        return self.connection.can_subscribe
+
+    def listen(self, channel: str, wake: Callable[[str], None]) -> Callable[[], None]:
+        if not self.pushes:
+            return lambda: None
+        task = asyncio.get_running_loop().create_task(self._listen(channel, wake))
+        self._listeners.add(task)
+        task.add_done_callback(self._listeners.discard)
+
+        def stop() -> None:
+            task.cancel()
+
+        return stop
+
+    async def _listen(self, channel: str, wake: Callable[[str], None]) -> None:
+        """One subscription per replica; a lost one is made again (meanwhile a waiter learns
+        of its grant when it leaves the queue, at its deadline)."""
+        while True:
+            try:
+                async for message in self.connection.subscribe(channel):
+                    wake(message.decode())
+            except BackendError as exc:
+                log.warning("wake-ups of held copies' waiters: %s", exc)
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        for task in list(self._listeners):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _call(
         self,
@@ -71,6 +114,11 @@ class RedisCopies:
             f"{tag}:eq",
             f"{tag}:eh",
             f"{tag}:et:{tenant}",
+            f"{tag}:q",
+            f"{tag}:qw",
+            f"{tag}:qd",
+            f"{tag}:qg",
+            f"{tag}:qs",
         ]
         when = "" if now is None or self.server_time else str(round(now * 1000))
         reply = await self.connection.run(
@@ -91,9 +139,29 @@ class RedisCopies:
         groups: tuple[CopyGroup, ...],
         copies: int,
         min_copies: int,
+        wait: Wait | None = None,
     ) -> ReserveOutcome:
         args = _reserve_args(tenant, policy, groups, copies, min_copies)
+        w = wait or Wait("", 0, 0, "")
+        args.extend((w.id, w.priority, w.max_ms, w.channel))
         return _reserve_outcome(await self._call(holder, "reserve", args), groups)
+
+    async def peek(
+        self, holder: Holder, tenant: str, groups: tuple[CopyGroup, ...]
+    ) -> tuple[ReserveOutcome, int]:
+        names = [g.name for g in groups]
+        out = await self._call(holder, "peek", [tenant, len(names), *names])
+        held = {g.name: int(out[3 + i]) for i, g in enumerate(groups)}
+        return ReserveOutcome(0, int(out[1]), int(out[2]), held), int(out[3 + len(groups)])
+
+    async def leave(self, holder: Holder, waiter: str) -> int:
+        out = await self._call(holder, "leave", [waiter])
+        return int(out[1])
+
+    async def granted(self, holder: Holder, waiters: list[str]) -> list[str]:
+        """Those of ``waiters`` (queued on ``holder``'s node) granted copies."""
+        out = await self._call(holder, "granted", [len(waiters), *waiters])
+        return [str(w) for w in out[1:]]
 
     async def release(
         self, holder: Holder, tenant: str, groups: tuple[str, ...], copies: int

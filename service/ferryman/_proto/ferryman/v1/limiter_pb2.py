@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65rryman/v1/limiter.proto\x12\x0b\x66\x65rryman.v1\x1a\x1egoogle/protobuf/duration.proto\"\xa4\x01\n\x0eSessionRequest\x12\x30\n\x04open\x18\x01 \x01(\x0b\x32 .ferryman.v1.SessionRequest.OpenH\x00\x12\x30\n\x04ping\x18\x02 \x01(\x0b\x32 .ferryman.v1.SessionRequest.PingH\x00\x1a\x1b\n\x04Open\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x1a\x06\n\x04PingB\t\n\x07message\"\xf2\x01\n\x0cSessionEvent\x12\x32\n\x06opened\x18\x01 \x01(\x0b\x32 .ferryman.v1.SessionEvent.OpenedH\x00\x12.\n\x04pong\x18\x02 \x01(\x0b\x32\x1e.ferryman.v1.SessionEvent.PongH\x00\x12\x34\n\x07\x63losing\x18\x03 \x01(\x0b\x32!.ferryman.v1.SessionEvent.ClosingH\x00\x1a\x1c\n\x06Opened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x1a\x06\n\x04Pong\x1a\x19\n\x07\x43losing\x12\x0e\n\x06reason\x18\x01 \x01(\tB\x07\n\x05\x65vent\"2\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0c\n\x04held\x18\x03 \x01(\r\"\x80\x01\n\x0eReserveRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x17\n\nmin_copies\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_min_copies\"\xba\x01\n\x0fReserveResponse\x12\x0f\n\x07granted\x18\x01 \x01(\r\x12\"\n\x06groups\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Group\x12\x12\n\x05limit\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cglobal_limit\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x13\n\x0btenant_held\x18\x05 \x01(\r\x12\x13\n\x0bglobal_held\x18\x06 \x01(\rB\x08\n\x06_limitB\x0f\n\r_global_limit\"h\n\x0eReleaseRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x0e\n\x06groups\x18\x04 \x03(\t\"\x11\n\x0fReleaseResponse\"\x91\x01\n\x0fTransferRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x0e\n\x06groups\x18\x04 \x03(\t\x12&\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\'\n\x10TransferResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"#\n\x0cSeizeRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"g\n\rSeizeResponse\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x0e\n\x06\x63opies\x18\x04 \x01(\r\"#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xaa\x01\n\x0bRateRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x17\n\nmin_copies\x18\x04 \x01(\rH\x00\x88\x01\x01\x12+\n\x08max_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\r\n\x0b_min_copies\"\xfe\x03\n\x0cRateResponse\x12\x0f\n\x07granted\x18\x01 \x01(\r\x12\x17\n\nhard_limit\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cglobal_limit\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x11\x61\x63tive_tier_index\x18\x04 \x01(\r\x12\x19\n\x11\x61\x63tive_tier_limit\x18\x05 \x01(\r\x12\x18\n\x10\x61\x63tive_tier_hits\x18\x06 \x01(\r\x12\x35\n\x12\x61\x63tive_tier_window\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1f\n\x17tenant_hits_last_second\x18\x08 \x01(\r\x12\x1f\n\x17global_hits_last_second\x18\t \x01(\r\x12\r\n\x05\x62urst\x18\n \x01(\x08\x12\x1d\n\x15limited_by_hard_limit\x18\x0b \x01(\x08\x12\x1f\n\x17limited_by_global_limit\x18\x0c \x01(\x08\x12.\n\x0bretry_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x04wait\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10tokens_remaining\x18\x0f \x01(\rB\r\n\x0b_hard_limitB\x0f\n\r_global_limit\",\n\x17WatchQuotaEventsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xec\x02\n\nQuotaEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.ferryman.v1.QuotaEvent.Kind\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x64ynamic\x18\x04 \x01(\x08\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12\x13\n\x0bwait_millis\x18\x06 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\"\xc7\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rTOKENS_SERVED\x10\x01\x12\x1b\n\x17TOKENS_SERVED_WITH_WAIT\x10\x02\x12\x0b\n\x07TIMEOUT\x10\x03\x12\x1d\n\x19TOO_MANY_TOKENS_REQUESTED\x10\x04\x12\x0f\n\x0b\x42UCKET_MISS\x10\x05\x12\x14\n\x10TOO_MANY_BUCKETS\x10\x06\x12\x12\n\x0e\x42UCKET_CREATED\x10\x07\x12\x12\n\x0e\x42UCKET_REMOVED\x10\x08\x32\xa5\x03\n\x07Limiter\x12>\n\x07Request\x12\x18.ferryman.v1.RateRequest\x1a\x19.ferryman.v1.RateResponse\x12\x45\n\x07Session\x12\x1b.ferryman.v1.SessionRequest\x1a\x19.ferryman.v1.SessionEvent(\x01\x30\x01\x12\x44\n\x07Reserve\x12\x1b.ferryman.v1.ReserveRequest\x1a\x1c.ferryman.v1.ReserveResponse\x12\x44\n\x07Release\x12\x1b.ferryman.v1.ReleaseRequest\x1a\x1c.ferryman.v1.ReleaseResponse\x12G\n\x08Transfer\x12\x1c.ferryman.v1.TransferRequest\x1a\x1d.ferryman.v1.TransferResponse\x12>\n\x05Seize\x12\x19.ferryman.v1.SeizeRequest\x1a\x1a.ferryman.v1.SeizeResponse2W\n\x0bQuotaEvents\x12H\n\x05Watch\x12$.ferryman.v1.WatchQuotaEventsRequest\x1a\x17.ferryman.v1.QuotaEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65rryman/v1/limiter.proto\x12\x0b\x66\x65rryman.v1\x1a\x1egoogle/protobuf/duration.proto\"\xa4\x01\n\x0eSessionRequest\x12\x30\n\x04open\x18\x01 \x01(\x0b\x32 .ferryman.v1.SessionRequest.OpenH\x00\x12\x30\n\x04ping\x18\x02 \x01(\x0b\x32 .ferryman.v1.SessionRequest.PingH\x00\x1a\x1b\n\x04Open\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x1a\x06\n\x04PingB\t\n\x07message\"\xf2\x01\n\x0cSessionEvent\x12\x32\n\x06opened\x18\x01 \x01(\x0b\x32 .ferryman.v1.SessionEvent.OpenedH\x00\x12.\n\x04pong\x18\x02 \x01(\x0b\x32\x1e.ferryman.v1.SessionEvent.PongH\x00\x12\x34\n\x07\x63losing\x18\x03 \x01(\x0b\x32!.ferryman.v1.SessionEvent.ClosingH\x00\x1a\x1c\n\x06Opened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x1a\x06\n\x04Pong\x1a\x19\n\x07\x43losing\x12\x0e\n\x06reason\x18\x01 \x01(\tB\x07\n\x05\x65vent\"2\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0c\n\x04held\x18\x03 \x01(\r\"\xbf\x01\n\x0eReserveRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x17\n\nmin_copies\x18\x04 \x01(\rH\x00\x88\x01\x01\x12+\n\x08max_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\x06 \x01(\rB\r\n\x0b_min_copies\"\xca\x01\n\x0fReserveResponse\x12\x0f\n\x07granted\x18\x01 \x01(\r\x12\"\n\x06groups\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Group\x12\x12\n\x05limit\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cglobal_limit\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x13\n\x0btenant_held\x18\x05 \x01(\r\x12\x13\n\x0bglobal_held\x18\x06 \x01(\r\x12\x0e\n\x06queued\x18\x07 \x01(\x08\x42\x08\n\x06_limitB\x0f\n\r_global_limit\"h\n\x0eReleaseRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x0e\n\x06groups\x18\x04 \x03(\t\"\x11\n\x0fReleaseResponse\"\x91\x01\n\x0fTransferRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x0e\n\x06groups\x18\x04 \x03(\t\x12&\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\'\n\x10TransferResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"#\n\x0cSeizeRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"g\n\rSeizeResponse\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x0e\n\x06\x63opies\x18\x04 \x01(\r\"#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xbc\x01\n\x0bRateRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12&\n\ndescriptor\x18\x02 \x03(\x0b\x32\x12.ferryman.v1.Entry\x12\x0e\n\x06\x63opies\x18\x03 \x01(\r\x12\x17\n\nmin_copies\x18\x04 \x01(\rH\x00\x88\x01\x01\x12+\n\x08max_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\x06 \x01(\rB\r\n\x0b_min_copies\"\xfe\x03\n\x0cRateResponse\x12\x0f\n\x07granted\x18\x01 \x01(\r\x12\x17\n\nhard_limit\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cglobal_limit\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x11\x61\x63tive_tier_index\x18\x04 \x01(\r\x12\x19\n\x11\x61\x63tive_tier_limit\x18\x05 \x01(\r\x12\x18\n\x10\x61\x63tive_tier_hits\x18\x06 \x01(\r\x12\x35\n\x12\x61\x63tive_tier_window\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1f\n\x17tenant_hits_last_second\x18\x08 \x01(\r\x12\x1f\n\x17global_hits_last_second\x18\t \x01(\r\x12\r\n\x05\x62urst\x18\n \x01(\x08\x12\x1d\n\x15limited_by_hard_limit\x18\x0b \x01(\x08\x12\x1f\n\x17limited_by_global_limit\x18\x0c \x01(\x08\x12.\n\x0bretry_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x04wait\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10tokens_remaining\x18\x0f \x01(\rB\r\n\x0b_hard_limitB\x0f\n\r_global_limit\",\n\x17WatchQuotaEventsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xec\x02\n\nQuotaEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.ferryman.v1.QuotaEvent.Kind\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x64ynamic\x18\x04 \x01(\x08\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12\x13\n\x0bwait_millis\x18\x06 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\"\xc7\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rTOKENS_SERVED\x10\x01\x12\x1b\n\x17TOKENS_SERVED_WITH_WAIT\x10\x02\x12\x0b\n\x07TIMEOUT\x10\x03\x12\x1d\n\x19TOO_MANY_TOKENS_REQUESTED\x10\x04\x12\x0f\n\x0b\x42UCKET_MISS\x10\x05\x12\x14\n\x10TOO_MANY_BUCKETS\x10\x06\x12\x12\n\x0e\x42UCKET_CREATED\x10\x07\x12\x12\n\x0e\x42UCKET_REMOVED\x10\x08\x32\xa5\x03\n\x07Limiter\x12>\n\x07Request\x12\x18.ferryman.v1.RateRequest\x1a\x19.ferryman.v1.RateResponse\x12\x45\n\x07Session\x12\x1b.ferryman.v1.SessionRequest\x1a\x19.ferryman.v1.SessionEvent(\x01\x30\x01\x12\x44\n\x07Reserve\x12\x1b.ferryman.v1.ReserveRequest\x1a\x1c.ferryman.v1.ReserveResponse\x12\x44\n\x07Release\x12\x1b.ferryman.v1.ReleaseRequest\x1a\x1c.ferryman.v1.ReleaseResponse\x12G\n\x08Transfer\x12\x1c.ferryman.v1.TransferRequest\x1a\x1d.ferryman.v1.TransferResponse\x12>\n\x05Seize\x12\x19.ferryman.v1.SeizeRequest\x1a\x1a.ferryman.v1.SeizeResponse2W\n\x0bQuotaEvents\x12H\n\x05Watch\x12$.ferryman.v1.WatchQuotaEventsRequest\x1a\x17.ferryman.v1.QuotaEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,35 +49,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUP']._serialized_start=486
   _globals['_GROUP']._serialized_end=536
   _globals['_RESERVEREQUEST']._serialized_start=539
-  _globals['_RESERVEREQUEST']._serialized_end=667
-  _globals['_RESERVERESPONSE']._serialized_start=670
-  _globals['_RESERVERESPONSE']._serialized_end=856
-  _globals['_RELEASEREQUEST']._serialized_start=858
-  _globals['_RELEASEREQUEST']._serialized_end=962
-  _globals['_RELEASERESPONSE']._serialized_start=964
-  _globals['_RELEASERESPONSE']._serialized_end=981
-  _globals['_TRANSFERREQUEST']._serialized_start=984
-  _globals['_TRANSFERREQUEST']._serialized_end=1129
-  _globals['_TRANSFERRESPONSE']._serialized_start=1131
-  _globals['_TRANSFERRESPONSE']._serialized_end=1170
-  _globals['_SEIZEREQUEST']._serialized_start=1172
-  _globals['_SEIZEREQUEST']._serialized_end=1207
-  _globals['_SEIZERESPONSE']._serialized_start=1209
-  _globals['_SEIZERESPONSE']._serialized_end=1312
-  _globals['_ENTRY']._serialized_start=1314
-  _globals['_ENTRY']._serialized_end=1349
-  _globals['_RATEREQUEST']._serialized_start=1352
-  _globals['_RATEREQUEST']._serialized_end=1522
-  _globals['_RATERESPONSE']._serialized_start=1525
-  _globals['_RATERESPONSE']._serialized_end=2035
-  _globals['_WATCHQUOTAEVENTSREQUEST']._serialized_start=2037
-  _globals['_WATCHQUOTAEVENTSREQUEST']._serialized_end=2081
-  _globals['_QUOTAEVENT']._serialized_start=2084
-  _globals['_QUOTAEVENT']._serialized_end=2448
-  _globals['_QUOTAEVENT_KIND']._serialized_start=2249
-  _globals['_QUOTAEVENT_KIND']._serialized_end=2448
-  _globals['_LIMITER']._serialized_start=2451
-  _globals['_LIMITER']._serialized_end=2872
-  _globals['_QUOTAEVENTS']._serialized_start=2874
-  _globals['_QUOTAEVENTS']._serialized_end=2961
+  _globals['_RESERVEREQUEST']._serialized_end=730
+  _globals['_RESERVERESPONSE']._serialized_start=733
+  _globals['_RESERVERESPONSE']._serialized_end=935
+  _globals['_RELEASEREQUEST']._serialized_start=937
+  _globals['_RELEASEREQUEST']._serialized_end=1041
+  _globals['_RELEASERESPONSE']._serialized_start=1043
+  _globals['_RELEASERESPONSE']._serialized_end=1060
+  _globals['_TRANSFERREQUEST']._serialized_start=1063
+  _globals['_TRANSFERREQUEST']._serialized_end=1208
+  _globals['_TRANSFERRESPONSE']._serialized_start=1210
+  _globals['_TRANSFERRESPONSE']._serialized_end=1249
+  _globals['_SEIZEREQUEST']._serialized_start=1251
+  _globals['_SEIZEREQUEST']._serialized_end=1286
+  _globals['_SEIZERESPONSE']._serialized_start=1288
+  _globals['_SEIZERESPONSE']._serialized_end=1391
+  _globals['_ENTRY']._serialized_start=1393
+  _globals['_ENTRY']._serialized_end=1428
+  _globals['_RATEREQUEST']._serialized_start=1431
+  _globals['_RATEREQUEST']._serialized_end=1619
+  _globals['_RATERESPONSE']._serialized_start=1622
+  _globals['_RATERESPONSE']._serialized_end=2132
+  _globals['_WATCHQUOTAEVENTSREQUEST']._serialized_start=2134
+  _globals['_WATCHQUOTAEVENTSREQUEST']._serialized_end=2178
+  _globals['_QUOTAEVENT']._serialized_start=2181
+  _globals['_QUOTAEVENT']._serialized_end=2545
+  _globals['_QUOTAEVENT_KIND']._serialized_start=2346
+  _globals['_QUOTAEVENT_KIND']._serialized_end=2545
+  _globals['_LIMITER']._serialized_start=2548
+  _globals['_LIMITER']._serialized_end=2969
+  _globals['_QUOTAEVENTS']._serialized_start=2971
+  _globals['_QUOTAEVENTS']._serialized_end=3058
 # @@protoc_insertion_point(module_scope)

@@ -60,32 +60,38 @@ class Group(_message.Message):
     def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("domain", "descriptor", "copies", "min_copies")
+    __slots__ = ("domain", "descriptor", "copies", "min_copies", "max_wait", "priority")
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     MIN_COPIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     domain: str
     descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
     copies: int
     min_copies: int
-    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ...) -> None: ...
+    max_wait: _duration_pb2.Duration
+    priority: int
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("granted", "groups", "limit", "global_limit", "tenant_held", "global_held")
+    __slots__ = ("granted", "groups", "limit", "global_limit", "tenant_held", "global_held", "queued")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_LIMIT_FIELD_NUMBER: _ClassVar[int]
     TENANT_HELD_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_HELD_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     granted: int
     groups: _containers.RepeatedCompositeFieldContainer[Group]
     limit: int
     global_limit: int
     tenant_held: int
     global_held: int
-    def __init__(self, granted: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ..., limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., tenant_held: _Optional[int] = ..., global_held: _Optional[int] = ...) -> None: ...
+    queued: bool
+    def __init__(self, granted: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ..., limit: _Optional[int] = ..., global_limit: _Optional[int] = ..., tenant_held: _Optional[int] = ..., global_held: _Optional[int] = ..., queued: _Optional[bool] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("domain", "descriptor", "copies", "groups")
@@ -150,18 +156,20 @@ class Entry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class RateRequest(_message.Message):
-    __slots__ = ("domain", "descriptor", "copies", "min_copies", "max_wait")
+    __slots__ = ("domain", "descriptor", "copies", "min_copies", "max_wait", "priority")
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     MIN_COPIES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     domain: str
     descriptor: _containers.RepeatedCompositeFieldContainer[Entry]
     copies: int
     min_copies: int
     max_wait: _duration_pb2.Duration
-    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    priority: int
+    def __init__(self, domain: _Optional[str] = ..., descriptor: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., copies: _Optional[int] = ..., min_copies: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RateResponse(_message.Message):
     __slots__ = ("granted", "hard_limit", "global_limit", "active_tier_index", "active_tier_limit", "active_tier_hits", "active_tier_window", "tenant_hits_last_second", "global_hits_last_second", "burst", "limited_by_hard_limit", "limited_by_global_limit", "retry_after", "wait", "tokens_remaining")
