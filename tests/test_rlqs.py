@@ -7,6 +7,7 @@ import asyncio
 import http.client
 import json
 import queue
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,17 +81,29 @@ def report(domain: str, *usages: tuple[dict[str, str], int, int, int]) -> Any:
     )
 
 
+#: Answers the streams' writers took (``settle``) that the test has not read yet, by
+#: shares and stream.
+WRITTEN: weakref.WeakKeyDictionary[QuotaShares, dict[int, list[Any]]] = weakref.WeakKeyDictionary()
+
+
 def settle(shares: QuotaShares) -> None:
-    """A tick, then (its falls written) the rises that waited for room."""
+    """A tick, its answers taken by the streams' writers (the falls written), then the rises
+    that waited for them."""
     shares.tick()
+    for stream in shares.streams.values():
+        response = shares.take(stream)
+        if response is not None:
+            WRITTEN.setdefault(shares, {}).setdefault(stream.id, []).append(response)
     shares.raise_deferred()
 
 
 def assigned(shares: QuotaShares, stream: Any) -> dict[str, Any]:
-    """The stream's queued assignments by bucket (k=v,...), as Envoy would read them."""
-    response = shares.take(stream)
+    """The stream's assignments written or queued since the last look, by bucket (k=v,...),
+    the latest of each, as Envoy would read them."""
+    responses = [*WRITTEN.get(shares, {}).pop(stream.id, []), shares.take(stream)]
     out: dict[str, Any] = {}
-    for action in response.bucket_action if response is not None else ():
+    actions = [a for r in responses if r is not None for a in r.bucket_action]
+    for action in actions:
         name = ",".join(f"{k}={v}" for k, v in sorted(action.bucket_id.bucket.items()))
         if action.HasField("abandon_action"):
             out[name] = "abandon"
@@ -193,9 +206,9 @@ def test_a_config_change_reaches_every_envoy_without_a_report() -> None:
     a, b = shares.open("a"), shares.open("b")
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 1, 0, 0)))
-    shares.take(a), shares.take(b)
+    assigned(shares, a), assigned(shares, b)
     settle(shares)
-    shares.take(a), shares.take(b)
+    assigned(shares, a), assigned(shares, b)
     holder.swap(load_sources([("quota.yaml", CONFIG.replace("20}", "40}"))]))
     settle(shares)
     assert assigned(shares, a) == assigned(shares, b) == {"tenant=gold": (20, 20, 1)}
@@ -210,7 +223,7 @@ def test_a_small_increase_is_not_pushed_but_a_decrease_is() -> None:
     shares.report(a, report("quota", (gold, 150, 0, 5)))  # 30/s
     shares.report(b, report("quota", (gold, 25, 0, 5)))  # 5/s
     settle(shares)
-    shares.take(a), shares.take(b)
+    assigned(shares, a), assigned(shares, b)
     shares.report(b, report("quota", (gold, 25, 0, 5)))
     settle(shares)
     assert assigned(shares, a) == {}
@@ -228,7 +241,7 @@ def test_a_closed_streams_share_is_kept_until_its_ttl_then_given_back() -> None:
     for s in (a, b):
         shares.report(s, report("quota", ({"tenant": "gold"}, 100, 0, 5)))
     settle(shares)
-    shares.take(a)
+    assigned(shares, a)
     shares.close(b)
     settle(shares)
     assert assigned(shares, a) == {}
@@ -251,7 +264,7 @@ def test_an_idle_bucket_is_abandoned_a_busy_one_never() -> None:
     gold, tin = {"tenant": "gold"}, {"tenant": "tin"}
     for _ in range(11):
         shares.report(a, report("quota", (gold, 0, 0, 5), (tin, 1, 0, 5)))
-    shares.take(a)
+    assigned(shares, a)
     shares.report(a, report("quota", (gold, 0, 0, 5), (tin, 1, 0, 5)))
     assert assigned(shares, a) == {"tenant=gold": "abandon", "tenant=tin": (1, 1, 1)}
     assert [dict(b.key[1]) for b in shares.buckets.values()] == [tin]

@@ -107,7 +107,7 @@ def test_shares_stay_within_the_limit_and_follow_demand_as_envoys_come_and_go(
         assert _assigned_sum(shares) <= LIMIT + 1e-6  # the falls sent, some rises waiting
         shares.raise_deferred()
         for stream in live:
-            shares.take(stream)
+            assigned(shares, stream)
         assert _assigned_sum(shares) <= LIMIT + 1e-6
     [bucket] = shares.buckets.values()
     users = {sid: u for sid, u in bucket.users.items() if not u.gone}

@@ -21,7 +21,8 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,7 +81,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 _NUDGE = 0.02
 #: The divisions a bucket may name: those whose shares add up to the rate at most.
 SHARING = frozenset({Kind.FAIR_SHARE, Kind.PROPORTIONAL_SHARE})
-#: Seconds after a tick at which the rises that waited for its falls are sent.
+#: Seconds between two looks, after a tick, for rises whose falls have been written.
 RAISE_AFTER = 0.05
 #: Reports in a row with no request after which an Envoy's bucket is abandoned.
 IDLE_REPORTS = 12
@@ -290,6 +291,8 @@ class _Bucket:
     users: dict[int, _Usage] = field(default_factory=dict)
     # The rate divided among this replica's Envoys: the rule's, or this replica's lease of it.
     capacity: float | None = None
+    # The streams whose fall is queued but not yet handed to gRPC: rises wait for them.
+    falling: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True, eq=False)
@@ -450,6 +453,7 @@ class QuotaShares:
             return
         _forget(self._streams_of, stream.claimant)
         for bucket in stream.buckets.values():
+            bucket.falling.discard(stream.id)
             user = bucket.users.get(stream.id)
             if user is None:
                 continue
@@ -652,14 +656,20 @@ class QuotaShares:
                         self._deferred[bucket.key] = bucket
                         continue
                     room -= rise
+                elif rise < 0:
+                    bucket.falling.add(sid)
             self._queue(stream, bucket, user, new)
 
     def raise_deferred(self) -> None:
-        """Divide again the buckets whose rises waited for room (run once the falls of the
-        last tick have been written), sending what now fits."""
+        """Divide again the buckets whose rises waited for room and whose falls have all
+        been handed to gRPC (:meth:`take`), sending what now fits; the others wait on."""
         deferred, self._deferred = self._deferred, {}
         for key, bucket in deferred.items():
-            if self.buckets.get(key) is bucket:
+            if self.buckets.get(key) is not bucket:
+                continue
+            if bucket.falling:
+                self._deferred[key] = bucket
+            else:
                 self._reshare(bucket)
 
     def _queue(self, stream: _Stream, bucket: _Bucket, user: _Usage, sent: Bucket | str) -> None:
@@ -692,6 +702,10 @@ class QuotaShares:
             return None
         from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
+        for key in stream.pending:
+            bucket = stream.buckets.get(key)
+            if bucket is not None:
+                bucket.falling.discard(stream.id)
         actions = list(stream.pending.values())
         stream.pending.clear()
         return rlqs_pb2.RateLimitQuotaResponse(bucket_action=actions)
@@ -843,17 +857,23 @@ def _described(sent: Bucket | str | None) -> Any:
 
 
 async def _tick(shares: QuotaShares) -> None:
-    # Reports, ended streams, a new config and leases reach the Envoys within a tick.
+    # Reports, ended streams, a new config and leases reach the Envoys within a tick; the
+    # rises that wait for falls follow as soon as the streams' writers have taken those.
+    every = shares.limits.tick_seconds
+    step = min(RAISE_AFTER, every / 4)
     while True:
-        await asyncio.sleep(shares.limits.tick_seconds)
-        try:
-            shares.tick()
-            # The falls are written by the streams' writers, woken by the tick: the rises
-            # that waited for them follow a moment later.
-            await asyncio.sleep(min(RAISE_AFTER, shares.limits.tick_seconds / 4))
-            shares.raise_deferred()
-        except Exception:  # one bad pass must not end the pushes
-            log.exception("re-dividing the quota buckets failed")
+        await asyncio.sleep(every - step * math.floor(every / step - 1))
+        _guarded(shares.tick)
+        for _ in range(math.floor(every / step - 1)):
+            await asyncio.sleep(step)
+            _guarded(shares.raise_deferred)
+
+
+def _guarded(step: Callable[[], None]) -> None:
+    try:
+        step()
+    except Exception:  # one bad pass must not end the pushes
+        log.exception("re-dividing the quota buckets failed")
 
 
 @contextlib.asynccontextmanager
