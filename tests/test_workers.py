@@ -80,7 +80,9 @@ class Workers:
         # and a read of it would never end.
         self.log = tmp_path / "output.log"
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            # No drain on SIGTERM: these tests do not test it, and would wait it out.
+            env = {**os.environ, "FERRYMAN_SHUTDOWN_DRAIN": "0"}
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.seen: set[int] = set()
 
     def workers(self) -> set[int]:

@@ -21,8 +21,9 @@ SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)"
 
 class ServeProcess:
     """``python -m ferryman serve`` on free ports (the debug port ``debug_port`` if given)
-    with ``env`` added to a minimal environment; ``defaults`` adds USE_STATSD=false and
-    LOG_LEVEL=info to it (without them, the service's own defaults hold)."""
+    with ``env`` added to a minimal environment (FERRYMAN_SHUTDOWN_DRAIN=0 unless ``env``
+    gives it); ``defaults`` adds USE_STATSD=false and LOG_LEVEL=info to it (without them,
+    the service's own defaults hold)."""
 
     def __init__(
         self,
@@ -33,6 +34,9 @@ class ServeProcess:
         defaults: bool = True,
     ) -> None:
         full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
+        # No drain on SIGTERM (5 s by default) unless a test asks for one in ``env``: a
+        # test that does not test draining would wait it out at every stop.
+        full["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
         if defaults:
             full.update(USE_STATSD="false", LOG_LEVEL="info")
         if "PYTHONPATH" in os.environ:

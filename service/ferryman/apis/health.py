@@ -1,5 +1,6 @@
 """``grpc.health.v1.Health``: the service's health under every name the APIs declare, kept
-in step with ``healthy()``; NOT_SERVING for good once the server starts draining."""
+in step with ``healthy()``; NOT_SERVING for good, at once, when the process starts
+draining (while every other API still answers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from grpc_health.v1._async import HealthServicer
 from ferryman.access import Access
 from ferryman.apis import api
 from ferryman.errors import CapExceededError
-from ferryman.tasks import cancel
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["API", "SERVICE"]
 
@@ -57,7 +58,8 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
 async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
     servicer = _Servicer(parts.access)
     tracker = asyncio.create_task(
-        _track(servicer, parts.healthy, parts.health_names), name="ferryman-health"
+        _track(servicer, parts.healthy, parts.health_names, parts.draining),
+        name="ferryman-health",
     )
     try:
         yield servicer
@@ -66,22 +68,31 @@ async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
 
 
 async def _track(
-    servicer: HealthServicer, healthy: Callable[[], bool], names: tuple[str, ...]
+    servicer: HealthServicer,
+    healthy: Callable[[], bool],
+    names: tuple[str, ...],
+    draining: asyncio.Event,
 ) -> None:
-    """Mirror ``healthy()`` into the health service as it changes."""
+    """Mirror ``healthy()`` into the health service as it changes; once ``draining`` is
+    set, NOT_SERVING under every name at once, for good."""
     serving = None
-    while True:
+    while not draining.is_set():
         now = healthy()
         if now != serving:
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if now
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in names:
-                await servicer.set(name, status)
+            await _set(servicer, names, now)
             serving = now
-        await asyncio.sleep(EVERY)
+        await wait_event(draining, EVERY)
+    await _set(servicer, names, False)
+
+
+async def _set(servicer: HealthServicer, names: tuple[str, ...], serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in names:
+        await servicer.set(name, status)
 
 
 async def _drain(servicer: HealthServicer) -> None:
