@@ -32,7 +32,15 @@ from ferryman.clock import Clock
 
 from helpers.redis_procs import RedisProcess
 from helpers.serve_process import ServeProcess
-from helpers.server import ConfigDir, ServerFactory, descriptor, limiter_stub, rls_stub, wait_for
+from helpers.server import (
+    ConfigDir,
+    ServerFactory,
+    descriptor,
+    limiter_stub,
+    quota_events_stub,
+    rls_stub,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (
@@ -308,3 +316,35 @@ def test_stopping_ends_sessions_saying_why_and_releases_their_copies_once(
     finally:
         process.kill()
         other.kill()
+
+
+def test_stopping_ends_the_watch_streams(tmp_path: Path) -> None:
+    """Health and quota event Watch streams open at SIGTERM end (the health stream's last
+    status NOT_SERVING) with an hour's grace: the server ends them, none holds the stop,
+    and the process exits 0."""
+    (tmp_path / "d.yaml").write_text(CONFIG)
+    process = ServeProcess(tmp_path, {"FERRYMAN_SHUTDOWN_GRACE": "1h"}, "--config", str(tmp_path))
+    try:
+        process.wait_serving()
+        with grpc.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+            assert next(health).status == health_pb2.HealthCheckResponse.SERVING
+            events = quota_events_stub(channel).Watch(limiter_pb2.WatchQuotaEventsRequest())
+            wait_for("the watch open", lambda: _watching(process) == 1)
+            process.proc.send_signal(signal.SIGTERM)
+            statuses = [reply.status for reply in health]
+            assert statuses == [health_pb2.HealthCheckResponse.NOT_SERVING]
+            assert list(events) == []
+        assert process.wait_exit(timeout=30) == 0
+    finally:
+        process.kill()
+
+
+def _watching(process: ServeProcess) -> int:
+    """The quota event streams started (the debug port's /stats: counted as the stream
+    subscribes)."""
+    url = f"http://127.0.0.1:{process.debug_port}/stats"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    counts = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return int(counts.get("ratelimit_server.Watch.total_requests", 0))

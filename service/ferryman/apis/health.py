@@ -32,16 +32,31 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
     def __init__(self, access: Access) -> None:
         super().__init__()
         self._access = access
+        # Set at shutdown: every Watch stream ends (its last status NOT_SERVING), so that
+        # none holds the server's grace period.
+        self._closed = asyncio.Event()
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         try:
             end = self._access.open_stream(context, self._access.streams)
         except CapExceededError as error:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        watching = asyncio.ensure_future(super().Watch(request, context))
+        closed = asyncio.ensure_future(self._closed.wait())
         try:
-            await super().Watch(request, context)
+            await asyncio.wait({watching, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             end()
+            closed.cancel()
+            watching.cancel()
+            # Waited for, and their errors (a write to a call the client ended) taken, even
+            # when this handler is itself being cancelled.
+            await asyncio.gather(closed, watching, return_exceptions=True)
+
+    async def close(self) -> None:
+        """NOT_SERVING under every name, for good, and every Watch stream ended."""
+        await self.enter_graceful_shutdown()
+        self._closed.set()
 
     async def List(
         self, request: health_pb2.HealthListRequest, context: Any
@@ -55,7 +70,7 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
 
 
 @asynccontextmanager
-async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
+async def serve(parts: api.Parts) -> AsyncIterator[_Servicer]:
     servicer = _Servicer(parts.access)
     tracker = asyncio.create_task(
         _track(servicer, parts.healthy, parts.health_names, parts.draining),
@@ -95,14 +110,10 @@ async def _set(servicer: HealthServicer, names: tuple[str, ...], serving: bool) 
         await servicer.set(name, status)
 
 
-async def _drain(servicer: HealthServicer) -> None:
-    await servicer.enter_graceful_shutdown()
-
-
 API = api.API(
     SERVICE,
     health_pb2_grpc.add_HealthServicer_to_server,
     serve,
-    drain=_drain,
+    drain=_Servicer.close,
     edge=False,
 )
