@@ -249,6 +249,8 @@ def _serve_and_healthcheck(venv: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
     env.update(PATH=f"{venv / 'bin'}:{env.get('PATH', '')}", GRPC_PORT="0", DEBUG_PORT="0")
     env["HOST"] = "127.0.0.1"
+    # No drain on SIGTERM: this test does not test it, and would wait it out.
+    env["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(venv / "bin" / "ferryman"), "serve", "--http-port", "0"],

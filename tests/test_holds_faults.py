@@ -126,6 +126,8 @@ class Processes:
         self.config = config
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
         self.env.update(HOLD_LEASE_SECONDS=str(LEASE), CACHE_KEY_PREFIX=PREFIX)
+        # No drain on SIGTERM: these tests do not test it, and would wait it out.
+        self.env["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
 
     def ferryman(self, name: str) -> Ferryman:
         """Start ``ferryman serve`` on the test's Redis; returns once it serves."""

@@ -30,6 +30,8 @@ import pytest
 import yaml
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from ferryman.settings import Settings
+
 from helpers.configmap import configmap_volume
 from helpers.envoy_cli import envoy_cli
 from helpers.needs import missing
@@ -280,6 +282,53 @@ def test_the_sidecar_requests_and_limits_its_cpu_and_memory() -> None:
         assert 0 < request < limit, (what, resources)
 
 
+def _ferrymen(deployment: Doc) -> list[Doc]:
+    return [c for c in pod_containers(deployment) if c["image"].startswith("ferryman:")]
+
+
+def _stop_settings(container: Doc) -> Settings:
+    """What the container's ``ferryman serve`` reads from its environment."""
+    return Settings.from_env(_env(container))
+
+
+LAYOUTS = [*FERRYMAN_LAYOUTS, "overlays/leased"]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_termination_grace_holds_the_drain_and_the_grace(name: str) -> None:
+    """Each pod running ferryman gives it terminationGracePeriodSeconds (Kubernetes' 30 when
+    unset) of at least FERRYMAN_SHUTDOWN_DRAIN + FERRYMAN_SHUTDOWN_GRACE, as its environment
+    sets them: the kubelet's SIGKILL never cuts a drain or the calls in flight short."""
+    pods = [d for d in build(name) if d["kind"] == "Deployment" and _ferrymen(d)]
+    assert pods
+    for deployment in pods:
+        allowed = deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        for container in _ferrymen(deployment):
+            settings = _stop_settings(container)
+            needed = settings.shutdown_drain_seconds + settings.shutdown_grace_seconds
+            assert allowed >= needed, (deployment["metadata"]["name"], allowed, needed)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_readiness_fails_within_the_drain(name: str) -> None:
+    """A ferryman that drains on SIGTERM (a Service's pods; a native sidecar, stopped after
+    its pod's other containers, drains nothing) is probed often enough on /healthcheck that
+    readiness fails before the drain ends: periodSeconds x failureThreshold <= the drain."""
+    drained = 0
+    for deployment in (d for d in build(name) if d["kind"] == "Deployment"):
+        for container in _ferrymen(deployment):
+            drain = _stop_settings(container).shutdown_drain_seconds
+            if container.get("restartPolicy") == "Always":  # a native sidecar
+                assert drain == 0, container["name"]
+                continue
+            probe = container["readinessProbe"]
+            assert probe["httpGet"]["path"] == "/healthcheck"
+            seen = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+            assert 0 < seen <= drain, (deployment["metadata"]["name"], seen, drain)
+            drained += 1
+    assert drained or name == "overlays/sidecar"
+
+
 @pytest.mark.parametrize("name", FERRYMAN_LAYOUTS)
 def test_disruption_budget_covers_the_pods(name: str) -> None:
     """The layout's PodDisruptionBudget selects the pods of its replicated Deployment."""
@@ -441,6 +490,8 @@ class Reference:
             "PORT": "0",
             "GRPC_PORT": "0",
             "DEBUG_PORT": "0",
+            # No drain on SIGTERM: these tests do not test it, and would wait it out.
+            "FERRYMAN_SHUTDOWN_DRAIN": "0",
             "PATH": f"{Path(ferryman).parent}:/usr/bin:/bin",
             **extra,
         }

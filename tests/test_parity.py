@@ -134,6 +134,8 @@ class Proc:
         full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
         if "PYTHONPATH" in os.environ:
             full["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        # No drain on SIGTERM: these tests do not test it, and would wait it out at every stop.
+        full["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
         self.grpc_port, self.http_port, self.debug_port = free_port(), free_port(), free_port()
         full.update(
             {

@@ -131,6 +131,8 @@ def test_a_set_ignored_variable_is_logged_once_at_start(tmp_path: Path) -> None:
         "MEMCACHE_MAX_IDLE_CONNS": "4",
         "USE_STATSD": "false",
         "DEBUG_PORT": str(free_port()),
+        # No drain on SIGTERM: this test does not test it, and would wait it out.
+        "FERRYMAN_SHUTDOWN_DRAIN": "0",
     }
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]

@@ -4,25 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ferryman._proto.ferryman.v1 import limiter_pb2
 from ferryman.algorithms.fixed_window.memory import MemoryFixedWindows
 from ferryman.algorithms.fixed_window.model import CounterOp, CounterResult
+from ferryman.apis import APIS
+from ferryman.apis.api import health_names
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import Clock
 
-from helpers.server import ConfigDir, ServerFactory, descriptor, rls_stub
+from helpers.redis_procs import RedisProcess
+from helpers.serve_process import ServeProcess
+from helpers.server import (
+    ConfigDir,
+    ServerFactory,
+    descriptor,
+    limiter_stub,
+    quota_events_stub,
+    rls_stub,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (
@@ -80,6 +98,8 @@ def test_stop_lets_the_call_in_flight_finish_and_refuses_new_ones(
 def _start(
     args: list[str], cwd: Path, env: dict[str, str], program: Sequence[str] = ("-m", "ferryman")
 ) -> tuple[subprocess.Popen[str], int]:
+    # No drain unless the test gives one: the tests that do not test it would wait it out.
+    env = {"FERRYMAN_SHUTDOWN_DRAIN": "0", **env}
     proc = subprocess.Popen(
         [sys.executable, *program, *args],
         cwd=cwd,
@@ -182,3 +202,149 @@ def test_a_stop_that_hangs_ends_after_the_grace_and_margin_with_every_stack(
             assert "in stuck" in output and "still stopping" not in output
     finally:
         _end(proc)
+
+
+# --- draining: FERRYMAN_SHUTDOWN_DRAIN ------------------------------------------------------
+
+COPIES = "domain: jobs\ndescriptors:\n  - key: tenant\n    copies: {limit: 3}\n"
+COPY_COUNTS = "{drain_ferryman_copies_jobs.tenant}:n"
+
+
+def _http_status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def _health(channel: grpc.Channel) -> dict[str, int]:
+    """Every name the health service reports, and its status."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    reply = stub.List(health_pb2.HealthListRequest(), timeout=5)
+    return {name: status.status for name, status in reply.statuses.items()}
+
+
+def test_a_drain_reports_not_serving_while_every_api_answers_until_a_second_signal(
+    tmp_path: Path,
+) -> None:
+    """After SIGTERM, /healthcheck answers 503 and the health service NOT_SERVING under every
+    name, while ShouldRateLimit and POST /json answer as before; a second SIGTERM ends an
+    hour-long drain and the process exits 0."""
+    (tmp_path / "d.yaml").write_text(CONFIG)
+    env = {"FERRYMAN_SHUTDOWN_DRAIN": "1h"}
+    process = ServeProcess(tmp_path, env, "--config", str(tmp_path))
+    try:
+        process.wait_serving()
+        request = rls_pb2.RateLimitRequest(domain="d", descriptors=[descriptor([("k", "v")])])
+        with grpc.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            serving = _health(channel)
+            assert set(serving) == set(health_names(APIS))
+            assert set(serving.values()) == {health_pb2.HealthCheckResponse.SERVING}
+            assert _http_status(process.http_port, "/healthcheck") == 200
+            process.proc.send_signal(signal.SIGTERM)
+            wait_for("draining", lambda: _http_status(process.http_port, "/healthcheck") == 503)
+            draining = _health(channel)
+            assert set(draining) == set(serving)
+            assert set(draining.values()) == {health_pb2.HealthCheckResponse.NOT_SERVING}
+            reply = rls_stub(channel).ShouldRateLimit(request, timeout=5)
+            assert reply.overall_code == rls_pb2.RateLimitResponse.OK
+        assert process.proc.poll() is None
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.wait_exit(timeout=30) == 0
+        assert "signalled again: the drain ends" in process.text
+    finally:
+        process.kill()
+
+
+def _copies_held(redis_server: RedisProcess) -> int:
+    counts = redis_server.client().hgetall(COPY_COUNTS)
+    return sum(int(value) for field, value in counts.items() if field == b"d:t1")
+
+
+def _events(stream: Any) -> None:
+    """Read a Session stream to its end: the events before its status are closings."""
+    for event in stream:
+        assert event.HasField("closing") and "shutting down" in event.closing.reason
+
+
+def test_stopping_ends_sessions_saying_why_and_releases_their_copies_once(
+    tmp_path: Path, redis_server: RedisProcess
+) -> None:
+    """A Session open at SIGTERM ends UNAVAILABLE with a message naming the shutdown (with
+    an hour's grace: the server ends it, the stream does not hold the stop), the process
+    exits 0, and the copies it held are released in Redis (the lease would keep them an
+    hour): another replica can take the whole limit."""
+    (tmp_path / "jobs.yaml").write_text(COPIES)
+    env = {
+        "FERRYMAN_SHUTDOWN_GRACE": "1h",
+        "HOLD_LEASE_SECONDS": "3600",
+        "CACHE_KEY_PREFIX": "drain_",
+    }
+    args = ("--config", str(tmp_path), "--backend", redis_server.url)
+    process = ServeProcess(tmp_path, env, *args)
+    other = ServeProcess(tmp_path, env, *args)
+    try:
+        process.wait_serving()
+        with grpc.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            stub = limiter_stub(channel)
+            out: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
+            stream = stub.Session(iter(out.get, None))
+            out.put(limiter_pb2.SessionRequest(open=limiter_pb2.SessionRequest.Open()))
+            session = next(stream).opened.session_id
+            entry = limiter_pb2.Entry(key="tenant", value="t1")
+            reserve = limiter_pb2.ReserveRequest(domain="jobs", descriptor=[entry], copies=3)
+            metadata = (("ferryman-session", session),)
+            assert stub.Reserve(reserve, metadata=metadata, timeout=5).granted == 3
+            assert _copies_held(redis_server) == 3
+            process.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError) as ended:
+                _events(stream)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in str(ended.value.details())
+        assert process.wait_exit(timeout=30) == 0
+        assert _copies_held(redis_server) == 0
+        other.wait_serving()
+        with grpc.insecure_channel(f"127.0.0.1:{other.grpc_port}") as channel:
+            stub = limiter_stub(channel)
+            again: queue.Queue[limiter_pb2.SessionRequest | None] = queue.Queue()
+            stream = stub.Session(iter(again.get, None))
+            again.put(limiter_pb2.SessionRequest(open=limiter_pb2.SessionRequest.Open()))
+            metadata = (("ferryman-session", next(stream).opened.session_id),)
+            assert stub.Reserve(reserve, metadata=metadata, timeout=5).granted == 3
+            again.put(None)
+    finally:
+        process.kill()
+        other.kill()
+
+
+def test_stopping_ends_the_watch_streams(tmp_path: Path) -> None:
+    """Health and quota event Watch streams open at SIGTERM end (the health stream's last
+    status NOT_SERVING) with an hour's grace: the server ends them, none holds the stop,
+    and the process exits 0."""
+    (tmp_path / "d.yaml").write_text(CONFIG)
+    process = ServeProcess(tmp_path, {"FERRYMAN_SHUTDOWN_GRACE": "1h"}, "--config", str(tmp_path))
+    try:
+        process.wait_serving()
+        with grpc.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+            assert next(health).status == health_pb2.HealthCheckResponse.SERVING
+            events = quota_events_stub(channel).Watch(limiter_pb2.WatchQuotaEventsRequest())
+            wait_for("the watch open", lambda: _watching(process) == 1)
+            process.proc.send_signal(signal.SIGTERM)
+            statuses = [reply.status for reply in health]
+            assert statuses == [health_pb2.HealthCheckResponse.NOT_SERVING]
+            assert list(events) == []
+        assert process.wait_exit(timeout=30) == 0
+    finally:
+        process.kill()
+
+
+def _watching(process: ServeProcess) -> int:
+    """The quota event streams started (the debug port's /stats: counted as the stream
+    subscribes)."""
+    url = f"http://127.0.0.1:{process.debug_port}/stats"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    counts = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return int(counts.get("ratelimit_server.Watch.total_requests", 0))

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ def ask(port: int, value: str) -> int:
 
 
 class Workers:
-    def __init__(self, tmp_path: Path, backend: str, n: int) -> None:
+    def __init__(self, tmp_path: Path, backend: str, n: int, drain: str = "0") -> None:
         config = tmp_path / "config"
         config.mkdir()
         (config / "w.yaml").write_text(LIMIT)
@@ -80,7 +81,9 @@ class Workers:
         # and a read of it would never end.
         self.log = tmp_path / "output.log"
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            # No drain on SIGTERM unless asked: a test that does not test it would wait it out.
+            env = {**os.environ, "FERRYMAN_SHUTDOWN_DRAIN": drain}
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.seen: set[int] = set()
 
     def workers(self) -> set[int]:
@@ -94,13 +97,19 @@ class Workers:
         return listeners(self.http_port) == 2
 
     def healthy(self) -> bool:
+        return self.health() == 200
+
+    def health(self) -> int:
+        """/healthcheck's status (0: no answer)."""
         try:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.http_port}/healthcheck", timeout=2
             ) as response:
-                return bool(response.status == 200)
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
         except OSError:
-            return False
+            return 0
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -163,6 +172,29 @@ def test_a_dead_worker_is_started_again_and_sigterm_stops_all_with_0(
     assert not any(alive(pid) for pid in workers)
     output = two_workers.output()
     assert "exited with" in output and "starting it again" in output
+
+
+def test_a_second_sigterm_is_passed_on_and_ends_the_workers_drain(
+    tmp_path: Path, redis_server: RedisProcess
+) -> None:
+    """SIGTERM: every worker drains (/healthcheck answers 503, calls are answered); a
+    second SIGTERM to the supervisor reaches every worker and ends an hour-long drain:
+    all exit 0."""
+    workers = Workers(tmp_path, redis_server.url, 2, drain="1h")
+    try:
+        wait_for("both workers listening", workers.up, 60)
+        wait_for("the port answers", workers.healthy, 60)
+        serving = workers.workers()
+        workers.proc.send_signal(signal.SIGTERM)
+        wait_for("draining", lambda: workers.health() == 503, 30)
+        assert ask(workers.http_port, f"v{time.time_ns()}") == 200
+        assert workers.proc.poll() is None
+        workers.proc.send_signal(signal.SIGTERM)
+        assert workers.proc.wait(60) == 0
+        assert not any(alive(pid) for pid in serving)
+        assert workers.output().count("signalled again: the drain ends") == 2
+    finally:
+        workers.clean_up()
 
 
 # A worker ended by the stop deadline is reported in the run's summary, not failed.

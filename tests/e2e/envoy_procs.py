@@ -169,6 +169,9 @@ class FerrymanProcess:
         self.log = workdir / "ferryman.log"
         self.command = [sys.executable, "-m", "ferryman", "serve", *args]
         self.env = dict(env) if env is not None else _env_without_runtime()
+        # No drain on SIGTERM (5 s by default) unless ``env`` asks for one: a test that
+        # does not test draining would wait it out at every stop.
+        self.env.setdefault("FERRYMAN_SHUTDOWN_DRAIN", "0")
         self.proc: subprocess.Popen[bytes] | None = None
         self.grpc_port = self.http_port = self.debug_port = 0
 

@@ -56,6 +56,8 @@ class Ferryman:
         full_env.update(
             {"DOORMAN_MINIMUM_REFRESH_INTERVAL": "0", "LOG_LEVEL": "info", "GRPC_HOST": "127.0.0.1"}
         )
+        # No drain on SIGTERM unless ``env`` gives one: a stop would wait it out.
+        full_env["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
         full_env.update(env or {})
         command = [sys.executable, "-m", "ferryman", "serve", "--config", str(config)]
         command += ["--grpc-port", "0", "--http-port", "0", "--debug-port", "0", *args]

@@ -38,7 +38,8 @@ class Served:
         self.args = args or []
         self.grpc, self.http, self.debug = free_port(), free_port(), free_port()
         self.log = workdir / f"serve-{self.debug}.log"
-        self.env = {**os.environ, **(env or {})}
+        # No drain on SIGTERM unless ``env`` gives one: a stop would wait it out.
+        self.env = {**os.environ, "FERRYMAN_SHUTDOWN_DRAIN": "0", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Served:

@@ -21,9 +21,10 @@ SERVING = re.compile(r"ferryman serving: grpc :(\d+), http :(\d+), debug :(\d+)"
 
 class ServeProcess:
     """``python -m ferryman serve`` on free ports (the debug port ``debug_port`` if given)
-    with ``env`` added to a minimal environment; ``defaults`` adds USE_STATSD=false and
-    LOG_LEVEL=info to it (without them, the service's own defaults hold). ``program`` is
-    what Python runs (a script that takes ``serve``'s arguments in its place)."""
+    with ``env`` added to a minimal environment (FERRYMAN_SHUTDOWN_DRAIN=0 unless ``env``
+    gives it); ``defaults`` adds USE_STATSD=false and LOG_LEVEL=info to it (without them,
+    the service's own defaults hold). ``program`` is what Python runs (a script that takes
+    ``serve``'s arguments in its place)."""
 
     def __init__(
         self,
@@ -35,6 +36,9 @@ class ServeProcess:
         program: tuple[str, ...] = ("-m", "ferryman", "serve"),
     ) -> None:
         full = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
+        # No drain on SIGTERM (5 s by default) unless a test asks for one in ``env``: a
+        # test that does not test draining would wait it out at every stop.
+        full["FERRYMAN_SHUTDOWN_DRAIN"] = "0"
         if defaults:
             full.update(USE_STATSD="false", LOG_LEVEL="info")
         if "PYTHONPATH" in os.environ:

@@ -4,8 +4,9 @@ An API is built from ``Parts`` (the parts of the service it may use), never from
 service itself. Its ``serve`` context manager makes its servicer and runs whatever the
 protocol needs while it is served: the service enters the APIs in the registry's order
 and leaves them in reverse, as aiohttp runs its cleanup contexts. ``drain`` is the one
-step taken before the gRPC server drains its calls (ending streams that would hold the
-grace period), again in reverse order.
+step taken once the gRPC server refuses new calls and before its calls in flight are
+waited for: it ends the API's long streams, so that their clients move to another replica
+at once instead of holding the grace period; again in reverse order.
 
 A protocol with nothing to start (its module imports ``ferryman.apis.api``)::
 
@@ -27,6 +28,7 @@ module that does not import the messages.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -84,6 +86,8 @@ class Parts:
     rlqs: QuotaShares
     healthy: Callable[[], bool]
     health_names: tuple[str, ...]
+    # Set when the process starts draining: health reports not serving at once, for good.
+    draining: asyncio.Event
     grpc_port: int
     # Who may do what: every API checks its calls with ``access.require``.
     access: Access

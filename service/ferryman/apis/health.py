@@ -1,5 +1,6 @@
 """``grpc.health.v1.Health``: the service's health under every name the APIs declare, kept
-in step with ``healthy()``; NOT_SERVING for good once the server starts draining."""
+in step with ``healthy()``; NOT_SERVING for good, at once, when the process starts
+draining (while every other API still answers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from grpc_health.v1._async import HealthServicer
 from ferryman.access import Access
 from ferryman.apis import api
 from ferryman.errors import CapExceededError
-from ferryman.tasks import cancel
+from ferryman.tasks import cancel, wait_event
 
 __all__ = ["API", "SERVICE"]
 
@@ -31,16 +32,31 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
     def __init__(self, access: Access) -> None:
         super().__init__()
         self._access = access
+        # Set at shutdown: every Watch stream ends (its last status NOT_SERVING), so that
+        # none holds the server's grace period.
+        self._closed = asyncio.Event()
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         try:
             end = self._access.open_stream(context, self._access.streams)
         except CapExceededError as error:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        watching = asyncio.ensure_future(super().Watch(request, context))
+        closed = asyncio.ensure_future(self._closed.wait())
         try:
-            await super().Watch(request, context)
+            await asyncio.wait({watching, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             end()
+            closed.cancel()
+            watching.cancel()
+            # Waited for, and their errors (a write to a call the client ended) taken, even
+            # when this handler is itself being cancelled.
+            await asyncio.gather(closed, watching, return_exceptions=True)
+
+    async def close(self) -> None:
+        """NOT_SERVING under every name, for good, and every Watch stream ended."""
+        await self.enter_graceful_shutdown()
+        self._closed.set()
 
     async def List(
         self, request: health_pb2.HealthListRequest, context: Any
@@ -54,10 +70,11 @@ class _Servicer(HealthServicer):  # type: ignore[misc]  # grpc_health ships no t
 
 
 @asynccontextmanager
-async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
+async def serve(parts: api.Parts) -> AsyncIterator[_Servicer]:
     servicer = _Servicer(parts.access)
     tracker = asyncio.create_task(
-        _track(servicer, parts.healthy, parts.health_names), name="ferryman-health"
+        _track(servicer, parts.healthy, parts.health_names, parts.draining),
+        name="ferryman-health",
     )
     try:
         yield servicer
@@ -66,32 +83,37 @@ async def serve(parts: api.Parts) -> AsyncIterator[HealthServicer]:
 
 
 async def _track(
-    servicer: HealthServicer, healthy: Callable[[], bool], names: tuple[str, ...]
+    servicer: HealthServicer,
+    healthy: Callable[[], bool],
+    names: tuple[str, ...],
+    draining: asyncio.Event,
 ) -> None:
-    """Mirror ``healthy()`` into the health service as it changes."""
+    """Mirror ``healthy()`` into the health service as it changes; once ``draining`` is
+    set, NOT_SERVING under every name at once, for good."""
     serving = None
-    while True:
+    while not draining.is_set():
         now = healthy()
         if now != serving:
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if now
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in names:
-                await servicer.set(name, status)
+            await _set(servicer, names, now)
             serving = now
-        await asyncio.sleep(EVERY)
+        await wait_event(draining, EVERY)
+    await _set(servicer, names, False)
 
 
-async def _drain(servicer: HealthServicer) -> None:
-    await servicer.enter_graceful_shutdown()
+async def _set(servicer: HealthServicer, names: tuple[str, ...], serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in names:
+        await servicer.set(name, status)
 
 
 API = api.API(
     SERVICE,
     health_pb2_grpc.add_HealthServicer_to_server,
     serve,
-    drain=_drain,
+    drain=_Servicer.close,
     edge=False,
 )

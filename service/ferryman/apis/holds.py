@@ -251,6 +251,14 @@ class HoldManager:
         self._renewed_at = time.monotonic()
         self._stats.inc("ratelimit.service.holds.lease_lost")
 
+    def end_all(self, reason: str) -> None:
+        """End every session's stream, telling its client ``reason`` (the server stops):
+        unlike a lapsed lease, what each holds is still counted, and is released once, as
+        its stream ends (or by stop(), whichever comes first)."""
+        for session in self.sessions.values():
+            session.reason = reason
+            session.ended.set()
+
     def _node(self, domain: str, entries: Sequence[tuple[str, str]]) -> Rule:
         """The copy-limited node ``entries`` reach, or a client error."""
         return self._engine.resolve(domain, entries, (COPIES.name,), "copies (held resources)")[-1]

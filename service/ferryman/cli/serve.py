@@ -27,7 +27,8 @@ __all__ = ["add_parser", "run"]
 
 log = logging.getLogger("ferryman")
 
-#: Seconds a stopping process has beyond FERRYMAN_SHUTDOWN_GRACE (for the exporters' last
+#: Seconds a stopping process has beyond FERRYMAN_SHUTDOWN_DRAIN and
+#: FERRYMAN_SHUTDOWN_GRACE (for the exporters' last
 #: push and the backend's close) before it exits with status 1 and every thread's stack
 #: printed: a worker whose supervisor was killed has nobody else to end it.
 STOP_MARGIN = 30.0
@@ -115,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
         return _supervise(args, settings)
 
     async def main() -> None:
-        stop = asyncio.Event()
+        stop, cut = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+        limit = settings.shutdown_drain_seconds + settings.shutdown_grace_seconds
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _stopping, stop, settings.shutdown_grace_seconds)
-        await serve(Service(settings), stop)
+            loop.add_signal_handler(sig, _stopping, stop, cut, limit)
+        await serve(Service(settings), stop, cut)
 
     # The one place the service's event loop is chosen.
     with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -127,16 +129,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stopping(stop: asyncio.Event, grace: float) -> None:
-    """SIGTERM or SIGINT: stop gracefully, and exit regardless once the grace and
-    STOP_MARGIN have passed (the deadline is kept by a thread of faulthandler's own, which
-    needs neither the event loop nor the interpreter's lock). Half-way through the margin,
-    a stop still going logs what each task waits on."""
-    if not stop.is_set():
-        stop.set()
-        faulthandler.dump_traceback_later(grace + STOP_MARGIN, exit=True)
-        late = grace + STOP_MARGIN / 2
-        asyncio.get_running_loop().call_later(late, _still_stopping, late)
+def _stopping(stop: asyncio.Event, cut: asyncio.Event, limit: float) -> None:
+    """SIGTERM or SIGINT: drain and stop gracefully, and exit regardless once ``limit``
+    (the drain and the grace) and STOP_MARGIN have passed (the deadline is kept by a thread
+    of faulthandler's own, which needs neither the event loop nor the interpreter's lock).
+    Half-way through the margin, a stop still going logs what each task waits on. A second
+    signal ends the drain (``cut``): the stop goes on at once."""
+    if stop.is_set():
+        if not cut.is_set():
+            log.info("signalled again: the drain ends")
+            cut.set()
+        return
+    stop.set()
+    faulthandler.dump_traceback_later(limit + STOP_MARGIN, exit=True)
+    late = limit + STOP_MARGIN / 2
+    asyncio.get_running_loop().call_later(late, _still_stopping, late)
 
 
 def _still_stopping(seconds: float) -> None:
@@ -192,4 +199,5 @@ def _supervise(args: argparse.Namespace, settings: Settings) -> int:
         http_port,
         debug_port,
     )
-    return workers.Supervisor(argv, settings.workers, settings.shutdown_grace_seconds).run()
+    limit = settings.shutdown_drain_seconds + settings.shutdown_grace_seconds
+    return workers.Supervisor(argv, settings.workers, limit).run()

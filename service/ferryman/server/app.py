@@ -4,6 +4,11 @@ HTTP servers, and graceful shutdown.
 What runs is started in the order of ``Service._lifespan`` and stopped in reverse, each
 part an async context manager (as aiohttp's cleanup contexts): a start that fails part way
 leaves the stack holding exactly what was started, and ``stop`` unwinds that.
+
+A signalled process first drains (``Service.drain``: health reports not serving while
+every API answers on), then stops: the gRPC server refuses new calls, the long streams
+(Envoy's quota streams, Sessions, watch streams) are ended so that their clients move at
+once, calls in flight get the grace period, and the parts stop in reverse.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from ferryman.server import event_loop
 from ferryman.settings import Settings, check_redis_url, split_address
 from ferryman.stats import Stats
 from ferryman.statsd import StatsdSink, mogrifiers_from_env
+from ferryman.tasks import wait_event
 from ferryman.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -94,6 +100,9 @@ DEBUG_HELP = (
     "/api/v1/config[/NAME], /api/v1/history[/N], /api/v1/diff?from=A&to=B, /api/v1/rollback, "
     "/api/v1/counters/reset: the config API (bearer tokens of ADMIN_TOKENS_FILE)\n"
 )
+
+# Why a Session ends when its server stops (its client reconnects, to another replica).
+SHUTTING_DOWN = "the server is shutting down: this session's holds are released; open a new one"
 
 # Clients may ping a quiet connection this often (the Python client: every 10 s by default).
 CLIENT_PING_INTERVAL_MS = 1_000
@@ -385,10 +394,15 @@ class Service:
         self._make_pages(settings, routes)
         self._grpc: grpc.aio.Server | None = None
         self._stack = AsyncExitStack()
+        self._stopping_state()
+
+    def _stopping_state(self) -> None:
         # The APIs' drain steps, the last registered first.
         self._drains: list[Callable[[], Awaitable[None]]] = []
         self._grace: float | None = None
         self._stopping = False
+        # Set once by drain() (or stop()): health reports not serving from then on.
+        self._draining = asyncio.Event()
 
     def _count_backend_events(self) -> None:
         """The memory backend's evictions and synced counters' flushes, counted in stats."""
@@ -540,7 +554,7 @@ class Service:
         HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, also at least one domain in force (the
         reference's rule; without it, a service whose first configuration was rejected is
         healthy and answers every call with the "no configuration loaded" error)."""
-        if self._stopping:
+        if self._stopping or self._draining.is_set():
             return False
         if self.settings.health_requires_backend and not self.backend.healthy():
             return False
@@ -659,6 +673,7 @@ class Service:
             rlqs=self.rlqs,
             healthy=self.healthy,
             health_names=health_names(APIS),
+            draining=self._draining,
             grpc_port=self.grpc_port,
             access=self.access,
         )
@@ -690,19 +705,25 @@ class Service:
 
     @asynccontextmanager
     async def _serving(self) -> AsyncIterator[None]:
-        """The gRPC server serving; on the way out, the APIs drain, then the calls."""
+        """The gRPC server serving; on the way out it refuses new calls, the long streams
+        end (so that their clients move to another replica at once: this one accepts
+        none), and the calls in flight get the grace period."""
         server = self._grpc
         assert server is not None
         try:
             await server.start()
             yield
         finally:
+            # The server's first step refuses new calls; the streams end after it.
+            stopping = asyncio.ensure_future(server.stop(self._grace))
+            await asyncio.sleep(0)
             try:
+                self.holds.end_all(SHUTTING_DOWN)
                 for drain in self._drains:
                     await drain()
             finally:
                 self._drains.clear()
-                await server.stop(self._grace)
+                await stopping
                 self._grpc = None
 
     def _serving_line(self) -> tuple[Any, ...]:
@@ -738,10 +759,21 @@ class Service:
             ports.append((host, port, "PROMETHEUS_ADDR"))
         return ports
 
+    async def drain(self, seconds: float, cut: asyncio.Event | None = None) -> None:
+        """Report not serving (the health service under every name, ``/healthcheck``) at
+        once, while every API answers as before, for ``seconds`` or until ``cut`` is set:
+        the time for Kubernetes endpoints and Envoy's health checks to move traffic away."""
+        self._draining.set()
+        if seconds > 0 and not (cut is not None and cut.is_set()):
+            log.info("draining for %gs: health reports not serving, every API answers", seconds)
+            await wait_event(cut if cut is not None else asyncio.Event(), seconds)
+
     async def stop(self, grace: float | None = None) -> None:
-        """Stop accepting calls, let in-flight ones finish (up to ``grace`` seconds), close."""
+        """Stop accepting calls, end the long streams, let in-flight calls finish (up to
+        ``grace`` seconds), close."""
         self._grace = self.settings.shutdown_grace_seconds if grace is None else grace
         self._stopping = True
+        self._draining.set()
         try:
             await self._stack.aclose()
         finally:
@@ -749,14 +781,17 @@ class Service:
             await asyncio.to_thread(self.telemetry.shutdown)
 
     async def _healthcheck(self, request: HttpRequest) -> HttpResponse:
+        if self._draining.is_set():
+            return HttpResponse(503, b"draining: shutting down")
         if self.healthy():
             return HttpResponse(200, b"OK")
         return HttpResponse(500, b"unhealthy")
 
 
-async def run(service: Service, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set, then shut down gracefully. A start that fails part way
-    releases what it had started before the error goes up."""
+async def run(service: Service, stop: asyncio.Event, cut: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set, then drain (FERRYMAN_SHUTDOWN_DRAIN, or until ``cut``
+    is set) and shut down gracefully. A start that fails part way releases what it had
+    started before the error goes up."""
     starting = asyncio.ensure_future(service.start())
     stopping = asyncio.ensure_future(stop.wait())
     try:
@@ -779,6 +814,7 @@ async def run(service: Service, stop: asyncio.Event) -> None:
             return
         raise
     await stopping
-    log.info("shutting down: draining in-flight calls")
+    await service.drain(service.settings.shutdown_drain_seconds, cut)
+    log.info("shutting down: refusing new calls, ending streams, finishing calls in flight")
     await service.stop()
     log.info("stopped")

@@ -3,7 +3,8 @@
 Each worker is a whole ``ferryman serve`` (its own config watch, backend connection and
 servers) that binds every port with SO_REUSEPORT, so the kernel spreads connections over
 them. The supervisor restarts a worker that dies, and on SIGTERM or SIGINT passes it on
-to every worker and waits for them to drain. Counters must be shared between workers, so
+to every worker and waits for them to drain and stop (a second signal is passed on too:
+it ends the workers' drain). Counters must be shared between workers, so
 the memory backend is refused.
 """
 
@@ -79,11 +80,14 @@ class Supervisor:
     """Runs ``argv`` (a ``ferryman serve`` command line) as ``n`` workers until signalled."""
 
     def __init__(self, argv: Sequence[str], n: int, grace: float) -> None:
+        """``grace``: how long a worker may take to stop (its drain and grace period)."""
         self._argv = list(argv)
         self._n = n
         self._grace = grace
         self._stopping = False
         self._workers: dict[int, _Worker] = {}
+        # The workers told to stop: a further signal is passed on to them.
+        self._told: list[subprocess.Popen[bytes]] = []
 
     def _spawn(self, index: int) -> None:
         env = {**os.environ, WORKER_ENV: str(index)}
@@ -96,6 +100,10 @@ class Supervisor:
         log.info("worker %d started (pid %d)", index, process.pid)
 
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping:
+            for process in self._told:
+                if process.poll() is None:
+                    process.send_signal(signum)
         self._stopping = True
 
     def pids(self) -> list[int]:
@@ -135,6 +143,7 @@ class Supervisor:
         live = [w.process for w in self._workers.values() if w.process.poll() is None]
         for process in live:
             process.send_signal(signal.SIGTERM)
+        self._told = live
         deadline = time.monotonic() + self._grace + 5.0
         for process in live:
             try:

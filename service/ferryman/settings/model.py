@@ -1090,6 +1090,15 @@ class Settings:
         _DURATION,
         "time calls in flight get to finish after SIGTERM",
     )
+    # Before the grace: health says not serving while every API still answers, so that
+    # Kubernetes endpoints and Envoy's health checks move traffic away first.
+    shutdown_drain_seconds: float = PROCESS.setting(
+        "FERRYMAN_SHUTDOWN_DRAIN",
+        5.0,
+        _DURATION,
+        "time after SIGTERM during which health reports not serving while every API still "
+        "answers, before new calls are refused (a second signal ends it); 0: none",
+    )
     # Envoy or Istio files whose routes the debug port explains (/explain/envoy): read at
     # start; they need the ferryman[envoy] extra.
     envoy_config_files: tuple[str, ...] = PROCESS.setting(
