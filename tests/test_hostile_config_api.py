@@ -209,6 +209,7 @@ HOSTILE = {
     "list key": ("? [a, b]\n: c\ndomain: web\n", 1),
     "int tag on text": (LIMIT % "!!int abc", 4),
     "float tag on text": (LIMIT % "!!float abc", 4),
+    "empty float": (LIMIT % "!!float", 4),
     "5000 digits": (LIMIT % ("9" * 5000), 4),
     "bool key in metadata": (META % "{!!bool x: 1}", 4),
     "bad timestamp in metadata": (META % "{x: !!timestamp 2020-99-99}", 4),
