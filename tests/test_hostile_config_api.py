@@ -177,6 +177,21 @@ def test_validating_a_null_document_shows_a_web_token_nothing_of_it(served: Serv
     assert status == 200 and "-domain: web" in answer["diff"], answer
 
 
+def test_a_clash_with_a_document_the_token_may_not_read_names_nothing_of_it(
+    served: Served,
+) -> None:
+    """A web token validating a second quota file (for its own namespace) learns that a
+    document it may not read has a problem, and not which one, where, or what it holds."""
+    text = "namespaces:\n  web:\n    buckets:\n      b: {size: 1, fill_rate: 1}\n"
+    body = json.dumps(docs(a_yaml=text))
+    status, _, answer = served.api("POST", "/validate", body, WEB_READ)
+    assert status == 200 and not answer["valid"], answer
+    assert "a problem in a document this token may not read" in json.dumps(answer)
+    assert not [m for m in CONTENT + NAMES if m in json.dumps(answer)], answer
+    status, _, answer = served.api("POST", "/validate", body, ROOT)
+    assert "quota.yaml" in json.dumps(answer["problems"]), answer
+
+
 @pytest.mark.parametrize("token", [ROOT, WEB_WRITE])
 def test_a_key_that_is_not_a_string_is_refused_with_its_file_and_line(
     served: Served, token: str

@@ -485,7 +485,8 @@ class ConfigApi:
     def _reach(self, caller: Caller, changes: Mapping[str, str | None], role: str) -> None:
         """PermissionDeniedError unless ``caller`` reaches what each changed document
         defines now (in force, or in a version this replica refused) and after the change;
-        ConfigError with file and line when a new text cannot be read strictly."""
+        ConfigError with file and line when a new text cannot be read strictly. Reads up
+        to megabytes of YAML: call it in a thread."""
         store, versions = self._ready()
         befores = [store.current().documents]
         if versions.rejected is not None:
@@ -503,10 +504,14 @@ class ConfigApi:
         if caller is None or caller.reaches((ALL,)) or self.store is None:
             return exc
         documents = self.store.current().documents
+        hidden = {
+            f
+            for f in {p.file for p in exc.problems} & set(documents)
+            if not caller.reaches(document_scopes(documents[f], f))
+        }
         shown: list[ConfigProblem] = []
         for p in exc.problems:
-            text = documents.get(p.file)
-            if text is not None and not caller.reaches(document_scopes(text, p.file)):
+            if p.file in hidden:
                 p = ConfigProblem(
                     "", None, None, "", "a problem in a document this token may not read"
                 )
@@ -534,7 +539,9 @@ class ConfigApi:
         shown = dict(snap.documents)
         rejected_data = None if rejected is None else rejected.as_dict()
         if not caller.reaches((ALL,)):  # only what the token reads: no names, no problems
-            shown = {n: t for n, t in shown.items() if caller.reaches(document_scopes(t, n))}
+            shown = await asyncio.to_thread(
+                lambda: {n: t for n, t in shown.items() if caller.reaches(document_scopes(t, n))}
+            )
             version["changed"] = [n for n in snap.version.changed if n in shown]
             if len(version["changed"]) < len(snap.version.changed):
                 version["summary"] = "changes documents this token may not read"
@@ -577,7 +584,7 @@ class ConfigApi:
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
         text = self._text(request)
-        self._reach(caller, {name: text}, "write")
+        await asyncio.to_thread(self._reach, caller, {name: text}, "write")
         version = await versions.change(name, text, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
@@ -587,7 +594,7 @@ class ConfigApi:
         _, versions = self._ready()
         base = _if_match(request)
         changes = _changes(self._body(request))
-        self._reach(caller, changes, "write")
+        await asyncio.to_thread(self._reach, caller, changes, "write")
         summary = parse_qs(request.query).get("summary", [""])[0]
         version = await versions.apply(changes, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
@@ -597,7 +604,7 @@ class ConfigApi:
         name = check_name(self._name(request, f"{PREFIX}/config/"))
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
-        self._reach(caller, {name: None}, "write")
+        await asyncio.to_thread(self._reach, caller, {name: None}, "write")
         version = await versions.change(name, None, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
@@ -615,7 +622,7 @@ class ConfigApi:
                 docs[name] = text
         unread: ConfigError | None = None
         try:
-            self._reach(caller, changes, "read")
+            await asyncio.to_thread(self._reach, caller, changes, "read")
         except ConfigError as exc:  # the texts given cannot be read: the loader is not asked
             unread = exc
 
