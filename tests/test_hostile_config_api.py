@@ -207,6 +207,19 @@ def test_a_key_that_is_not_a_string_is_refused_with_its_file_and_line(
     assert served.version() == before and tracebacks(served) == 0
 
 
+def test_a_flood_of_writes_without_a_token_is_logged_at_a_bounded_rate(served: Served) -> None:
+    """200 writes without a known token are 401, counted, and logged once (then counted
+    into the next line), where a token holder's refusals are each logged with its user."""
+    log = served.log
+    before = log.read_text(errors="replace").count("/api/v1/rollback refused")
+    for _ in range(200):
+        assert served.api("POST", "/rollback", '{"version": 1}', "no-such-token")[0] == 401
+    lines = log.read_text(errors="replace").count("/api/v1/rollback refused")
+    assert lines - before <= 1, lines - before
+    assert served.api("POST", "/rollback", '{"version": 1}', WEB_WRITE)[0] == 403
+    assert "rollback refused: walt's token may not write every document" in log.read_text()
+
+
 def bomb() -> str:
     lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]

@@ -63,6 +63,7 @@ from ferryman.errors import (
     UnsupportedMediaTypeError,
     status_of,
 )
+from ferryman.logs import ThrottledLog
 from ferryman.settings import Settings
 from ferryman.stats import Stats
 from ferryman.tasks import cancel, wait_event
@@ -304,6 +305,8 @@ class ConfigApi:
         self._clock = clock
         self._quota = quota
         self._holds = holds  # a reset of held copies frees those no session holds
+        # Refusals of callers without a known token: anyone reaching the port can send them.
+        self._strangers = ThrottledLog(log)
         self.tokens = (
             TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
         )
@@ -477,7 +480,12 @@ class ConfigApi:
                     exc = self._seen_by(caller, exc)
                 if role == "write":
                     self._stats.inc(REFUSED)
-                    log.info("config API %s %s refused: %s", request.method, request.path, exc)
+                    why = str(exc)[:1000]
+                    what = f"config API {request.method} {request.path[:200]} refused: {why}"
+                    if caller is None:
+                        self._strangers.report(what)
+                    else:
+                        log.info("%s (%s)", what, caller.user)
                 return _error(exc)
 
         return guarded
