@@ -208,11 +208,12 @@ def test_a_key_that_is_not_a_string_is_refused_with_its_file_and_line(
 
 
 @pytest.mark.parametrize(
-    "name", ["x" * 300 + ".yaml", "/".join(["d" * 200] * 6) + ".yaml"], ids=["part", "path"]
+    "name", ["x" * 245 + ".yaml", "/".join(["d" * 200] * 6) + ".yaml"], ids=["part", "path"]
 )
 def test_a_name_too_long_for_a_file_is_400_naming_it(served: Served, name: str) -> None:
-    """A valid document under a name no file system takes (a part over 255 characters, a
-    path over 1024) is 400 naming ``name``, not a disk error (500), and writes nothing."""
+    """A valid document under a name too long to stage beside its file (a part over 240
+    characters; a path over 1024) is 400 naming ``name``, not a disk error (500), and
+    writes nothing."""
     before = served.version()
     status, _, answer = served.put(name, WEB.replace("domain: web", "domain: long"), before)
     assert status == 400 and "name" in answer["error"] and "too long" in answer["error"], answer

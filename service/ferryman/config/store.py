@@ -80,8 +80,9 @@ LOCK_POLL = 0.005
 # the square of the lines that differ.
 MAX_DIFF_LINES = 5000
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-# A file name's length on common file systems (NAME_MAX), and a bound on the whole path.
-MAX_PART = 255
+# A file name's length on common file systems (NAME_MAX, 255) less the staged file's dot,
+# random part and ``.tmp``; and a bound on the whole path.
+MAX_PART = 240
 MAX_NAME = 1024
 MAX_SUMMARY = 200
 
