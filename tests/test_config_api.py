@@ -564,12 +564,21 @@ def test_names_outside_the_directory_or_through_a_link_or_a_file_are_refused(
 
 
 def test_a_write_the_disk_refuses_is_an_error_and_changes_no_document(served: Served) -> None:
-    """A file that cannot be made (a name too long for the file system) answers 500 with
-    the reason, as JSON; of two documents written together, neither is written."""
+    """A file that cannot be made (in an immutable directory, which even root cannot
+    write) answers 500 with the reason, as JSON; of two documents written together,
+    neither is written."""
     base = served.version()
-    long = "n" * 300 + ".yaml"
-    docs = {"other.yaml": "domain: o1\ndescriptors: []\n", long: "domain: o2\ndescriptors: []\n"}
-    status, _, body = served.put_many(docs, base)
+    frozen = served.config / "frozen"
+    frozen.mkdir()
+    if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True).returncode:
+        frozen.rmdir()
+        pytest.skip("chattr +i is not available on this file system")
+    docs = {"other.yaml": "domain: o1\ndescriptors: []\n", "frozen/x.yaml": "domain: o2\n"}
+    try:
+        status, _, body = served.put_many(docs, base)
+    finally:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
+        frozen.rmdir()
     assert status == 500 and "cannot write" in body["error"], body
     assert "no document was changed" in body["error"]
     assert not (served.config / "other.yaml").exists()

@@ -103,8 +103,10 @@ class Served:
         kind = got.get("Content-Type", "")
         return status, got, json.loads(raw) if kind.startswith("application/json") else raw
 
-    def put(self, name: str, text: str, version: int | str) -> tuple[int, dict[str, str], Any]:
-        return self.api("PUT", f"/config/{name}", text, headers={"If-Match": f'"{version}"'})
+    def put(
+        self, name: str, text: str, version: int | str, token: str = WRITE
+    ) -> tuple[int, dict[str, str], Any]:
+        return self.api("PUT", f"/config/{name}", text, token, {"If-Match": f'"{version}"'})
 
     def put_many(
         self, documents: Mapping[str, str | None], version: int | str

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ferryman.access import http_caller
-from ferryman.access.scopes import ALL, document_scopes, require_scopes
+from ferryman.access.scopes import ALL, document_scopes, reaches, read_scopes, require_scopes
 from ferryman.access.signing import Signer
 from ferryman.algorithms.token_bucket.model import BucketStore
 from ferryman.apis.config_off import OFF, PREFIX
@@ -52,6 +52,7 @@ from ferryman.engine.reset import ResetResult, reset_counters, reset_quota_bucke
 from ferryman.errors import (
     AuthenticationError,
     ConfigError,
+    ConfigProblem,
     FerrymanError,
     NotFoundError,
     PermissionDeniedError,
@@ -62,6 +63,7 @@ from ferryman.errors import (
     UnsupportedMediaTypeError,
     status_of,
 )
+from ferryman.logs import ThrottledLog
 from ferryman.settings import Settings
 from ferryman.stats import Stats
 from ferryman.tasks import cancel, wait_event
@@ -81,6 +83,24 @@ RESETS = "ratelimit.service.config_api.counter_resets"
 FOLLOW_ERRORS = "ratelimit.service.config_api.follow_errors"
 # How often a replica on the Redis store checks the latest version (pub/sub wakes it sooner).
 FOLLOW_INTERVAL = 1.0
+# Problems listed in one answer (a hostile document can have one per line).
+MAX_PROBLEMS = 100
+
+#: Every route: (method, path) -> (its handler, the role it needs). Each handler says what
+#: its call reaches (``Caller.may``) before it reads or changes a document.
+ROUTES: dict[tuple[str, str], tuple[str, str]] = {
+    ("GET", f"{PREFIX}/config"): ("_config", "read"),
+    ("PUT", f"{PREFIX}/config"): ("_put_many", "write"),
+    ("GET", f"{PREFIX}/config/*"): ("_get", "read"),
+    ("PUT", f"{PREFIX}/config/*"): ("_put", "write"),
+    ("DELETE", f"{PREFIX}/config/*"): ("_delete", "write"),
+    ("POST", f"{PREFIX}/validate"): ("_validate", "read"),
+    ("GET", f"{PREFIX}/history"): ("_history", "read"),
+    ("GET", f"{PREFIX}/history/*"): ("_version", "read"),
+    ("GET", f"{PREFIX}/diff"): ("_diff", "read"),
+    ("POST", f"{PREFIX}/rollback"): ("_rollback", "write"),
+    ("POST", f"{PREFIX}/counters/reset"): ("_reset", "write"),
+}
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,9 @@ class Caller:
 
     def may(self, wanted: Iterable[str], role: str = "write") -> None:
         require_scopes(self.user, role, self.scopes, wanted)
+
+    def reaches(self, wanted: Iterable[str]) -> bool:
+        return reaches(self.scopes, wanted)
 
 
 class TokenFile:
@@ -187,7 +210,7 @@ def _error(exc: FerrymanError) -> HttpResponse:
     data: dict[str, Any] = {"error": str(exc)}
     if isinstance(exc, ConfigError):
         data["error"] = f"the configuration is invalid: {len(exc.problems)} problem(s)"
-        data["problems"] = [config_problem_dict(p) for p in exc.problems]
+        data["problems"] = [config_problem_dict(p) for p in exc.problems[:MAX_PROBLEMS]]
     if isinstance(exc, StaleVersionError):
         data["current"] = exc.current
     headers = {"WWW-Authenticate": "Bearer"} if type(exc) is AuthenticationError else {}
@@ -243,6 +266,13 @@ def _changes(body: Mapping[str, Any]) -> dict[str, str | None]:
         check_name(name)
         if text is not None and not isinstance(text, str):
             raise RequestError(f"documents.{name}", "expected text or null")
+        if text is not None and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RequestError(
+                    f"documents.{name}", f"not UTF-8 text (a lone surrogate at {exc.start})"
+                ) from None
         changes[name] = text
     return changes
 
@@ -290,6 +320,8 @@ class ConfigApi:
         self._clock = clock
         self._quota = quota
         self._holds = holds  # a reset of held copies frees those no session holds
+        # Refusals of callers without a known token: anyone reaching the port can send them.
+        self._strangers = ThrottledLog(log)
         self.tokens = (
             TokenFile(Path(settings.admin_tokens_file)) if settings.admin_tokens_file else None
         )
@@ -437,25 +469,14 @@ class ConfigApi:
     # -- HTTP ----------------------------------------------------------------------------------
 
     def routes(self) -> dict[tuple[str, str], Any]:
-        return {
-            ("GET", f"{PREFIX}/config"): self._guard(self._config, "read"),
-            ("PUT", f"{PREFIX}/config"): self._guard(self._put_many, "write"),
-            ("GET", f"{PREFIX}/config/*"): self._guard(self._get, "read"),
-            ("PUT", f"{PREFIX}/config/*"): self._guard(self._put, "write"),
-            ("DELETE", f"{PREFIX}/config/*"): self._guard(self._delete, "write"),
-            ("POST", f"{PREFIX}/validate"): self._guard(self._validate, "read"),
-            ("GET", f"{PREFIX}/history"): self._guard(self._history, "read"),
-            ("GET", f"{PREFIX}/history/*"): self._guard(self._version, "read"),
-            ("GET", f"{PREFIX}/diff"): self._guard(self._diff, "read"),
-            ("POST", f"{PREFIX}/rollback"): self._guard(self._rollback, "write"),
-            ("POST", f"{PREFIX}/counters/reset"): self._guard(self._reset, "write"),
-        }
+        return {key: self._guard(getattr(self, name), role) for key, (name, role) in ROUTES.items()}
 
     def _guard(self, handler: Any, role: str) -> Any:
         async def guarded(request: HttpRequest) -> HttpResponse:
             tokens = self.tokens
             if tokens is None or not tokens.refresh() or self.versions is None:
                 return HttpResponse(404, OFF)
+            caller: Caller | None = None
             try:
                 if request.method not in ("GET", "HEAD"):
                     _same_site(request)
@@ -469,20 +490,55 @@ class ConfigApi:
                 response: HttpResponse = await handler(request, caller)
                 return response
             except FerrymanError as exc:
+                if isinstance(exc, ConfigError):
+                    exc = self._seen_by(caller, exc)
                 if role == "write":
                     self._stats.inc(REFUSED)
-                    log.info("config API %s %s refused: %s", request.method, request.path, exc)
+                    why = str(exc)[:1000]
+                    what = f"config API {request.method} {request.path[:200]} refused: {why}"
+                    if caller is None:
+                        self._strangers.report(what)
+                    else:
+                        log.info("%s (%s)", what, caller.user)
                 return _error(exc)
 
         return guarded
 
-    def _scopes(self, changes: Mapping[str, str | None]) -> set[str]:
-        """The scopes a change reaches: what each document defines before and after."""
-        before = self.store.current().documents if self.store is not None else {}
-        wanted: set[str] = set()
+    def _reach(self, caller: Caller, changes: Mapping[str, str | None], role: str) -> None:
+        """PermissionDeniedError unless ``caller`` reaches what each changed document
+        defines now (in force, or in a version this replica refused) and after the change;
+        ConfigError with file and line when a new text cannot be read strictly. Reads up
+        to megabytes of YAML: call it in a thread."""
+        store, versions = self._ready()
+        befores = [store.current().documents]
+        if versions.rejected is not None:
+            befores.append(versions.rejected.snapshot.documents)
+        for name in changes:
+            for documents in befores:
+                caller.may(document_scopes(documents.get(name), name), role)
         for name, text in changes.items():
-            wanted |= document_scopes(before.get(name)) | document_scopes(text)
-        return wanted
+            if text is not None:
+                caller.may(read_scopes(name, text), role)
+
+    def _seen_by(self, caller: Caller | None, exc: ConfigError) -> ConfigError:
+        """``exc`` as ``caller`` may see it: a problem in a document its token may not read
+        says only that there is one."""
+        if caller is None or caller.reaches((ALL,)) or self.store is None:
+            return exc
+        documents = self.store.current().documents
+        hidden = {
+            f
+            for f in {p.file for p in exc.problems} & set(documents)
+            if not caller.reaches(document_scopes(documents[f], f))
+        }
+        shown: list[ConfigProblem] = []
+        for p in exc.problems:
+            if p.file in hidden:
+                p = ConfigProblem(
+                    "", None, None, "", "a problem in a document this token may not read"
+                )
+            shown.append(p)
+        return ConfigError(shown)
 
     def _name(self, request: HttpRequest, prefix: str) -> str:
         return unquote(request.path[len(prefix) :])
@@ -501,14 +557,24 @@ class ConfigApi:
         store, versions = await self._fresh()
         snap = store.current()
         rejected = versions.rejected
+        version = snap.version.as_dict()
+        shown = dict(snap.documents)
+        rejected_data = None if rejected is None else rejected.as_dict()
+        if not caller.reaches((ALL,)):  # only what the token reads: no names, no problems
+            shown = await asyncio.to_thread(
+                lambda: {n: t for n, t in shown.items() if caller.reaches(document_scopes(t, n))}
+            )
+            version["changed"] = [n for n in snap.version.changed if n in shown]
+            if len(version["changed"]) < len(snap.version.changed):
+                version["summary"] = "changes documents this token may not read"
+            if rejected_data is not None:
+                rejected_data["error"] = "the latest version is invalid"
         data = {
-            **snap.version.as_dict(),
+            **version,
             "store": store.kind,
             "read_only": store.read_only,
-            "rejected": None if rejected is None else rejected.as_dict(),
-            "documents": [
-                {"name": n, "size": len(t.encode())} for n, t in sorted(snap.documents.items())
-            ],
+            "rejected": rejected_data,
+            "documents": [{"name": n, "size": len(t.encode())} for n, t in sorted(shown.items())],
             "you": {"user": caller.user, "role": caller.role},
         }
         return _json(200, data, _etag(snap.version.number))
@@ -540,7 +606,7 @@ class ConfigApi:
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
         text = self._text(request)
-        caller.may(self._scopes({name: text}))
+        await asyncio.to_thread(self._reach, caller, {name: text}, "write")
         version = await versions.change(name, text, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
@@ -550,7 +616,7 @@ class ConfigApi:
         _, versions = self._ready()
         base = _if_match(request)
         changes = _changes(self._body(request))
-        caller.may(self._scopes(changes))
+        await asyncio.to_thread(self._reach, caller, changes, "write")
         summary = parse_qs(request.query).get("summary", [""])[0]
         version = await versions.apply(changes, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
@@ -560,7 +626,7 @@ class ConfigApi:
         name = check_name(self._name(request, f"{PREFIX}/config/"))
         base = _if_match(request)
         summary = parse_qs(request.query).get("summary", [""])[0]
-        caller.may(self._scopes({name: None}))
+        await asyncio.to_thread(self._reach, caller, {name: None}, "write")
         version = await versions.change(name, None, base, caller.user, summary, caller.origin)
         return _json(200, version.as_dict(), _etag(version.number))
 
@@ -576,14 +642,21 @@ class ConfigApi:
                 docs.pop(name, None)
             else:
                 docs[name] = text
+        unread: ConfigError | None = None
+        try:
+            await asyncio.to_thread(self._reach, caller, changes, "read")
+        except ConfigError as exc:  # the texts given cannot be read: the loader is not asked
+            unread = exc
 
         def check() -> tuple[list[dict[str, Any]], str, list[str]]:
-            problems: list[dict[str, Any]] = []
-            try:
-                versions.validate(docs)
-            except ConfigError as exc:
-                problems = [config_problem_dict(p) for p in exc.problems]
-            return (problems, *diff_documents(snap.documents, docs))
+            found = unread
+            if found is None:
+                try:
+                    versions.validate(docs)
+                except ConfigError as exc:
+                    found = self._seen_by(caller, exc)
+            problems = [config_problem_dict(p) for p in (found.problems if found else ())]
+            return (problems[:MAX_PROBLEMS], *diff_documents(snap.documents, docs))
 
         problems, diff, capped = await asyncio.to_thread(check)
         data = {
@@ -643,6 +716,8 @@ class ConfigApi:
             body = json.loads(request.body or b"{}")
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError("body", f"not JSON: {exc}") from None
+        except RecursionError:
+            raise RequestError("body", "JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise RequestError("body", "expected a JSON object")
         return body

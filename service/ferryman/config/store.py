@@ -80,6 +80,10 @@ LOCK_POLL = 0.005
 # the square of the lines that differ.
 MAX_DIFF_LINES = 5000
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A file name's length on common file systems (NAME_MAX, 255) less the staged file's dot,
+# random part and ``.tmp``; and a bound on the whole path.
+MAX_PART = 240
+MAX_NAME = 1024
 MAX_SUMMARY = 200
 
 
@@ -146,13 +150,20 @@ class Snapshot:
 
 def check_name(name: str) -> str:
     """A document name: a relative ``.yaml``/``.yml`` path of plain parts (no dot files,
-    no ``..``); RequestError naming the problem otherwise."""
+    no ``..``), each short enough to be a file's name; RequestError naming the problem
+    otherwise."""
     parts = name.split("/")
     if not name.endswith((".yaml", ".yml")) or not all(_NAME.fullmatch(p) for p in parts):
         raise RequestError(
             "name",
-            f"{name!r} is not a document name: a relative path of letters, digits, '_', '-' "
-            "and '.' ending in .yaml or .yml, no part starting with a dot",
+            f"{name[:MAX_NAME]!r} is not a document name: a relative path of letters, digits, "
+            "'_', '-' and '.' ending in .yaml or .yml, no part starting with a dot",
+        )
+    if len(name) > MAX_NAME or max(map(len, parts)) > MAX_PART:
+        raise RequestError(
+            "name",
+            f"{name[:80]!r}... is too long for a document name: at most {MAX_PART} "
+            f"characters between slashes, {MAX_NAME} in all",
         )
     return name
 
