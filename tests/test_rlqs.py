@@ -227,9 +227,9 @@ def test_a_small_increase_is_not_pushed_but_a_decrease_is() -> None:
     shares.report(b, report("quota", (gold, 25, 0, 5)))
     settle(shares)
     assert assigned(shares, a) == {}
-    shares.report(b, report("quota", (gold, 50, 0, 5)))  # b's demand up: a's share down
+    shares.report(b, report("quota", (gold, 50, 0, 5)))  # b's demand steps up to 10/s
     settle(shares)
-    assert assigned(shares, a) == {"tenant=gold": (13, 13, 1)}
+    assert assigned(shares, a) == {"tenant=gold": (10, 10, 1)}  # a's share down at once
 
 
 def test_a_closed_streams_share_is_kept_until_its_ttl_then_given_back() -> None:

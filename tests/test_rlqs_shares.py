@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -109,3 +110,15 @@ def test_small_shares_add_up_to_the_whole_rate_not_to_their_floors() -> None:
     uneven = {i: 0.3 + (i % 7) * 0.9 for i in range(500)}
     total = sum(b.per_second for b in buckets_of(uneven, 1.0).values())
     assert sum(uneven.values()) - 1 < total <= sum(uneven.values())
+
+
+def test_a_step_in_demand_is_taken_at_once_a_wavering_one_smoothed() -> None:
+    """From a steady 10/s, a report of 30/s (departing from the window by more than STEP)
+    is the demand at once; reports that waver around 10/s are averaged over the window."""
+    meter = Meter()
+    for _ in range(WINDOW_REPORTS):
+        meter = observe(meter, 50, 5)
+    assert observe(meter, 150, 5).rate == 30.0
+    wavering = observe(observe(meter, 55, 5), 45, 5)
+    assert wavering.rate == pytest.approx(10.0)
+    assert observe(meter, 55, 5).rate == pytest.approx(155 / 15)

@@ -42,6 +42,9 @@ TTL_SECONDS = 3 * REPORT_SECONDS
 #: Demand is the rate over the last reports that covered time: steady demand settles in this
 #: many reports.
 WINDOW_REPORTS = 3
+#: A report whose rate departs from the window's by more than this share of it is a step
+#: in demand, taken at once: a step reaches the shares within one report and one tick.
+STEP = 0.25
 #: The longest fill interval handed out; a share below one token per this long gets one.
 MAX_FILL_SECONDS = 60
 #: A token count is rounded down; a fill interval longer than one second is taken when it
@@ -63,11 +66,16 @@ class Meter:
 
 def observe(meter: Meter, hits: int, seconds: int) -> Meter:
     """``meter`` after a report of ``hits`` (allowed + denied) over ``seconds`` (whole, as
-    Envoy sends them): a 0 s report's hits count toward the next report."""
+    Envoy sends them): a 0 s report's hits count toward the next report. The rate is the
+    window's, smoothing a demand that wavers; a report that departs from it by more than
+    STEP is a step in demand, taken at once (the window catches up over its reports)."""
     if seconds <= 0:
         return Meter(meter.window, meter.pending + hits, meter.rate)
+    latest = (hits + meter.pending) / seconds
     window = (*meter.window, (hits + meter.pending, seconds))[-WINDOW_REPORTS:]
     rate = sum(h for h, _ in window) / sum(s for _, s in window)
+    if abs(latest - rate) > STEP * max(rate, 1.0):
+        rate = latest
     return Meter(window, 0, rate)
 
 
