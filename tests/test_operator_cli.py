@@ -209,7 +209,14 @@ def test_check_format_json_lists_domains_and_limits(workdir: Path) -> None:
     [domain] = report["domains"]
     assert (domain["name"], domain["files"]) == ("d", ["descriptors/d.yaml"])
     assert domain["limits"] == [
-        {"key": "d.k", "limit": "5/minute", "name": None, "shadow_mode": False, "quota_mode": False}
+        {
+            "key": "d.k",
+            "limit": "5/minute",
+            "name": None,
+            "shadow_mode": False,
+            "quota_mode": False,
+            "max_wait": None,
+        }
     ]
 
 
