@@ -269,3 +269,25 @@ def test_rises_wait_for_the_falls_before_them_so_the_envoys_never_hold_more_than
     assert [assigned(shares, s) for s in others] == [{}] * 9
     shares.raise_deferred()
     assert [assigned(shares, s) for s in others] == [{"route=r": (10, 10, 1)}] * 9
+
+
+def test_a_full_table_makes_room_among_the_idle_buckets_of_the_caller_holding_most() -> None:
+    """Room for 4 buckets: a caller fills them, two of them idle (no request in their last
+    report); another caller's new bucket takes an idle one's place, abandoned to its Envoy,
+    and the caller's busy buckets stay; with no idle bucket left, a new one is refused."""
+    limits = Limits(buckets=4)
+    shares = QuotaShares(holder_of(CONFIG), ManualClock(), Stats(), limits=limits)
+    hog, real = shares.open("hog", "anonymous@10.0.0.9"), shares.open("real", "spiffe://real")
+    busy = [({"route": f"b{i}"}, 1, 0, 5) for i in range(2)]
+    idle = [({"route": f"i{i}"}, 0, 0, 5) for i in range(2)]
+    shares.report(hog, report("mesh", *busy, *idle))
+    assert len(shares.buckets) == 4
+    assigned(shares, hog)
+    shares.report(real, report("mesh", ({"route": "mine"}, 1, 0, 0)))
+    assert assigned(shares, real) == {"route=mine": (1000, 1000, 1)}
+    assert assigned(shares, hog) == {"route=i0": "abandon"}
+    shares.report(real, report("mesh", ({"route": "mine"}, 1, 0, 5), ({"route": "m2"}, 1, 0, 0)))
+    assert "route=m2" in assigned(shares, real)
+    shares.report(real, report("mesh", ({"route": "m3"}, 1, 0, 0)))
+    assert "route=m3" not in assigned(shares, real)  # the hog's buckets are all busy
+    assert sorted(dict(k[1])["route"] for k in shares.buckets) == ["b0", "b1", "m2", "mine"]

@@ -416,9 +416,11 @@ class QuotaShares:
         # Ended streams' assignments, by when their time to live runs out.
         self._ending: list[tuple[float, int, BucketKey]] = []
         self.pairs = 0
-        # Streams and pairs held by each caller, for the caps per caller.
+        # Streams and pairs held by each caller, for the caps per caller, and each caller's
+        # idle buckets (stream, bucket), the first to go when room is needed.
         self._streams_of: dict[str, int] = {}
         self._pairs_of: dict[str, int] = {}
+        self._idle_of: dict[str, dict[tuple[int, BucketKey], None]] = {}
         # Learning: until then demand is recorded and nothing is divided (see tick).
         self._learning_until = clock.now() + limits.learning_seconds
         self.learning = limits.learning_seconds > 0
@@ -467,6 +469,11 @@ class QuotaShares:
         user = bucket.users.pop(sid)
         self.pairs -= 1
         _forget(self._pairs_of, user.claimant)
+        idle = self._idle_of.get(user.claimant)
+        if idle is not None:
+            idle.pop((sid, bucket.key), None)
+            if not idle:
+                del self._idle_of[user.claimant]
         if bucket.users:
             self._mark(bucket)
         else:
@@ -527,6 +534,7 @@ class QuotaShares:
             user.denied += usage.num_requests_denied
             user.reports += 1
             user.idle = 0 if hits else user.idle + 1
+            self._note_idle(stream, bucket.key, user)
             if user.idle >= IDLE_REPORTS:
                 self._abandon(stream, bucket)
             elif user.sent is not None:
@@ -541,16 +549,7 @@ class QuotaShares:
         bucket = stream.buckets.get(key)
         if bucket is not None:
             return bucket
-        limits = self.limits
-        if (
-            len(stream.buckets) >= limits.buckets_per_stream
-            or self.pairs >= limits.pairs
-            or (
-                limits.pairs_per_caller
-                and self._pairs_of.get(stream.claimant, 0) >= limits.pairs_per_caller
-            )
-            or (key not in self.buckets and len(self.buckets) >= limits.buckets)
-        ):
+        if not self._room_for(stream, key):
             # No answer: Envoy applies the filter's no-assignment behaviour to it.
             self._stats.inc(f"{RLQS}.buckets_refused")
             return None
@@ -560,6 +559,53 @@ class QuotaShares:
             self.buckets[key] = bucket
         stream.buckets[key] = bucket
         return bucket
+
+    def _room_for(self, stream: _Stream, key: BucketKey) -> bool:
+        """Whether ``stream`` may hold one more bucket, ``key``. A caller at its own cap
+        makes room among its own idle buckets; a full table, among the idle buckets of
+        the caller holding the most (an idle bucket: its last report had no request)."""
+        limits = self.limits
+        if len(stream.buckets) >= limits.buckets_per_stream:
+            return False
+        mine = self._pairs_of.get(stream.claimant, 0)
+        capped = bool(limits.pairs_per_caller) and mine >= limits.pairs_per_caller
+        if capped and not self._evict_idle(stream.claimant, need_bucket=False):
+            return False
+        new_bucket = key not in self.buckets
+        while self.pairs >= limits.pairs or (new_bucket and len(self.buckets) >= limits.buckets):
+            most = max(self._idle_of, key=lambda c: self._pairs_of.get(c, 0), default=None)
+            full = len(self.buckets) >= limits.buckets and new_bucket
+            if most is None or not self._evict_idle(most, need_bucket=full):
+                return False
+        return True
+
+    def _note_idle(self, stream: _Stream, key: BucketKey, user: _Usage) -> None:
+        idle = self._idle_of.setdefault(stream.claimant, {})
+        if user.idle:
+            idle[stream.id, key] = None
+        else:
+            idle.pop((stream.id, key), None)
+            if not idle:
+                del self._idle_of[stream.claimant]
+
+    def _evict_idle(self, claimant: str, need_bucket: bool) -> bool:
+        """Abandon one idle bucket of ``claimant`` (with ``need_bucket``, one no other Envoy
+        holds, so that the bucket goes too); whether one was."""
+        idle = self._idle_of.get(claimant, {})
+        for sid, key in list(idle):
+            del idle[sid, key]
+            stream, bucket = self.streams.get(sid), self.buckets.get(key)
+            if stream is None or bucket is None or sid not in bucket.users:
+                continue
+            if need_bucket and len(bucket.users) > 1:
+                idle[sid, key] = None  # kept: it frees no bucket
+                continue
+            self._abandon(stream, bucket)
+            self._stats.inc(f"{RLQS}.evicted")
+            return True
+        if not idle:
+            self._idle_of.pop(claimant, None)
+        return False
 
     def _resolve(self, key: BucketKey) -> Resolved:
         return resolve_in(self._holder.config, key[0], dict(key[1]), self._shadow_mode)
