@@ -627,12 +627,14 @@ class QuotaShares:
         return self.leases.capacity(bucket.key, min(wants, rate.per_second))
 
     def poll_leases(self) -> None:
-        """Re-divide every bucket whose lease changed (and so reach a new bucket's Envoys
-        once its first lease comes)."""
-        for bucket in list(self.buckets.values()):
-            rate = bucket.resolved.rate
-            shared = bucket.resolved.answer == "share" and rate is not None
-            if shared and rate is not None and self._capacity(bucket, rate) != bucket.capacity:
+        """Mark every bucket whose lease changed (and so reach a new bucket's Envoys once its
+        first lease comes): a look at each lease, not at its Envoys (their demand is asked
+        for when the bucket is divided)."""
+        leases = self.leases
+        if leases is None:
+            return
+        for key, bucket in self.buckets.items():
+            if bucket.resolved.answer == "share" and leases.current(key) != bucket.capacity:
                 self._mark(bucket)
 
     def refresh(self) -> None:

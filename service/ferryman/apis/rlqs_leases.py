@@ -125,6 +125,14 @@ class BucketLeases:
         capacity = resource.capacity
         return capacity if resource.mode == "lease" else None
 
+    def current(self, key: Key) -> float | None:
+        """The rate this replica may hand out for ``key`` now, asking nothing (None: no
+        live lease)."""
+        resource = self._held.get(key)
+        if self.client is None or resource is None or resource.mode != "lease":
+            return None
+        return resource.capacity
+
     def forget(self, key: Key) -> None:
         resource = self._held.pop(key, None)
         if resource is not None:
