@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers.soak import Outcome, Plan, Soak, leaked
+from helpers.soak import PERIOD, Outcome, Plan, Soak, leaked
 
 
 def plan_for(minutes: float, rate: float, redis_every: float) -> Plan:
@@ -78,7 +78,7 @@ def goals(outcome: Outcome) -> list[tuple[str, bool, str]]:
     out.append(("RSS within 5% of its value after warm-up", rss_ok, "; ".join(rss)))
     leaks = leaked(outcome)
     out.append(("descriptors and tasks flat", not leaks, "; ".join(leaks) or "within 8"))
-    lost, doubled, skipped = outcome.accounting()
+    lost, doubled, _ = outcome.accounting()
     out.append(
         (
             "nothing lost or doubled",
@@ -103,7 +103,6 @@ def goals(outcome: Outcome) -> list[tuple[str, bool, str]]:
             f" leases {outcome.leases_out:g}",
         )
     )
-    del skipped
     return out
 
 
@@ -155,7 +154,7 @@ def main() -> None:
     print(
         f"\nfixed-window hits: {result['ok_answers']} OK answers, {result['stored_hits']} in"
         f" Redis, {result['errors']} calls answered with an error; {result['periods']} periods"
-        f" of {10} s, left out for a Redis fault: {result['periods_left_out'] or 'none'}"
+        f" of {PERIOD} s, left out for a Redis fault: {result['periods_left_out'] or 'none'}"
     )
     print(f"lost in periods: {result['lost_periods']}; doubled in: {result['doubled_periods']}")
     print(
