@@ -218,6 +218,7 @@ class Pages:
         return {
             "healthy": self.service.healthy(),
             "event_loop": self.service.event_loop,
+            "asyncio_tasks": len(asyncio.all_tasks()),
             "heap": heap.describe(),
             "config": {
                 "version": holder.version,
