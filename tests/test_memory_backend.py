@@ -6,6 +6,7 @@ What every store does is in the conformance suite, tests/test_store_*.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 from ferryman.algorithms.burst.model import BurstPolicy, BurstRequest, Tier
@@ -27,6 +28,8 @@ from ferryman.algorithms.token_bucket.model import BucketRef, BucketSpec, TakeSt
 from ferryman.backends.memory import MemoryBackend
 from ferryman.clock import ManualClock
 from ferryman.core.periods import Span
+
+from helpers.server import ConfigDir, ServerFactory
 
 
 def op(key: str, hits: int = 1, limit: int = 10, expires_at: int = 60) -> CounterOp:
@@ -268,3 +271,31 @@ def test_held_copies_count_against_the_cap_and_live_holds_are_never_dropped() ->
     assert copies.counts("n") == {"d:c": 1, "d:d": 1, "all": 2}
     assert backend.cap.shares()["copies"] == backend.cap.held() == len(copies) == 7
     assert backend.cap.evicted == 2 and backend.cap.refused == 2
+
+
+DYNAMIC = """
+namespaces:
+  per_user:
+    dynamic_bucket_template:
+      {size: 2, fill_rate: 0.001, wait_timeout_millis: 0, max_tokens_per_request: 1}
+"""
+
+
+def test_status_shows_the_quota_buckets_share_and_new_buckets_past_the_cap_are_refused(
+    config_dir: ConfigDir, make_server: ServerFactory
+) -> None:
+    """A caller naming 80 new dynamic buckets over POST /quota/allow under
+    MEMORY_MAX_KEYS=50: none is full again, so the first 50 are kept and the rest refused
+    REJECTED_TOO_MANY_BUCKETS; /status counts them as the ``quota`` share of the cap."""
+    config_dir.write("quota.yaml", DYNAMIC)
+    server = make_server(memory_max_keys=50)
+    answers = []
+    for i in range(80):
+        body = {"namespace": "per_user", "bucket_name": f"u{i}", "tokens_requested": 1}
+        answers.append(
+            json.loads(server.http("POST", "/quota/allow", json.dumps(body).encode())[1])
+        )
+    assert [a["status"] for a in answers] == ["OK"] * 50 + ["REJECTED_TOO_MANY_BUCKETS"] * 30
+    memory = json.loads(server.http("GET", "/status", debug=True)[1])["memory"]
+    assert memory["kinds"]["quota"] == memory["keys"] == 50, memory
+    assert memory["refused"] == 30 and memory["evicted"] == 0, memory
