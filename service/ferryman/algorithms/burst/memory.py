@@ -28,7 +28,7 @@ from ferryman.algorithms.burst.model import (
     view,
 )
 from ferryman.clock import Clock
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import SCAN_PAST, MemoryCap
 
 __all__ = ["MemoryBursts"]
 
@@ -75,10 +75,18 @@ class MemoryBursts:
             return self._make_room(want)
 
     def _make_room(self, want: int) -> int:
-        """Forget up to ``want`` tenants as good as new, least recently granted first."""
-        now, gone = self._now, 0
+        """Forget up to ``want`` tenants as good as new, least recently granted first (the
+        oldest few only: those further in were granted later and are no nearer idle)."""
+        now, gone, budget = self._now, 0, SCAN_PAST
         for _, tenants in self._nodes.values():
-            names = [t for t, entry in tenants.items() if _idle(entry, now)][: want - gone]
+            names: list[str] = []
+            for name, entry in tenants.items():
+                if gone + len(names) >= want or budget < 0:
+                    break
+                if _idle(entry, now):
+                    names.append(name)
+                else:
+                    budget -= 1
             for name in names:
                 del tenants[name]
             gone += len(names)

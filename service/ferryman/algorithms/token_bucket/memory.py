@@ -18,7 +18,7 @@ from ferryman.algorithms.token_bucket.model import (
     refilled,
 )
 from ferryman.clock import Clock
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import SCAN_PAST, MemoryCap
 
 __all__ = ["SWEEP_LIMIT", "MemoryNodeBuckets", "MemoryTokenBucketStore", "now_micros"]
 
@@ -78,15 +78,17 @@ class MemoryTokenBucketStore:
 
     def make_room(self, want: int) -> int:
         """Forget up to ``want`` dynamic buckets full again, least recently used first in
-        each namespace."""
-        now_us, gone = self._now_us, 0
+        each namespace (the oldest few only: later ones were used later)."""
+        now_us, gone, budget = self._now_us, 0, SCAN_PAST
         for namespace, buckets in self._dynamic.items():
             names: list[str] = []
             for name, entry in buckets.items():
-                if gone + len(names) >= want:
+                if gone + len(names) >= want or budget < 0:
                     break
                 if entry.state is None or entry.spec is None or _full(entry, now_us):
                     names.append(name)
+                else:
+                    budget -= 1
             for name in names:
                 del buckets[name]
             if names:
