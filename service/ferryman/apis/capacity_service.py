@@ -125,6 +125,7 @@ class CapacityService:
         """A new master knows no leases and starts in learning mode; a replica keeps none."""
         if self.state is not None:
             self._unconfigured_before += self.state.unconfigured_requests
+            self.state.reset(self.clock.now())  # its leases no longer count as held
         if not master:
             self.state = None
             return
@@ -133,6 +134,7 @@ class CapacityService:
             min_refresh_interval=self.settings.doorman_minimum_refresh_interval,
             grant_unconfigured=self.settings.doorman_grant_unconfigured,
             on_new_resource=self.parent.wake if self.parent is not None else None,
+            cap=getattr(self._backend, "cap", None),
         )
         self.state.reset(self.clock.now())
 

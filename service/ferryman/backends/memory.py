@@ -28,7 +28,7 @@ class InProcessStores:
         return self._stores[name]
 
     def quota_store(self, prefix: str, clock: Clock) -> BucketStore:
-        return MemoryTokenBucketStore(clock)
+        return MemoryTokenBucketStore(clock, self.cap)
 
     def clear(self) -> None:
         """Forget every counter, tier log, bucket and window (held copies end with their

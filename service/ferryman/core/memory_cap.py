@@ -17,7 +17,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EVICTED", "EVICT_FRACTION", "REFUSED", "Held", "MemoryCap", "forget_oldest"]
+__all__ = [
+    "EVICTED",
+    "EVICT_FRACTION",
+    "REFUSED",
+    "SCAN_PAST",
+    "Held",
+    "MemoryCap",
+    "forget_oldest",
+]
 
 #: Counted per entry forgotten to make room, and per new entry refused for want of it.
 EVICTED = "ratelimit.service.memory.evicted_keys"
@@ -25,6 +33,11 @@ REFUSED = "ratelimit.service.memory.refused_keys"
 
 #: Room made at once when the cap is reached: this fraction of the cap.
 EVICT_FRACTION = 64
+
+#: Entries not safe to forget that a store looks past, at most, when making room (its
+#: least recently used come first, the further in the more recently used): a full cap
+#: with nothing safe to forget costs a request a short look, not one over every entry.
+SCAN_PAST = 64
 
 
 class Held(Protocol):

@@ -70,7 +70,7 @@ class BurstAlgorithm(AlgorithmBase):
     def memory_store(self, options: StoreOptions) -> BurstStore:
         from ferryman.algorithms.burst.memory import MemoryBursts
 
-        return MemoryBursts(options.clock)
+        return MemoryBursts(options.clock, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> BurstStore:
         from ferryman.algorithms.burst.redis import RedisBursts

@@ -84,7 +84,7 @@ class CopiesAlgorithm(AlgorithmBase):
     def memory_store(self, options: StoreOptions) -> CopyStore:
         from ferryman.algorithms.copies.memory import MemoryCopies
 
-        return MemoryCopies(options.clock)
+        return MemoryCopies(options.clock, options.cap)
 
     def redis_store(self, connection: Any, options: StoreOptions) -> CopyStore:
         from ferryman.algorithms.copies.redis import RedisCopies

@@ -3,6 +3,14 @@
 Counts per node ("d:<tenant>", "g:<group>", "all"), each server's contribution to them, the
 servers' lease expiries, and staged transfers. Every operation first takes back what servers
 with lapsed leases held and what transfers nobody seized in time still hold.
+
+What a node keeps (its counts, Envoy holds and the tenants that have some, servers' leases
+and lapsed servers, staged transfers, grants not collected yet) counts against the memory
+backend's cap (``MEMORY_MAX_KEYS``, ``core.memory_cap``; ``copies`` in its shares). To make
+room, only what nothing holds any more goes: holds, leases, transfers and grants past their
+time (as the next operation on their node would take them back) and tenants whose Envoy
+holds are all gone; a live hold is never forgotten. A new hold that finds no room is
+refused (no copies granted), as when the node is full.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from ferryman.algorithms.copies.model import (
     shared_room,
 )
 from ferryman.clock import Clock
+from ferryman.core.memory_cap import MemoryCap
 from ferryman.errors import HoldError, LeaseLostError, NotFoundError
 
 __all__ = ["MemoryCopies"]
@@ -85,18 +94,37 @@ class _Node:
     envoy_order: dict[str, deque[str]] = field(default_factory=dict)
     queue: _Queue = field(default_factory=_Queue)
 
+    def __len__(self) -> int:
+        return (
+            len(self.counts)
+            + len(self.leases)
+            + len(self.dead)
+            + len(self.transfers)
+            + len(self.envoy)
+            + len(self.envoy_order)
+            + len(self.queue.granted)
+        )
+
 
 _fields = hold_fields
+
+
+def _live(state: _Node, ids: deque[str]) -> bool:
+    """Whether any of a tenant's Envoy hold ids is still held."""
+    return any(hid in state.envoy for hid in ids)
 
 
 class MemoryCopies:
     """The copy store of the memory backend: held copies of every copy-limited node, each
     operation atomic under one lock."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, cap: MemoryCap | None = None) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
+        self._now_ms = 0  # the last operation's time, for making room between operations
+        self.cap = MemoryCap() if cap is None else cap
+        self.cap.join("copies", self)
         # Transfers that lapsed unclaimed, all nodes together (copies.lua reports the same
         # count per call, which the Redis backend adds up under the same name).
         self.transfers_expired = 0
@@ -104,6 +132,42 @@ class MemoryCopies:
 
     #: Grants are announced in this process, as they happen.
     pushes = True
+
+    def __len__(self) -> int:
+        """Entries held over every node (nodes are configured: a handful)."""
+        return sum(len(state) for state in self._nodes.values())
+
+    def make_room(self, want: int) -> int:
+        with self._lock:
+            return self._make_room(want)
+
+    def _make_room(self, want: int) -> int:
+        """Take back what is past its time on every node and forget the tenants with no
+        Envoy hold left; how many entries went (``want`` is a floor, not a bound: what is
+        past its time goes at once)."""
+        before = len(self)
+        for state in self._nodes.values():
+            self._clean(state, "", self._now_ms)
+            for tenant in [t for t, ids in state.envoy_order.items() if not _live(state, ids)]:
+                del state.envoy_order[tenant]
+            if before - len(self) >= want:
+                break
+        return max(0, before - len(self))
+
+    def _admit(
+        self, state: _Node, tenant: str, groups: tuple[CopyGroup, ...], envoy: bool = False
+    ) -> bool:
+        """Whether a hold of ``tenant`` may be kept: the counts it starts (a tenant or
+        group holding nothing yet) and, for Envoy, its hold id and tenant, fit the cap."""
+        if not self.cap.max_keys:
+            return True
+        counts = state.counts
+        need = sum(f not in counts for f in _fields(tenant, tuple(g.name for g in groups)))
+        if envoy:
+            need += 1 + (tenant not in state.envoy_order)
+        elif not need:
+            return True
+        return self.cap.admit(self, need, self._make_room)
 
     async def granted(self, holder: Holder, waiters: list[str]) -> list[str]:
         with self._lock:
@@ -166,6 +230,19 @@ class MemoryCopies:
         our lease renewed (``serving``: the call acts on this server's own holds)."""
         server = holder.server
         state = self._nodes.setdefault(holder.node, _Node())
+        self._now_ms = now_ms
+        lost = self._clean(state, server, now_ms)
+        if serving and (lost or server in state.dead):
+            raise LeaseLostError(f"the lease of server {server} lapsed; its holds were freed")
+        if serving:
+            state.leases[server] = now_ms + holder.lease_ms
+        if state.queue.by_priority or state.queue.granted:
+            self._serve(state, now_ms)
+        return state
+
+    def _clean(self, state: _Node, server: str, now_ms: int) -> bool:
+        """Take back what lapsed leases, expired transfers and Envoy holds held; whether
+        ``server``'s own lease was one."""
         lost = False
         for sid, expiry in list(state.leases.items()):
             if expiry < now_ms:
@@ -176,8 +253,6 @@ class MemoryCopies:
         for sid, when in list(state.dead.items()):
             if when < now_ms - 86_400_000:
                 del state.dead[sid]
-        if serving and (lost or server in state.dead):
-            raise LeaseLostError(f"the lease of server {server} lapsed; its holds were freed")
         for tid, transfer in list(state.transfers.items()):
             if transfer.expires_ms < now_ms:
                 for f in _fields(transfer.tenant, transfer.groups):
@@ -187,11 +262,7 @@ class MemoryCopies:
         for hid, (expiry, *_rest) in list(state.envoy.items()):
             if expiry < now_ms:
                 self._drop_envoy(state, hid, None)
-        if serving:
-            state.leases[server] = now_ms + holder.lease_ms
-        if state.queue.by_priority or state.queue.granted:
-            self._serve(state, now_ms)
-        return state
+        return lost
 
     def _drop_envoy(self, state: _Node, hold_id: str, count: int | None) -> int:
         expiry, tenant, held, groups = state.envoy[hold_id]
@@ -220,6 +291,8 @@ class MemoryCopies:
         with self._lock:
             state = self._node(holder, now_ms, serving=False)
             granted = self._room(state, tenant, policy, groups, copies, copies)
+            if granted and not self._admit(state, tenant, groups, envoy=True):
+                granted = 0  # no room to keep the hold: refused as when the node is full
             if granted:
                 names = tuple(g.name for g in groups)
                 for f in _fields(tenant, names):
@@ -311,6 +384,8 @@ class MemoryCopies:
             queue = state.queue
             if not queue.by_priority:
                 granted = self._room(state, tenant, policy, groups, copies, min_copies)
+                if granted and not self._admit(state, tenant, groups):
+                    return self._outcome(state, tenant, groups, 0)  # no room to keep it
                 if granted:
                     self._grant(state, holder.server, tenant, groups, granted)
                     return self._outcome(state, tenant, groups, granted)

@@ -3,6 +3,12 @@
 All time comes from the caller (``now``, epoch seconds), so tests step through lease
 lengths in microseconds. Nothing here awaits: a request is served in one step of the event
 loop, so concurrent refreshes cannot over-commit.
+
+Each client's lease of a resource is one entry against the memory backend's cap
+(``MEMORY_MAX_KEYS``, ``core.memory_cap``; ``leases`` in its shares). A new one that would
+pass it first makes room: expired leases go (their clients hold nothing any more); a live
+lease is never forgotten, since its capacity would then be granted twice. With no room, the
+new client gets nothing (a lease of 0, not kept) and asks again at its refresh interval.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 
 from ferryman.algorithms.leases.algorithms import Division, divide
 from ferryman.algorithms.leases.model import Band, Demand, Kind, Lease, ResourceTemplate
+from ferryman.core.memory_cap import MemoryCap
 
 __all__ = ["Band", "ClientEntry", "LeaseState", "ResourceState", "TemplateSource"]
 
@@ -33,12 +40,26 @@ class ClientEntry:
     bands: tuple[Band, ...] = ()
 
 
+class _Tally:
+    """Clients' leases held over every resource of a lease state."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class ResourceState:
     """One resource: its template, its clients' demands and leases, and running sums."""
 
     def __init__(
-        self, resource_id: str, template: ResourceTemplate, recompute_interval: float = 0.0
+        self,
+        resource_id: str,
+        template: ResourceTemplate,
+        recompute_interval: float = 0.0,
+        tally: _Tally | None = None,
     ) -> None:
+        self.tally = _Tally() if tally is None else tally
         self.resource_id = resource_id
         self.template = template
         self.recompute_interval = recompute_interval
@@ -83,10 +104,12 @@ class ResourceState:
             self._served = 0
         return self._division
 
-    def expire(self, now: float) -> None:
-        """Forget the clients whose leases have run out."""
+    def expire(self, now: float, most: int = -1) -> int:
+        """Forget the clients whose leases have run out (``most`` of them, -1: all); how
+        many were."""
         heap = self._expiries
-        while heap and heap[0][0] <= now:
+        before = len(self.clients)
+        while heap and heap[0][0] <= now and before - len(self.clients) != most:
             _, client_id = heapq.heappop(heap)
             entry = self.clients.get(client_id)
             if entry is not None and entry.lease.expiry_time <= now:
@@ -96,11 +119,13 @@ class ResourceState:
             # No float drift survives an empty resource.
             self.sum_leases = self.sum_wants = 0.0
             self.sum_weight = 0
+        return before - len(self.clients)
 
     def remove(self, client_id: str) -> None:
         entry = self.clients.pop(client_id, None)
         if entry is None:
             return
+        self.tally.n -= 1
         self.sum_leases -= entry.lease.capacity
         self.sum_wants -= entry.wants
         self.sum_weight -= entry.weight
@@ -170,6 +195,7 @@ class ResourceState:
         lease = Lease(expiry, float(spec.refresh_interval), gets)
         self.sum_leases += gets - old
         previous = self.clients.get(client_id)
+        self.tally.n += entry is None  # a new client, whichever way it came in
         self.clients[client_id] = ClientEntry(client_id, priority, wants, weight, lease, now, bands)
         if previous is None or previous.lease.expiry_time != expiry:
             heapq.heappush(self._expiries, (expiry, client_id))
@@ -202,6 +228,7 @@ class LeaseState:
         unconfigured_lease: int = 60,
         recompute_interval: float = 0.1,
         on_new_resource: Callable[[str], None] | None = None,
+        cap: MemoryCap | None = None,
     ) -> None:
         self.source = source
         self.min_refresh_interval = min_refresh_interval
@@ -212,10 +239,30 @@ class LeaseState:
         self.master_since = 0.0
         self.unconfigured_requests = 0
         self._on_new_resource = on_new_resource
+        self._tally = _Tally()
+        self._now = 0.0  # the last request's time, for making room between requests
+        self.cap = MemoryCap() if cap is None else cap
+        self.cap.join("leases", self)
+
+    def __len__(self) -> int:
+        """Clients' leases held, over every resource."""
+        return self._tally.n
+
+    def make_room(self, want: int) -> int:
+        """Forget up to ``want`` expired leases (a live one is never forgotten)."""
+        gone = 0
+        for state in list(self.resources.values()):
+            gone += state.expire(self._now, want - gone)
+            if not state.clients:
+                del self.resources[state.resource_id]
+            if gone >= want:
+                break
+        return gone
 
     def reset(self, now: float) -> None:
         """Start over (on becoming master): no leases known, learning mode from ``now``."""
         self.resources.clear()
+        self._tally.n = 0
         self.master_since = now
 
     def learning_until(self, template: ResourceTemplate) -> float:
@@ -227,9 +274,10 @@ class LeaseState:
         if template is None:
             if state is not None:  # its template was removed from the configuration
                 del self.resources[resource_id]
+                self._tally.n -= len(state.clients)
             return None
         if state is None:
-            state = ResourceState(resource_id, template, self.recompute_interval)
+            state = ResourceState(resource_id, template, self.recompute_interval, self._tally)
             self.resources[resource_id] = state
             if self._on_new_resource is not None:
                 self._on_new_resource(resource_id)
@@ -262,6 +310,12 @@ class LeaseState:
             return Lease(expiry, interval, gets), gets, None
         weight = max(1, sum(b.clients for b in bands)) if bands else 1
         template = state.template
+        self._now = now
+        if client_id not in state.clients and self.cap.max_keys and not self.cap.admit(self):
+            # No room, and no expired lease to forget: nothing granted, nothing kept.
+            expiry = float(math.floor(now) + template.algorithm.refresh_interval)
+            interval = float(template.algorithm.refresh_interval)
+            return Lease(expiry, interval, 0.0), state.safe_capacity(), template
         lease = state.grant(
             client_id,
             priority=priority,

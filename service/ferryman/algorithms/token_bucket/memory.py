@@ -18,7 +18,7 @@ from ferryman.algorithms.token_bucket.model import (
     refilled,
 )
 from ferryman.clock import Clock
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import SCAN_PAST, MemoryCap
 
 __all__ = ["SWEEP_LIMIT", "MemoryNodeBuckets", "MemoryTokenBucketStore", "now_micros"]
 
@@ -32,28 +32,72 @@ def now_micros(clock: Clock) -> int:
 
 
 class _Dynamic:
-    __slots__ = ("last_ms", "state")
+    __slots__ = ("last_ms", "spec", "state")
 
     def __init__(self, last_ms: int, state: BucketState | None) -> None:
         self.last_ms = last_ms
         self.state = state
+        self.spec: BucketSpec | None = None
+
+
+def _full(entry: _Dynamic, now_us: int) -> bool:
+    """Whether a dynamic bucket holds every token again (then it is as good as new)."""
+    assert entry.spec is not None
+    return refilled(entry.state, entry.spec, now_us).stored >= entry.spec.size
 
 
 class MemoryTokenBucketStore:
     """Buckets by (namespace, name); a namespace's dynamic buckets in least recently used
     order, so that idle ones are found at the front. Every take runs without awaiting,
-    hence atomically on the event loop."""
+    hence atomically on the event loop.
+
+    Every bucket counts against the memory backend's cap (``quota`` in its shares). To
+    make room, dynamic buckets full again go, least recently used first (forgetting one
+    gives its caller nothing it would not have: it is as good as new), and are reported
+    as removed by the namespace's next take; a bucket still short of tokens is never
+    forgotten. With no room, a new bucket is refused (``REJECTED_TOO_MANY_BUCKETS``)."""
 
     name = "memory"
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, cap: MemoryCap | None = None) -> None:
         self._clock = clock
         self._fixed: dict[tuple[str, str], BucketState] = {}
         self._dynamic: dict[str, OrderedDict[str, _Dynamic]] = {}
+        self._entries = 0  # buckets held, fixed and dynamic
+        self._forgotten: dict[str, list[str]] = {}  # made room for, not yet reported
+        self._now_us = 0  # the last take's time, for making room between takes
         self.recent: Recent[BucketRef] = Recent()
+        self.cap = MemoryCap() if cap is None else cap
+        self.cap.join("quota", self)
 
     def __len__(self) -> int:
-        return len(self._fixed) + sum(len(d) for d in self._dynamic.values())
+        return self._entries
+
+    def _admit(self) -> bool:
+        return not self.cap.max_keys or self.cap.admit(self)
+
+    def make_room(self, want: int) -> int:
+        """Forget up to ``want`` dynamic buckets full again, least recently used first in
+        each namespace (the oldest few only: later ones were used later)."""
+        now_us, gone, budget = self._now_us, 0, SCAN_PAST
+        for namespace, buckets in self._dynamic.items():
+            names: list[str] = []
+            for name, entry in buckets.items():
+                if gone + len(names) >= want or budget < 0:
+                    break
+                if entry.state is None or entry.spec is None or _full(entry, now_us):
+                    names.append(name)
+                else:
+                    budget -= 1
+            for name in names:
+                del buckets[name]
+            if names:
+                self._forgotten.setdefault(namespace, []).extend(names)
+                gone += len(names)
+            if gone >= want:
+                break
+        self._entries -= gone
+        return gone
 
     async def take(
         self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int
@@ -65,34 +109,33 @@ class MemoryTokenBucketStore:
     ) -> TakeResult:
         """``take`` at a given time (microseconds since the epoch)."""
         self.recent.add(ref, spec)
+        self._now_us = now_us
         if not ref.dynamic:
-            key = (ref.namespace, ref.name)
-            if tokens > spec.max_tokens:
-                return TakeResult(TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED)
-            status, wait, after = decide(
-                self._fixed.get(key), spec, tokens, now_us, max_wait_millis * 1000.0
-            )
-            if after is not None:
-                self._fixed[key] = after
-            return TakeResult(status, tokens if status is TakeStatus.OK else 0, wait)
-
+            return self._take_fixed(ref, spec, tokens, max_wait_millis, now_us)
         now_ms = now_us // 1000
         buckets = self._dynamic.setdefault(ref.namespace, OrderedDict())
-        removed: list[str] = []
+        removed: list[str] = self._forgotten.pop(ref.namespace, [])
         if spec.max_idle_millis >= 0:
+            idle: list[str] = []
             for name, entry in buckets.items():
-                if len(removed) >= SWEEP_LIMIT or now_ms - entry.last_ms <= spec.max_idle_millis:
+                if len(idle) >= SWEEP_LIMIT or now_ms - entry.last_ms <= spec.max_idle_millis:
                     break
-                removed.append(name)
-            for name in removed:
+                idle.append(name)
+            for name in idle:
                 del buckets[name]
-            removed.sort()  # as the Redis script reports them
+            self._entries -= len(idle)
+            removed.extend(idle)
+        removed.sort()  # as the Redis script reports them
         found = buckets.get(ref.name)
         created = found is None
         if found is None:
-            if 0 < ref.max_dynamic_buckets <= len(buckets):
+            if 0 < ref.max_dynamic_buckets <= len(buckets) or not self._admit():
                 return TakeResult(TakeStatus.REJECTED_TOO_MANY_BUCKETS, removed=tuple(removed))
+            # Room may have been made in this namespace: those are reported now.
+            removed.extend(self._forgotten.pop(ref.namespace, []))
+            removed.sort()
             entry = buckets[ref.name] = _Dynamic(now_ms, None)
+            self._entries += 1
         else:
             entry = found
             buckets.move_to_end(ref.name)
@@ -104,11 +147,28 @@ class MemoryTokenBucketStore:
                 removed=tuple(removed),
             )
         status, wait, after = decide(entry.state, spec, tokens, now_us, max_wait_millis * 1000.0)
+        entry.spec = spec
         if after is not None:
             entry.state = after
         return TakeResult(
             status, tokens if status is TakeStatus.OK else 0, wait, created, tuple(removed)
         )
+
+    def _take_fixed(
+        self, ref: BucketRef, spec: BucketSpec, tokens: int, max_wait_millis: int, now_us: int
+    ) -> TakeResult:
+        key = (ref.namespace, ref.name)
+        if tokens > spec.max_tokens:
+            return TakeResult(TakeStatus.REJECTED_TOO_MANY_TOKENS_REQUESTED)
+        found = self._fixed.get(key)
+        status, wait, after = decide(found, spec, tokens, now_us, max_wait_millis * 1000.0)
+        if after is not None:
+            if found is None:
+                if not self._admit():
+                    return TakeResult(TakeStatus.REJECTED_TOO_MANY_BUCKETS)
+                self._entries += 1
+            self._fixed[key] = after
+        return TakeResult(status, tokens if status is TakeStatus.OK else 0, wait)
 
     async def peek(self, ref: BucketRef, spec: BucketSpec) -> Standing | None:
         now_us = now_micros(self._clock)
@@ -124,7 +184,10 @@ class MemoryTokenBucketStore:
 
     async def reset(self, ref: BucketRef) -> int:
         if not ref.dynamic:
-            return 0 if self._fixed.pop((ref.namespace, ref.name), None) is None else 1
+            if self._fixed.pop((ref.namespace, ref.name), None) is None:
+                return 0
+            self._entries -= 1
+            return 1
         buckets = self._dynamic.get(ref.namespace)
         entry = None if buckets is None else buckets.get(ref.name)
         if entry is None or entry.state is None:
@@ -135,6 +198,8 @@ class MemoryTokenBucketStore:
     async def close(self) -> None:
         self._fixed.clear()
         self._dynamic.clear()
+        self._forgotten.clear()
+        self._entries = 0
 
 
 class MemoryNodeBuckets:
