@@ -14,8 +14,8 @@ state held.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "EVICTED",
@@ -25,7 +25,11 @@ __all__ = [
     "Held",
     "MemoryCap",
     "forget_oldest",
+    "forget_safe",
 ]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: Counted per entry forgotten to make room, and per new entry refused for want of it.
 EVICTED = "ratelimit.service.memory.evicted_keys"
@@ -51,6 +55,26 @@ class Held(Protocol):
         """Forget up to ``want`` entries safe to forget, least recently used first; how
         many were forgotten."""
         ...
+
+
+def forget_safe(entries: MutableMapping[K, V], want: int, safe: Callable[[V], bool]) -> int:
+    """``make_room`` for a store kept least recently used first: up to ``want`` entries
+    that ``safe`` says may be forgotten are dropped, looking past at most SCAN_PAST that may
+    not; how many were."""
+    gone: list[K] = []
+    budget = SCAN_PAST
+    for key, value in entries.items():
+        if len(gone) >= want:
+            break
+        if safe(value):
+            gone.append(key)
+        else:
+            budget -= 1
+            if budget < 0:
+                break
+    for key in gone:
+        del entries[key]
+    return len(gone)
 
 
 def forget_oldest(entries: OrderedDict[Any, Any], want: int) -> int:

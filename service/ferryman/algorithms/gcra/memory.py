@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ferryman.algorithms.gcra.model import GcraParams, GcraResult, Tat, debt, decide, look
-from ferryman.core.memory_cap import MemoryCap
+from ferryman.core.memory_cap import MemoryCap, forget_safe
 
 __all__ = ["MemoryGcra"]
 
@@ -77,15 +77,12 @@ class MemoryGcra:
         """Forget up to ``want`` tenants with room for one more request, least recently
         used first."""
         now_us = self._now_us
-        gone = []
-        for key, (params, tat) in self._tats.items():
-            if debt(tat, params, now_us) + params.step <= params.span:
-                gone.append(key)
-                if len(gone) >= want:
-                    break
-        for key in gone:
-            del self._tats[key]
-        return len(gone)
+
+        def has_room(entry: tuple[GcraParams, Tat]) -> bool:
+            params, tat = entry
+            return debt(tat, params, now_us) + params.step <= params.span
+
+        return forget_safe(self._tats, want, has_room)
 
     async def peek(self, key: str, params: GcraParams, now: float) -> GcraResult:
         found = self._tats.get(key)

@@ -18,7 +18,7 @@ from ferryman.algorithms.token_bucket.model import (
     refilled,
 )
 from ferryman.clock import Clock
-from ferryman.core.memory_cap import SCAN_PAST, MemoryCap
+from ferryman.core.memory_cap import SCAN_PAST, MemoryCap, forget_safe
 
 __all__ = ["SWEEP_LIMIT", "MemoryNodeBuckets", "MemoryTokenBucketStore", "now_micros"]
 
@@ -220,15 +220,10 @@ class MemoryNodeBuckets:
         self._now_us = 0  # the last call's time, for making room between calls
 
     def make_room(self, want: int) -> int:
-        now_us, gone = self._now_us, []
-        for key, (spec, state) in self._buckets.items():
-            if refilled(state, spec, now_us).stored >= 1:
-                gone.append(key)
-                if len(gone) >= want:
-                    break
-        for key in gone:
-            del self._buckets[key]
-        return len(gone)
+        now_us = self._now_us
+        return forget_safe(
+            self._buckets, want, lambda entry: refilled(entry[1], entry[0], now_us).stored >= 1
+        )
 
     def __len__(self) -> int:
         return len(self._buckets)
