@@ -218,7 +218,7 @@ class Pages:
         return {
             "healthy": self.service.healthy(),
             "event_loop": self.service.event_loop,
-            "asyncio_tasks": len(asyncio.all_tasks()),
+            "asyncio_tasks": _tasks(),
             "heap": heap.describe(),
             "config": {
                 "version": holder.version,
@@ -319,3 +319,11 @@ def _text(message: str) -> bytes:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def _tasks() -> int | None:
+    """The serving loop's tasks (None when asked from outside a running loop)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return None
