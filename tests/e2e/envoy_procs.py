@@ -3,6 +3,7 @@ and a stdlib upstream, all on loopback ports."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import importlib.metadata
 import os
@@ -23,6 +24,7 @@ import yaml
 
 from helpers.needs import missing
 from helpers.pacing import paced
+from helpers.ports import free_port
 
 T = TypeVar("T")
 
@@ -381,3 +383,34 @@ def within(send: Callable[[int], T], seconds: float, attempts: int = 3) -> T:
         if time.monotonic() - start < seconds:
             return result
     raise AssertionError(f"no attempt took less than {seconds}s: the machine is too busy")
+
+
+@contextlib.contextmanager
+def front_proxy(
+    workdir: Path, descriptors: str, edit: Callable[[dict[str, Any]], None] | None = None
+) -> Iterator[int]:
+    """envoy/front-proxy.yaml in front of an upstream, asking a ferryman that serves
+    ``descriptors`` (as edge-proxy.yaml); ``edit`` changes the rendered Envoy tree before
+    Envoy starts. Yields Envoy's listener port; everything is stopped on leaving."""
+    require_envoy()
+    config = workdir / "config"
+    config.mkdir()
+    (config / "edge-proxy.yaml").write_text(descriptors)
+    upstream = Upstream().start()
+    args = ["--config", str(config), "--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
+    ferryman = FerrymanProcess(workdir / "ferryman", args).start()
+    envoy: EnvoyProcess | None = None
+    try:
+        admin, listener = free_port(), free_port()
+        ports = {ADMIN: admin, LISTENER: listener, UPSTREAM: upstream.port}
+        ports[FERRYMAN] = ferryman.grpc_port
+        tree = render(ENVOY_DIR / "front-proxy.yaml", ports)
+        if edit is not None:
+            edit(tree)
+        envoy = EnvoyProcess(tree, workdir / "envoy", admin).start()
+        yield listener
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        ferryman.kill()
+        upstream.stop()

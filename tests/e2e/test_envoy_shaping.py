@@ -14,19 +14,9 @@ from typing import Any
 import pytest
 
 from envoy_procs import (
-    ADMIN,
-    ENVOY_DIR,
-    FERRYMAN,
-    LISTENER,
-    UPSTREAM,
     Client,
-    EnvoyProcess,
-    FerrymanProcess,
-    Upstream,
-    render,
-    require_envoy,
+    front_proxy,
 )
-from helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -53,31 +43,10 @@ def _raise_timeout(tree: dict[str, Any], timeout: str) -> None:
     assert found, "front-proxy.yaml has no rate limit filter"
 
 
-@contextlib.contextmanager
-def _proxy(workdir: Path, timeout: str) -> Iterator[int]:
+def _proxy(workdir: Path, timeout: str) -> contextlib.AbstractContextManager[int]:
     """Envoy's listener port, in front of an upstream, asking ferryman with SHAPED, its
     rate limit filter waiting ``timeout`` for the answer."""
-    require_envoy()
-    config = workdir / "config"
-    config.mkdir()
-    (config / "edge-proxy.yaml").write_text(SHAPED)
-    upstream = Upstream().start()
-    args = ["--config", str(config), "--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
-    ferryman = FerrymanProcess(workdir / "ferryman", args).start()
-    envoy: EnvoyProcess | None = None
-    try:
-        admin, listener = free_port(), free_port()
-        ports = {ADMIN: admin, LISTENER: listener, UPSTREAM: upstream.port}
-        ports[FERRYMAN] = ferryman.grpc_port
-        tree = render(ENVOY_DIR / "front-proxy.yaml", ports)
-        _raise_timeout(tree, timeout)
-        envoy = EnvoyProcess(tree, Path(workdir / "envoy"), admin).start()
-        yield listener
-    finally:
-        if envoy is not None:
-            envoy.stop()
-        ferryman.kill()
-        upstream.stop()
+    return front_proxy(workdir, SHAPED, lambda tree: _raise_timeout(tree, timeout))
 
 
 @pytest.fixture(scope="module")

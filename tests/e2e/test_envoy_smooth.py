@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from envoy_procs import (
-    ADMIN,
-    ENVOY_DIR,
-    FERRYMAN,
-    LISTENER,
-    UPSTREAM,
     Client,
-    EnvoyProcess,
-    FerrymanProcess,
     Reply,
-    Upstream,
-    render,
-    require_envoy,
+    front_proxy,
     within,
 )
-from helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -43,27 +32,8 @@ descriptors:
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """Envoy's listener port, in front of an upstream, asking ferryman with SMOOTH."""
-    require_envoy()
-    workdir = tmp_path_factory.mktemp("smooth")
-    config = workdir / "config"
-    config.mkdir()
-    (config / "edge-proxy.yaml").write_text(SMOOTH)
-    upstream = Upstream().start()
-    args = ["--config", str(config), "--grpc-port", "0", "--http-port", "0", "--debug-port", "0"]
-    ferryman = FerrymanProcess(workdir / "ferryman", args).start()
-    envoy: EnvoyProcess | None = None
-    try:
-        admin, listener = free_port(), free_port()
-        ports = {ADMIN: admin, LISTENER: listener, UPSTREAM: upstream.port}
-        ports[FERRYMAN] = ferryman.grpc_port
-        tree = render(ENVOY_DIR / "front-proxy.yaml", ports)
-        envoy = EnvoyProcess(tree, Path(workdir / "envoy"), admin).start()
-        yield listener
-    finally:
-        if envoy is not None:
-            envoy.stop()
-        ferryman.kill()
-        upstream.stop()
+    with front_proxy(tmp_path_factory.mktemp("smooth"), SMOOTH) as port:
+        yield port
 
 
 def test_a_token_bucket_lets_its_size_through_then_refills_smoothly(proxy: int) -> None:
